@@ -160,20 +160,27 @@ class Trainer:
 
     # -- one update --------------------------------------------------------------------------------------------
     def _rhos(self, episodes) -> dict[str, float]:
-        """SPO's forgetting factor per task: KL-adaptive from the previous visit's response, or constant."""
-        rhos = {}
+        """SPO's forgetting factor per task: KL-adaptive from the previous visit's response, or constant.
+        The previous responses are re-scored in one padded forward pass (one per update, not one per task)."""
+        rhos, revisits = {}, []
         for e in episodes:
             prev = self.last_visit.get(e.task_id) if self.cfg.rl.rho_mode == "kl_adaptive" else None
             if prev is None:
                 rhos[e.task_id] = self.tracker.rho(None)
-                continue
-            tokens, mask, logp_then = prev
-            with torch.no_grad():
-                one = pad_episodes([_token_only_episode(tokens, mask)], self.fmt.pad_id)
-                logp_now = token_logprobs(self.model, one, self.loss_cfg.temperature,
-                                          autocast_dtype=self.autocast)[0]
-            d = logprob_divergence(torch.tensor(logp_then), logp_now, torch.tensor(mask[1:], dtype=torch.float32))
-            rhos[e.task_id] = self.tracker.rho(d)
+            else:
+                revisits.append((e.task_id, prev))
+        if not revisits:
+            return rhos
+        with torch.no_grad():
+            batch = pad_episodes([_token_only_episode(tokens, mask) for _, (tokens, mask, _) in revisits],
+                                 self.fmt.pad_id).to(self.cfg.run.device)
+            logp_now = token_logprobs(self.model, batch, self.loss_cfg.temperature,
+                                      autocast_dtype=self.autocast).cpu()
+        for row, (task_id, (tokens, mask, logp_then)) in enumerate(revisits):
+            n = len(tokens) - 1
+            d = logprob_divergence(torch.tensor(logp_then), logp_now[row, :n],
+                                   torch.tensor(mask[1:], dtype=torch.float32))
+            rhos[task_id] = self.tracker.rho(d)
         return rhos
 
     def train_step(self) -> dict:

@@ -3,8 +3,9 @@
 The papers start RL from instruction-tuned models that already solve about a fifth to a third of their tasks
 (SPO+Adam ends near 18-27% on the main paper's models). A randomly initialised tiny model solves nothing, so RL
 from it would measure exploration, not the optimizer. We therefore train it by behaviour cloning on the
-expert's episodes *with noise* (wrong files, wrong edits, untested submits), evaluate greedy success on held-out
-tasks every few steps, and keep the first model whose success lies in the configured band (default 20-35%).
+expert's episodes *with noise* (wrong files, wrong edits, untested submits), evaluate success on held-out tasks
+every few steps, sampling at the RL rollouts' temperature (so the band is the cells' starting training success),
+and keep the first model whose success lies in the configured band (default 20-35%).
 
 Demonstrations are tokenised exactly as the rollout engine lays out episodes (same chat format, loss on the
 action tokens and their end-of-turn token only), so the warm-started model and the RL rollouts agree on the
@@ -23,6 +24,7 @@ import torch
 
 from trainer.config import SFTConfig, config_to_dict
 from trainer.environments.suite import make_suite
+from trainer.optim.hybrid import build_muon_adamw
 from trainer.policy.load import DTYPES, new_tiny_policy, save_policy
 from trainer.rollout.episode import Episode
 from trainer.update import pad_episodes, token_logprobs
@@ -93,11 +95,14 @@ def warm_start(cfg: SFTConfig, out_dir: str | Path, progress: bool | None = None
         if e.length <= cfg.rollout.max_episode_tokens:
             demos.append(e)
     eval_tasks = suite.tasks.tasks("heldout", cfg.eval_tasks)
-    sampling = SamplingParams(temperature=cfg.rollout.eval_temperature, top_p=1.0,
+    sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                               max_turn_tokens=cfg.rollout.max_turn_tokens,
                               max_episode_tokens=cfg.rollout.max_episode_tokens)
 
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+    if cfg.optimizer == "muon":
+        optimizer = build_muon_adamw(model, muon_lr=cfg.muon_lr, adamw_lr=cfg.lr)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg.seed)
     low, high = cfg.band
     history, best = [], None

@@ -44,9 +44,9 @@ RECIPE_OPTIMIZER: dict[str, str] = {
 GRID_COLUMNS = ["model", "recipe", "optimizer", "seed"]
 """Columns of the grid, in the order of the Hive folders results/cells/model=../recipe=../optimizer=../seed=../."""
 
-SFT_ROLLOUT_KEYS = ("max_turn_tokens", "max_episode_tokens", "eval_temperature")
-"""The rollout settings the warm start uses (it evaluates like the RL evaluation); the rest would only make
-an unrelated rollout change retrain the base policy."""
+SFT_ROLLOUT_KEYS = ("max_turn_tokens", "max_episode_tokens", "temperature", "top_p")
+"""The rollout settings the warm start uses (it measures its band by sampling as the RL rollouts do); the rest
+would only make an unrelated rollout change retrain the base policy."""
 
 
 class StudyError(ValueError):
