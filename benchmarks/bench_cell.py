@@ -1,7 +1,7 @@
 """Wall time of one grid cell: `python -m trainer train` on a study's cell config, one thread, as the workflow runs it.
 
     python benchmarks/bench_cell.py --policy results/policies/minicpm-tiny [--study config.yaml]
-                                    [--recipes full spo_adam] [--updates 100]
+                                    [--recipes full spo_adam] [--updates 100] [--keep DIR]
 
 The target (issue 4): an embedded-default cell of 100 updates in at most 60 s on one core, so that the default grid
 (about 60 cells) fits in 30 minutes on 2 cores. The cell config is built exactly as the workflow builds it
@@ -51,6 +51,7 @@ def main() -> None:
     ap.add_argument("--recipes", nargs="+", default=["full", "spo_adam"])
     ap.add_argument("--updates", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--keep", default=None, help="keep each run under KEEP/<recipe> (default: a temporary folder)")
     args = ap.parse_args()
     if not Path(args.policy, "warm_start.json").exists() and not Path(args.policy, "config.json").exists():
         sys.exit(f"--policy {args.policy}: not a policy directory (no config.json)")
@@ -58,8 +59,9 @@ def main() -> None:
     rows = []
     for recipe in args.recipes:
         with tempfile.TemporaryDirectory() as tmp:
-            rows.append(run_cell(study, recipe, str(Path(args.policy).resolve()), args.updates, args.seed,
-                                 Path(tmp)))
+            out = Path(args.keep, recipe) if args.keep else Path(tmp)
+            out.mkdir(parents=True, exist_ok=False)
+            rows.append(run_cell(study, recipe, str(Path(args.policy).resolve()), args.updates, args.seed, out))
         print(rows[-1], flush=True)
     table = pd.DataFrame(rows).round(2)
     print(table.to_string(index=False))

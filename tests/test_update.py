@@ -118,3 +118,19 @@ def test_slice_batch_trims_to_its_rows():
     longest = int(b.attention_mask[[1, 2]].sum(1).max())
     s = slice_batch(b, [1, 2])
     assert s.input_ids.shape == (2, longest) and s.loss_mask.shape == (2, longest - 1)
+
+
+def test_one_minibatch_reuses_the_forward_pass_as_old_logprobs(model):
+    """With one minibatch the old log-probs come from the update's own forward pass; they must equal a separate
+    no-grad pass on the pre-update weights (what two minibatches compute), and the ratio is then exactly 1."""
+    eps = _episodes(6, seed=4)
+    b = pad_episodes(eps, pad_id=0)
+    adv = torch.randn(b.loss_mask.shape, generator=torch.Generator().manual_seed(5)) * b.loss_mask
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        reference = token_logprobs(m, b)
+    out = policy_update(m, torch.optim.SGD(m.parameters(), lr=0.1), b, adv, LossSettings(tis_cap=None),
+                        micro_batch_tokens=20, return_old_logp=True)
+    for row, got in enumerate(out["old_logp_rows"]):
+        assert torch.allclose(torch.tensor(got), reference[row, :len(got)], atol=1e-6)
+    assert out["approx_kl"] == 0.0 and out["clip_frac_low"] == 0.0 and out["clip_frac_high"] == 0.0

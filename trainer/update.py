@@ -148,12 +148,16 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
     device = next(model.parameters()).device
     batch, advantages = batch.to(device), advantages.to(device)
     model.train()
-    # old log-probs from the trainer's weights before this update, micro-batched like the update itself
+    # old log-probs from the trainer's weights before this update, micro-batched like the update itself. With one
+    # minibatch the update's own forward pass runs on exactly those weights, so its detached log-probs are the old
+    # ones and the separate pass (a third of the update's compute) is skipped.
     old_logp = torch.zeros_like(batch.rollout_logp)
-    with torch.no_grad():
-        for rows in micro_batches(batch, list(range(B)), micro_batch_tokens):
-            mb = slice_batch(batch, rows)
-            old_logp[rows, :mb.width] = token_logprobs(model, mb, temperature, autocast_dtype=autocast_dtype)
+    reuse_forward = minibatches == 1
+    if not reuse_forward:
+        with torch.no_grad():
+            for rows in micro_batches(batch, list(range(B)), micro_batch_tokens):
+                mb = slice_batch(batch, rows)
+                old_logp[rows, :mb.width] = token_logprobs(model, mb, temperature, autocast_dtype=autocast_dtype)
 
     sums: dict[str, float] = {}
     weight_total = 0.0
@@ -173,6 +177,8 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
             mb = slice_batch(batch, rows)
             w = mb.width
             logp, entropy = token_logprobs(model, mb, temperature, with_entropy=True, autocast_dtype=autocast_dtype)
+            if reuse_forward:
+                old_logp[rows, :w] = logp.detach()
             loss, metrics = policy_loss(
                 logp, old_logp[rows, :w], mb.rollout_logp if loss_cfg.tis_cap is not None else None,
                 advantages[rows, :w], mb.loss_mask, clip_low=loss_cfg.clip_low, clip_high=loss_cfg.clip_high,
