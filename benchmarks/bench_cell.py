@@ -53,14 +53,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", default=None, help="keep each run under KEEP/<recipe> (default: a temporary folder)")
     args = ap.parse_args()
-    if not Path(args.policy, "warm_start.json").exists() and not Path(args.policy, "config.json").exists():
+    if not Path(args.policy, "config.json").exists():
         sys.exit(f"--policy {args.policy}: not a policy directory (no config.json)")
     study = yaml.safe_load(Path(args.study).read_text())
     rows = []
     for recipe in args.recipes:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(args.keep, recipe) if args.keep else Path(tmp)
-            out.mkdir(parents=True, exist_ok=False)
+            out.mkdir(parents=True, exist_ok=not args.keep)  # a kept run never overwrites an earlier one
             rows.append(run_cell(study, recipe, str(Path(args.policy).resolve()), args.updates, args.seed, out))
         print(rows[-1], flush=True)
     table = pd.DataFrame(rows).round(2)
