@@ -11,9 +11,10 @@ def test_defaults_are_the_full_recipe_on_muon():
 
 
 @pytest.mark.parametrize("recipe", list(RECIPES))
-def test_every_recipe_expands_and_runs_with_either_optimizer(recipe):
-    for opt in ("adam", "muon"):
-        cfg = config_from_dict({"recipe": recipe, "optim": {"name": opt}})
+def test_every_recipe_expands_and_runs_with_any_optimizer(recipe):
+    groups = {"rl": {"group_size": 2}} if RECIPES[recipe]["rl"]["estimator"] in ("grpo", "gigpo", "graphgpo") else {}
+    for opt in ("adam", "muon", "adam_high_lr"):
+        cfg = config_from_dict({"recipe": recipe, "optim": {"name": opt}, **groups})
         assert cfg.optim.name == opt and cfg.recipe == recipe
         for k, v in RECIPES[recipe]["rl"].items():
             assert getattr(cfg.rl, k) == v

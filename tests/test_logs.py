@@ -118,7 +118,7 @@ def test_provenance_rejects_non_json_config_naming_the_entry():
 
 def test_metric_columns_follow_design_in_order_with_dtypes():
     names = [n.strip() for n in DESIGN_METRICS.split(",")]
-    assert list(METRIC_COLUMNS) == names and len(names) == 28
+    assert list(METRIC_COLUMNS) == [*names, "grad_snr"] and len(names) == 28  # DESIGN's, then the companion's
     for name, dtype in METRIC_COLUMNS.items():
         assert dtype == (pa.int64() if name in INT_METRICS else pa.float64()), name
     assert list(EPISODE_COLUMNS) == ["update", "task_id", "reward", "success", "n_turns", "gen_tokens", "length",

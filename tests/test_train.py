@@ -119,3 +119,35 @@ def test_async_mode_bounds_staleness(tmp_path):
     episodes, _ = read_log(out / "episodes.parquet")
     train = episodes[episodes["split"] == "train"]
     assert ((train["update"] - train["policy_version"]) == train["staleness"]).all()
+
+
+COMPANION_CELL = {
+    "recipe": "gigpo",
+    "optim": {"name": "adam_high_lr", "lr": 1e-4, "muon_lr": 3e-3},
+    "env": {"name": "textgame", "eval_tasks": 2,
+            "options": {"n_receptacles": 2, "n_objects": 1, "n_distractors": 0, "max_steps": 3, "n_train_tasks": 40,
+                        "n_heldout_tasks": 8, "task_types": ["pick_and_place"]}},
+    "rl": {"group_size": 2},
+    "rollout": {"mode": "sync", "batch_size": 4, "max_turn_tokens": 6, "max_episode_tokens": 256},
+    "run": {"updates": 2, "eval_every": 1, "checkpoint_every": 0, "seed": 0, "grad_snr": True},
+}
+
+
+def test_companion_cell_runs_groups_with_adamw_at_muons_lr_and_logs_grad_snr(tmp_path):
+    """A companion-study cell: groups of 2 rollouts per task, GiGPO, AdamW at Muon's learning rate on every
+    parameter, and the gradient SNR proxy logged at every update (two task groups per update)."""
+    out = tmp_path / "out"
+    r = _cli("train", "--config", str(_write(tmp_path, COMPANION_CELL)), "--out", str(out), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    df, prov = read_log(out / "metrics.parquet")
+    assert df["n_trajectories"].tolist() == [4, 4] and df["lr"].tolist() == [3e-3, 3e-3]
+    assert (df["grad_snr"] > 0).all() and df["eval_success"].notna().all()
+    episodes, _ = read_log(out / "episodes.parquet")
+    train = episodes[episodes["split"] == "train"]
+    assert (train.groupby("update")["task_id"].nunique() == 2).all()  # 4 rollouts = 2 tasks x 2
+    assert prov["config"]["optim"]["name"] == "adam_high_lr"
+
+
+def test_grad_snr_is_null_unless_asked(reference_run):
+    df, _ = read_log(reference_run / "metrics.parquet")
+    assert df["grad_snr"].isna().all()

@@ -9,7 +9,8 @@ from trainer.optim.hybrid import build_muon_adamw, route_parameters
 from trainer.policy.tiny import TinyModelSpec, build_tiny_model
 from trainer.rl.loss import AGGREGATIONS, policy_loss
 from trainer.rollout.episode import Episode
-from trainer.update import LossSettings, micro_batches, pad_episodes, policy_update, slice_batch, token_logprobs
+from trainer.update import (LossSettings, gradient_snr, micro_batches, pad_episodes, policy_update, slice_batch,
+                            token_logprobs)
 
 VOCAB = 40
 
@@ -134,3 +135,55 @@ def test_one_minibatch_reuses_the_forward_pass_as_old_logprobs(model):
     for row, got in enumerate(out["old_logp_rows"]):
         assert torch.allclose(torch.tensor(got), reference[row, :len(got)], atol=1e-6)
     assert out["approx_kl"] == 0.0 and out["clip_frac_low"] == 0.0 and out["clip_frac_high"] == 0.0
+
+
+def test_gradient_snr_by_hand():
+    # parts (1, 0) and (3, 0): mean (2, 0), signal 2^2 = 4; deviations (-1, 0), (1, 0): noise (1 + 1) / (2 - 1) = 2
+    assert gradient_snr([torch.tensor([1.0, 0.0]), torch.tensor([3.0, 0.0])]) == pytest.approx(2.0)
+    # three parts 0, 1, 2 (1-D): mean 1, signal 1; noise (1 + 0 + 1) / 2 = 1
+    assert gradient_snr([torch.tensor([0.0]), torch.tensor([1.0]), torch.tensor([2.0])]) == pytest.approx(1.0)
+    assert gradient_snr([torch.tensor([1.0, 2.0])] * 2) == float("inf")
+    assert gradient_snr([torch.tensor([1.0])]) != gradient_snr([torch.tensor([1.0])])  # NaN for one part
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_grad_parts_keep_the_step_and_measure_the_parts_gradients(model, agg):
+    """Back-propagating the parts one by one sums to the same gradient; grad_snr equals gradient_snr of each part's
+    own loss gradient (an independent reference: one policy_loss per part, hidden matrices only)."""
+    eps = _episodes(6, seed=6)
+    b = pad_episodes(eps, pad_id=0)
+    adv = torch.randn(b.loss_mask.shape, generator=torch.Generator().manual_seed(7)) * b.loss_mask
+    cfg = LossSettings(agg=agg, tis_cap=None)
+    parts = [[0, 3], [1, 4, 5], [2]]
+    names = [n for n, _ in route_parameters(model).muon]
+
+    refs = []
+    for part in parts:
+        m_ref = copy.deepcopy(model)
+        sub = slice_batch(b, part)
+        with torch.no_grad():
+            old = token_logprobs(m_ref, sub)
+        loss, _ = policy_loss(token_logprobs(m_ref, sub), old, None, adv[part, :sub.width], sub.loss_mask, agg=agg,
+                              tis_cap=None)
+        loss.backward()
+        params = dict(m_ref.named_parameters())
+        refs.append(torch.cat([params[n].grad.flatten() for n in names]))
+
+    captured = {}
+
+    def run(grad_parts):
+        m = copy.deepcopy(model)
+        params = dict(m.named_parameters())
+
+        class Capture(torch.optim.SGD):
+            def step(self, closure=None):
+                captured[grad_parts is None] = [p.grad.clone() for p in m.parameters()]
+
+        return policy_update(m, Capture(m.parameters(), lr=0.0), b, adv, cfg, grad_clip=None,
+                             stat_matrices=[params[n] for n in names], grad_parts=grad_parts)
+
+    out = run(parts)
+    assert out["grad_snr"] == pytest.approx(gradient_snr(refs), rel=1e-3)
+    assert "grad_snr" not in run(None)
+    for g, r in zip(captured[False], captured[True]):
+        assert torch.allclose(g, r, atol=1e-6, rtol=1e-4)

@@ -42,12 +42,13 @@ class EnvConfig:
 
 @dataclass
 class OptimConfig:
-    name: Literal["muon", "adam"] = "muon"
-    """"muon": Muon on hidden matrices + AdamW on the rest. "adam": AdamW on everything."""
+    name: Literal["muon", "adam", "adam_high_lr"] = "muon"
+    """"muon": Muon on hidden matrices + AdamW on the rest. "adam": AdamW on everything. "adam_high_lr": AdamW on
+    everything at `muon_lr`, the companion paper's control (is Muon's gain only its larger step size?)."""
     lr: float = 1e-3
     """AdamW learning rate (all parameters under "adam"; embeddings, head, norms under "muon")."""
     muon_lr: float = 0.02
-    """Muon learning rate of hidden matrices (after the shape rule of `adjust_lr_fn`)."""
+    """Muon learning rate of hidden matrices (before the shape rule of `adjust_lr_fn`); AdamW's under "adam_high_lr"."""
     weight_decay: float = 0.0
     """AdamW decoupled weight decay."""
     muon_weight_decay: float = 0.0
@@ -131,6 +132,9 @@ class RunConfig:
     """Autocast dtype of the trainer's forward passes."""
     device: Literal["cpu", "cuda"] = "cpu"
     """Where the trainer's model lives (paper scale: cuda)."""
+    grad_snr: bool = False
+    """Log `grad_snr`, a signal-to-noise proxy of the policy gradient (trainer/update.py), for the companion study's
+    diagnostics. Costs one backward pass per task group (per episode when group_size is 1) instead of one in all."""
 
 
 @dataclass
@@ -201,9 +205,13 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
     "no_length_seqmean_no_tis": {"optim": {"name": "muon"}, "rl": dict(estimator="spo++", length_penalty=False,
                                                                        tool_penalty=True, agg="seq-mean-token-mean",
                                                                        tis_cap=None)},
+    **{estimator: {"optim": {"name": "adam"}, "rl": dict(estimator=estimator, length_penalty=False, tool_penalty=False,
+                                                         agg="token-mean", tis_cap=None)}
+       for estimator in ("grpo", "gigpo", "graphgpo")},
 }
-"""DESIGN.md's Figure-2 recipes. The optimizer is part of a recipe but any recipe runs with either optimizer
-(the grid sets `optim.name` explicitly), as the paper's Adam versions of the ablations do."""
+"""DESIGN.md's Figure-2 recipes, then the companion study's three group estimators (AdamW is its baseline; no
+shaping penalties and no TIS, as in verl-agent's ALFWorld recipe). The optimizer is part of a recipe but any recipe
+runs with any optimizer (the grid sets `optim.name` explicitly), as the paper's Adam versions of the ablations do."""
 
 
 class ConfigError(ValueError):

@@ -37,9 +37,9 @@ METRICS_FILE, EPISODES_FILE, CHECKPOINT_DIR = "metrics.parquet", "episodes.parqu
 
 def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
     o = cfg.optim
-    if o.name == "adam":
-        return torch.optim.AdamW(model.parameters(), lr=o.lr, betas=o.betas, weight_decay=o.weight_decay,
-                                 foreach=True)
+    if o.name in ("adam", "adam_high_lr"):
+        return torch.optim.AdamW(model.parameters(), lr=o.lr if o.name == "adam" else o.muon_lr, betas=o.betas,
+                                 weight_decay=o.weight_decay, foreach=True)
     return build_muon_adamw(model, muon_lr=o.muon_lr, muon_weight_decay=o.muon_weight_decay, adamw_lr=o.lr,
                             adamw_weight_decay=o.weight_decay, betas=o.betas, momentum=o.momentum,
                             nesterov=o.nesterov, ns_coefficients=o.ns_coefficients, adjust_lr_fn=o.adjust_lr_fn)
@@ -183,6 +183,15 @@ class Trainer:
             rhos[task_id] = self.tracker.rho(d)
         return rhos
 
+    def _grad_parts(self, episodes) -> list[list[int]] | None:
+        """The batch's rows split by task group (by episode when group_size is 1) for `grad_snr`; None: off."""
+        if not self.cfg.run.grad_snr:
+            return None
+        groups: dict = {}
+        for row, e in enumerate(episodes):
+            groups.setdefault(e.group_id if self.cfg.rl.group_size > 1 else row, []).append(row)
+        return list(groups.values())
+
     def train_step(self) -> dict:
         u = self.update
         t0 = time.perf_counter()
@@ -196,7 +205,7 @@ class Trainer:
         out = policy_update(self.model, self.optimizer, batch, adv, self.loss_cfg,
                             minibatches=self.cfg.run.minibatches, micro_batch_tokens=self.cfg.run.micro_batch_tokens,
                             grad_clip=self.cfg.optim.grad_clip, autocast_dtype=self.autocast,
-                            stat_matrices=self.hidden,
+                            stat_matrices=self.hidden, grad_parts=self._grad_parts(episodes),
                             return_old_logp=self.tracker is not None and self.cfg.rl.rho_mode == "kl_adaptive")
         if self.tracker is not None:
             if self.cfg.rl.estimator == "spo":
@@ -225,6 +234,8 @@ class Trainer:
         for k in ("entropy", "approx_kl", "clip_frac_low", "clip_frac_high", "tis_weight_mean", "tis_truncated_frac",
                   "grad_norm", "update_rms", "update_spectral_norm", "loss"):
             row[k] = out[k]
+        if "grad_snr" in out:
+            row["grad_snr"] = out["grad_snr"]
         for e, t, s in zip(episodes, trajs, staleness):
             self.episodes.append({"update": u, "task_id": e.task_id, "reward": e.reward, "success": t.success,
                                   "n_turns": len(t.turns), "gen_tokens": e.n_generated, "length": e.length,

@@ -117,6 +117,12 @@ def _agg_weight(agg: str, mb: PaddedBatch, totals: dict) -> float:
     return 1.0  # seq-mean-token-sum-norm divides by a global width passed as loss_scale_factor
 
 
+def _part_share(agg: str, part: PaddedBatch, totals: dict) -> float:
+    """A part's share of the step's loss, so that (its gradient contribution) / share estimates the full gradient:
+    its tokens under token-mean, its non-empty rows under seq-mean-token-mean, its rows otherwise."""
+    return _agg_weight(agg if agg in ("token-mean", "seq-mean-token-mean") else "seq-mean-token-sum", part, totals)
+
+
 @dataclass
 class LossSettings:
     clip_low: float = 0.2
@@ -135,11 +141,15 @@ def hidden_matrices(model: nn.Module, names: list[str]) -> list[torch.Tensor]:
 def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: PaddedBatch, advantages: torch.Tensor,
                   loss_cfg: LossSettings, *, minibatches: int = 1, micro_batch_tokens: int = 16384,
                   grad_clip: float | None = 1.0, autocast_dtype: torch.dtype | None = None,
-                  stat_matrices: list[torch.Tensor] | None = None, return_old_logp: bool = False) -> dict:
+                  stat_matrices: list[torch.Tensor] | None = None, return_old_logp: bool = False,
+                  grad_parts: list[list[int]] | None = None) -> dict:
     """Run `minibatches` optimizer steps over the batch; returns metrics averaged over steps (token-weighted).
 
     With `return_old_logp`, also "old_logp_rows": each episode's pre-update trainer log-probs (a list per row),
     which SPO's KL-adaptive forgetting compares against at the task's next visit.
+    With `grad_parts` (a partition of the rows, e.g. the task groups) and `stat_matrices`, also "grad_snr": each
+    part is back-propagated on its own and `gradient_snr` compares the parts' gradients of those matrices (the
+    summed gradient, and so the step, is the same up to round-off).
     """
     B = batch.input_ids.shape[0]
     temperature = loss_cfg.temperature if loss_cfg.temperature > 0 else 1.0
@@ -163,6 +173,7 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
     weight_total = 0.0
     losses, grad_norms, skipped = [], [], 0
     deltas_sq, delta_count, spec_max = 0.0, 0, 0.0
+    snrs: list[float] = []
     splits = [list(range(B))[i::minibatches] for i in range(minibatches)] if minibatches > 1 else [list(range(B))]
     for rows_mb in splits:
         if not rows_mb:
@@ -173,25 +184,39 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
         global_width = float(sub.width)
         optimizer.zero_grad(set_to_none=True)
         step_loss = 0.0
-        for rows in micro_batches(batch, rows_mb, micro_batch_tokens):
-            mb = slice_batch(batch, rows)
-            w = mb.width
-            logp, entropy = token_logprobs(model, mb, temperature, with_entropy=True, autocast_dtype=autocast_dtype)
-            if reuse_forward:
-                old_logp[rows, :w] = logp.detach()
-            loss, metrics = policy_loss(
-                logp, old_logp[rows, :w], mb.rollout_logp if loss_cfg.tis_cap is not None else None,
-                advantages[rows, :w], mb.loss_mask, clip_low=loss_cfg.clip_low, clip_high=loss_cfg.clip_high,
-                tis_cap=loss_cfg.tis_cap, agg=loss_cfg.agg, dual_clip=loss_cfg.dual_clip,
-                loss_scale_factor=global_width if loss_cfg.agg == "seq-mean-token-sum-norm" else None)
-            scaled = loss * _agg_weight(loss_cfg.agg, mb, totals)
-            scaled.backward()
-            step_loss += float(scaled.detach())
-            n_tok = float(mb.loss_mask.sum())
-            weight_total += n_tok
-            metrics["entropy"] = (entropy * mb.loss_mask).sum() / max(n_tok, 1.0)
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(v) * n_tok
+        in_step = set(rows_mb)
+        parts = ([kept for part in grad_parts if (kept := [r for r in part if r in in_step])]
+                 if grad_parts and stat_matrices else [rows_mb])
+        part_grads = []
+        for part in parts:
+            if len(parts) > 1:
+                grads_before = [m.grad.detach().clone() if m.grad is not None else torch.zeros_like(m)
+                                for m in stat_matrices]
+            for rows in micro_batches(batch, part, micro_batch_tokens):
+                mb = slice_batch(batch, rows)
+                w = mb.width
+                logp, entropy = token_logprobs(model, mb, temperature, with_entropy=True, autocast_dtype=autocast_dtype)
+                if reuse_forward:
+                    old_logp[rows, :w] = logp.detach()
+                loss, metrics = policy_loss(
+                    logp, old_logp[rows, :w], mb.rollout_logp if loss_cfg.tis_cap is not None else None,
+                    advantages[rows, :w], mb.loss_mask, clip_low=loss_cfg.clip_low, clip_high=loss_cfg.clip_high,
+                    tis_cap=loss_cfg.tis_cap, agg=loss_cfg.agg, dual_clip=loss_cfg.dual_clip,
+                    loss_scale_factor=global_width if loss_cfg.agg == "seq-mean-token-sum-norm" else None)
+                scaled = loss * _agg_weight(loss_cfg.agg, mb, totals)
+                scaled.backward()
+                step_loss += float(scaled.detach())
+                n_tok = float(mb.loss_mask.sum())
+                weight_total += n_tok
+                metrics["entropy"] = (entropy * mb.loss_mask).sum() / max(n_tok, 1.0)
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + float(v) * n_tok
+            if len(parts) > 1:
+                share = _part_share(loss_cfg.agg, slice_batch(batch, part), totals)
+                part_grads.append(torch.cat([(m.grad.detach() - b).flatten()
+                                             for m, b in zip(stat_matrices, grads_before)]) / max(share, 1e-12))
+        if part_grads:
+            snrs.append(gradient_snr(part_grads))
         params = [p for p in model.parameters() if p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else float("inf"))
         grad_norms.append(float(norm))
@@ -216,4 +241,19 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
                skipped_steps=float(skipped),
                update_rms=math.sqrt(deltas_sq / delta_count) if delta_count else float("nan"),
                update_spectral_norm=spec_max if delta_count else float("nan"))
+    if snrs:
+        out["grad_snr"] = sum(snrs) / len(snrs)
     return out
+
+
+def gradient_snr(part_grads: list[torch.Tensor]) -> float:
+    """Signal-to-noise proxy of a gradient estimated from K >= 2 parts of a batch, each an estimate g_k of the same
+    expected gradient: ||mean g||^2 / (sum_k ||g_k - mean g||^2 / (K - 1)), the squared norm of the batch's mean
+    over the (unbiased) variance of one part's estimate. NaN for K < 2; inf when the parts agree exactly."""
+    if len(part_grads) < 2:
+        return float("nan")
+    g = torch.stack([p.double() for p in part_grads])
+    mean = g.mean(0)
+    noise = float(((g - mean) ** 2).sum()) / (len(part_grads) - 1)
+    signal = float((mean ** 2).sum())
+    return signal / noise if noise > 0 else float("inf")

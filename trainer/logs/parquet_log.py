@@ -30,15 +30,17 @@ import os
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trainer.logs.atomic import atomic_path, stale_temps
 from trainer.logs.provenance import to_json
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 PROVENANCE_KEY = b"harness.provenance"
 CONFIG_KEY = b"harness.config"
@@ -47,16 +49,17 @@ _INT = ("update", "policy_version", "n_trajectories", "gen_tokens")
 _FLOAT = ("success_rate", "reward_mean", "response_len_mean", "turns_mean", "tool_error_rate", "overlong_rate",
           "advantage_std", "entropy", "approx_kl", "clip_frac_low", "clip_frac_high", "tis_weight_mean",
           "tis_truncated_frac", "staleness_mean", "staleness_max", "grad_norm", "update_rms",
-          "update_spectral_norm", "lr", "loss", "eval_success", "rollout_s", "train_s", "wall_s")
+          "update_spectral_norm", "grad_snr", "lr", "loss", "eval_success", "rollout_s", "train_s", "wall_s")
 _METRIC_ORDER = ("update", "policy_version", "success_rate", "reward_mean", "n_trajectories", "gen_tokens",
                  "response_len_mean", "turns_mean", "tool_error_rate", "overlong_rate", "advantage_std", "entropy",
                  "approx_kl", "clip_frac_low", "clip_frac_high", "tis_weight_mean", "tis_truncated_frac",
                  "staleness_mean", "staleness_max", "grad_norm", "update_rms", "update_spectral_norm", "lr",
-                 "loss", "eval_success", "rollout_s", "train_s", "wall_s")
+                 "loss", "eval_success", "rollout_s", "train_s", "wall_s", "grad_snr")
 
 METRIC_COLUMNS: dict[str, pa.DataType] = {
     name: pa.int64() if name in _INT else pa.float64() for name in _METRIC_ORDER}
-"""One row per update, in DESIGN.md's order. Every column may be null (eval_success is, where not evaluated)."""
+"""One row per update: DESIGN.md's columns in its order, then grad_snr (the companion study's gradient
+signal-to-noise proxy, null unless run.grad_snr). Every column may be null (eval_success is, where not evaluated)."""
 
 EPISODE_COLUMNS: dict[str, pa.DataType] = {
     "update": pa.int64(),          # the update whose batch consumed the episode
@@ -200,7 +203,11 @@ def _read_provenance(schema: pa.Schema, path: Any) -> dict:
 
 
 def read_log(path: str | os.PathLike) -> tuple[pd.DataFrame, dict]:
-    """The table as a DataFrame (ints as nullable Int64, bools as nullable boolean) and its provenance dict."""
+    """The table as a DataFrame (ints as nullable Int64, bools as nullable boolean) and its provenance dict.
+
+    pandas is imported here, not at module level: the trainer only writes logs, and the import costs it ~0.4 s."""
+    import pandas as pd
+
     table = pq.read_table(path)
     mapping = {pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}
     return table.to_pandas(types_mapper=mapping.get), _read_provenance(table.schema, path)

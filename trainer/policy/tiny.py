@@ -3,7 +3,8 @@
 The paper trains MiniCPM5-2B and Qwen3.5-4B. At embedded scale each family is a ~1M-parameter model of a
 different architecture and size, so "two model families" still means two different networks: a Llama-style
 decoder for MiniCPM (MiniCPM's dense models are Llama-architecture) and a Qwen3 decoder (QK-norm, its own
-attention layout) for Qwen3.5. Built from a config, no weights downloaded.
+attention layout) for Qwen3.5. The companion study's Qwen2.5-0.5B-Instruct gets a Qwen2 decoder (biased QKV
+projections, no QK-norm). Built from a config, no weights downloaded.
 """
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 
 TINY_PRESETS: dict[str, dict] = {
     "minicpm-tiny": dict(model_type="llama", hidden_size=128, intermediate_size=352, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
+    "qwen2.5-tiny": dict(model_type="qwen2", hidden_size=128, intermediate_size=352, num_hidden_layers=3,
                          num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
     "qwen-tiny": dict(model_type="qwen3", hidden_size=160, intermediate_size=416, num_hidden_layers=3,
                       num_attention_heads=4, num_key_value_heads=2, head_dim=40, tie_word_embeddings=True),
