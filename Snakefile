@@ -5,6 +5,7 @@
 #   snakemake --cores all --profile slurm                  the same on a SLURM cluster (slurm/profile.yaml)
 #
 # DAG: warm start per tiny model family -> cell config -> train (one job per cell) -> summarize -> figures.
+# `study: companion` (configs/companion.yaml) swaps the analysis rules for the companion paper's.
 # Rules: workflow/rules/*.smk; helpers and the results layout: workflow/rules/common.smk.
 from snakemake.utils import min_version
 
@@ -19,9 +20,25 @@ if not workflow.overwrite_configfiles:
 
 
 include: "workflow/rules/common.smk"
+
+
+# Each study writes results/ and figures/ under its own `workdir` (config.yaml: the repository root), so that
+# running the smoke or companion study never overwrites the default study's warm starts, cells or figures.
+workdir: config["workdir"]
+
 include: "workflow/rules/warm_start.smk"
 include: "workflow/rules/train.smk"
-include: "workflow/rules/analysis.smk"
+
+
+# The analysis differs by paper: the main study's Figures 2-5, or the companion study's curves and bars.
+if STUDY == "companion":
+
+    include: "workflow/rules/companion.smk"
+
+else:
+
+    include: "workflow/rules/analysis.smk"
+
 
 
 rule all:

@@ -99,9 +99,10 @@ def test_grid_of_the_default_study():
     per_model = grid.groupby("model").size().to_dict()
     assert per_model == {"minicpm-tiny": 30, "qwen-tiny": 30}
     fig2 = grid[grid.seed > 0]  # only the Figure-2 block has seeds 1 and 2
-    assert set(zip(fig2.recipe, fig2.optimizer)) == set(cc.RECIPE_OPTIMIZER.items())
+    figure2_recipes = {r: o for r, o in cc.RECIPE_OPTIMIZER.items() if r not in cc.GROUP_RECIPES}
+    assert set(zip(fig2.recipe, fig2.optimizer)) == set(figure2_recipes.items())
     adam = grid[(grid.optimizer == "adam") & (grid.recipe != "spo_adam")]
-    assert sorted(adam.recipe.unique()) == sorted(set(RECIPES) - {"spo_adam", "spo_muon"})
+    assert sorted(adam.recipe.unique()) == sorted(set(figure2_recipes) - {"spo_adam", "spo_muon"})
     assert adam.seed.unique().tolist() == [0]
     assert len(cc.grid_frame(_study("configs/smoke.yaml"))) == 28  # 2 x (8 + 6), one seed
 
@@ -109,7 +110,7 @@ def test_grid_of_the_default_study():
 grid_blocks = st.lists(st.fixed_dictionaries(
     {"recipes": st.lists(st.sampled_from(list(RECIPES)), min_size=1, max_size=4),
      "seeds": st.lists(st.integers(0, 3), min_size=1, max_size=3),
-     "optimizer": st.sampled_from(["recipe", "adam", "muon"])},
+     "optimizer": st.sampled_from(["recipe", *cc.OPTIMIZERS])},
     optional={"models": st.lists(st.sampled_from(["a", "b"]), min_size=1, max_size=2)}), min_size=1, max_size=4)
 
 
@@ -149,7 +150,8 @@ def test_warm_start_config_takes_the_cells_env_and_token_limits():
         "n_demos": 10, "band": [0.0, 1.0], "threads": 2}
 
 
-@pytest.mark.parametrize("study_file", ["config.yaml", "configs/smoke.yaml", "configs/paper.yaml"])
+@pytest.mark.parametrize("study_file", ["config.yaml", "configs/smoke.yaml", "configs/paper.yaml",
+                                        "configs/companion.yaml", "configs/companion-smoke.yaml"])
 def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_path):
     """What the workflow writes must pass the trainer's own validation (model.path: any existing dir)."""
     study = _study(study_file)
@@ -171,6 +173,8 @@ def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_pat
     pytest.param(lambda s: s["grid"][0].update(models=["m", "nope"]), r"grid\[0\].models: 'nope'",
                  id="unknown-model"),
     pytest.param(lambda s: s.update(warm_start={"band": [0.5, 0.2]}), "warm_start.band", id="band"),
+    pytest.param(lambda s: s["grid"][0].update(recipes=["gigpo"]), r"cell.rl.group_size: recipes \['gigpo'\]",
+                 id="group-estimator-without-groups"),
 ])
 def test_check_study_names_the_broken_key(edit, named):
     study = {"models": {"m": {"preset": "qwen-tiny"}}, "grid": [{"recipes": ["full"], "seeds": [0]}]}
@@ -277,6 +281,16 @@ def test_paper_study_uses_checkpoints_instead_of_a_warm_start(scratch_repo):
     assert "gpu=8" in out and "runtime=2880" in out
 
 
+def test_dry_run_of_the_companion_study(scratch_repo):
+    r = snakemake(scratch_repo, "-n", "--cores", "all", "--configfile", "configs/companion.yaml")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    assert job_counts(out) == {"warm_start_config": 1, "warm_start": 1, "cell_config": 27, "train": 27,
+                               "summarize": 1, "figures": 1, "all": 1}
+    assert "model=qwen2.5-tiny/recipe=graphgpo/optimizer=adam_high_lr/seed=2/metrics.parquet" in out
+    assert "figures/companion_bars.pdf" in out and "fig2" not in out
+
+
 def test_lint_passes(scratch_repo):
     r = snakemake(scratch_repo, "--lint")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -311,7 +325,28 @@ def test_bad_config_fails_before_any_job_with_the_key_named(scratch_repo, edit, 
     assert not (scratch_repo / "results").exists()  # no job started
 
 
-# -- (3) the users' commands, for real, on the smoke study ------------------------------------------------------
+# -- (3) the users' commands, for real, on the smoke studies ----------------------------------------------------
+@pytest.mark.slow
+def test_companion_smoke_study_writes_its_table_and_figures_in_its_own_folder(tmp_path):
+    """`snakemake --cores all --configfile configs/companion-smoke.yaml`: 9 cells (3 estimators x 3 optimizers),
+    the companion summary and figures, all under the study's workdir; the default study's folders stay empty."""
+    _require_snakemake()
+    repo = copy_repo(tmp_path / "repo")
+    r = snakemake(repo, "--cores", "all", "--configfile", "configs/companion-smoke.yaml")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    study = repo / "studies" / "companion-smoke"
+    cells = sorted((study / "results" / "cells").glob("model=*/recipe=*/optimizer=*/seed=*/metrics.parquet"))
+    assert {tuple(p.parent.relative_to(study / "results" / "cells").parts[1:3]) for p in cells} == {
+        (f"recipe={r}", f"optimizer={o}") for r in ("grpo", "gigpo", "graphgpo") for o in cc.OPTIMIZERS}
+    for path in cells:
+        metrics = pd.read_parquet(path)
+        assert metrics["eval_success"].notna().all() and "grad_snr" in metrics  # eval_every 1
+    summary = pd.read_csv(study / "results" / "summary.csv")
+    assert len(summary) == 9
+    for fig in ("companion_curves", "companion_bars", "companion_diagnostics"):
+        for ext in ("png", "pdf"):
+            assert (study / "figures" / f"{fig}.{ext}").stat().st_size > 0
+    assert not (repo / "results").exists() and not (repo / "figures").exists()
 SMOKE = ["--configfile", "configs/smoke.yaml"]
 
 

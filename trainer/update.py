@@ -249,11 +249,14 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
 def gradient_snr(part_grads: list[torch.Tensor]) -> float:
     """Signal-to-noise proxy of a gradient estimated from K >= 2 parts of a batch, each an estimate g_k of the same
     expected gradient: ||mean g||^2 / (sum_k ||g_k - mean g||^2 / (K - 1)), the squared norm of the batch's mean
-    over the (unbiased) variance of one part's estimate. NaN for K < 2; inf when the parts agree exactly."""
+    over the (unbiased) variance of one part's estimate. NaN for K < 2 or an all-zero gradient (every advantage 0:
+    nothing to measure); inf when the parts agree exactly on a non-zero gradient."""
     if len(part_grads) < 2:
         return float("nan")
     g = torch.stack([p.double() for p in part_grads])
     mean = g.mean(0)
     noise = float(((g - mean) ** 2).sum()) / (len(part_grads) - 1)
     signal = float((mean ** 2).sum())
-    return signal / noise if noise > 0 else float("inf")
+    if noise > 0:
+        return signal / noise
+    return float("inf") if signal > 0 else float("nan")

@@ -5,9 +5,11 @@ collapse.py  the EMA and a documented, configurable collapse rule applied to eve
 summary.py   per-run window means and verdicts; model x recipe x optimizer table with bootstrap intervals
 figures.py   Figures 2-5 and the optimizer diagnostics, as PNG and reproducible PDF
 synthetic.py logs with known shapes for tests, the benchmark and looking at the figures
+companion.py the companion study: validation metrics per run, estimator x optimizer table, its three figures
 
 The workflow's scripts (workflow/scripts/summarize.py, plot_figures.py) only unpack `snakemake.*` and call
-`summarize` / `plot` below.
+`summarize` / `plot` below; the companion's (summarize_companion.py, plot_companion.py) call
+`summarize_companion` / `plot_companion`.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from typing import Any
 import pandas as pd
 
 from trainer.analysis.collapse import CollapseCriterion, CollapseVerdict, detect_collapse, ema, first_sustained
+from trainer.analysis.companion import (companion_run_table, companion_summary_table, plot_companion,
+                                        summarize_companion)
 from trainer.analysis.figures import DIAGNOSTICS, FIGURES, add_ema, draw_figure, save_figure, write_figures
 from trainer.analysis.logs import DEFAULT_MODELS, NONFINITE_COLUMNS, RUN_KEYS, load_metrics, paper_model
 from trainer.analysis.summary import (bootstrap_interval, coverage_notes, load_paper_numbers, run_table,
@@ -30,8 +34,9 @@ PLOT_COLUMNS = ("update", "success_rate", *(column for column, _, _ in DIAGNOSTI
 """The metrics `plot` reads (success curves and the diagnostics panels)."""
 
 __all__ = ["DEFAULT_MODELS", "FIGURES", "RUN_KEYS", "CollapseCriterion", "CollapseVerdict", "add_ema",
-           "bootstrap_interval", "coverage_notes", "detect_collapse", "draw_figure", "ema", "first_sustained",
-           "load_metrics", "load_paper_numbers", "paper_model", "plot", "run_table", "save_figure", "summarize",
+           "bootstrap_interval", "companion_run_table", "companion_summary_table", "coverage_notes",
+           "detect_collapse", "draw_figure", "ema", "first_sustained", "load_metrics", "load_paper_numbers",
+           "paper_model", "plot", "plot_companion", "run_table", "save_figure", "summarize", "summarize_companion",
            "summary_markdown", "summary_table", "window_size", "write_figures"]
 
 

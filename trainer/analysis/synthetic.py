@@ -6,6 +6,8 @@ makes it fall to near zero from that update on (and, for a diverged run, `nan_lo
 so a detector has a known answer. Diagnostics have plausible scales: Adam's grad norm grows after a collapse,
 Muon's update RMS is flat. Files are written with the trainer's `METRIC_COLUMNS` schema and a provenance
 record marked synthetic, in the Hive layout the workflow uses.
+`companion_grid` writes the companion study's shape: estimators as the recipe key, the three optimizers,
+and the gradient SNR column (or, to test older logs, none).
 """
 from __future__ import annotations
 
@@ -117,4 +119,38 @@ def synthetic_grid(base_dir: str | os.PathLike, models: Sequence[str], recipes: 
                                                 rng, collapse_at=collapse_at, optimizer=optimizer)
                     paths.append(write_metrics(cell_path(base_dir, model, recipe, optimizer, s), columns,
                                                {"model": model, "recipe": recipe, "optimizer": optimizer, "seed": s}))
+    return paths
+
+
+COMPANION_TARGETS: dict[str, dict[str, float]] = {
+    "grpo": {"adam": 0.3, "muon": 0.5, "adam_high_lr": 0.2},
+    "gigpo": {"adam": 0.35, "muon": 0.6, "adam_high_lr": 0.25},
+    "graphgpo": {"adam": 0.45, "muon": 0.65, "adam_high_lr": 0.3}}
+"""Success each companion cell rises to: Muon above AdamW, as the companion reports; unknown cells get 0.4."""
+
+
+def companion_grid(base_dir: str | os.PathLike, model: str, estimators: Sequence[str], optimizers: Sequence[str],
+                   seeds: Sequence[int], n_updates: int = 60, seed: int = 0, eval_every: int = 10,
+                   grad_snr: bool = True) -> list[Path]:
+    """Companion-shaped logs (estimator as the recipe key): one per estimator x optimizer x seed, paths returned.
+
+    Each run is `synthetic_metrics` with the `COMPANION_TARGETS` level (AdamW's diagnostics for both AdamW
+    optimizers); every "adam_high_lr" run collapses at 60% of its updates, as the companion's high-lr control
+    does. `grad_snr` writes a log-normal gradient SNR (Muon's ~0.5, AdamW's ~0.2, a collapsed run's 0.02); False
+    writes a log without the column, as a trainer older than the statistic did."""
+    rng = np.random.default_rng(seed)
+    paths = []
+    for estimator in estimators:
+        for optimizer in optimizers:
+            for s in seeds:
+                collapse_at = int(0.6 * n_updates) if optimizer == "adam_high_lr" else None
+                target = COMPANION_TARGETS.get(estimator, {}).get(optimizer, 0.4)
+                columns = synthetic_metrics(n_updates, target, rng, collapse_at=collapse_at, eval_every=eval_every,
+                                            optimizer="muon" if optimizer == "muon" else "adam")
+                if grad_snr:
+                    level = np.where(np.arange(n_updates) >= (collapse_at or n_updates), 0.02,
+                                     0.5 if optimizer == "muon" else 0.2)
+                    columns["grad_snr"] = level * np.exp(rng.normal(0, 0.3, n_updates))
+                paths.append(write_metrics(cell_path(base_dir, model, estimator, optimizer, s), columns,
+                                           {"model": model, "recipe": estimator, "optimizer": optimizer, "seed": s}))
     return paths

@@ -94,6 +94,9 @@ def warm_start(cfg: SFTConfig, out_dir: str | Path, progress: bool | None = None
         e = demonstration_episode(suite.demonstrate(task, cfg.noise, rng), fmt, task.task_id)
         if e.length <= cfg.rollout.max_episode_tokens:
             demos.append(e)
+    if not demos:
+        raise ValueError(f"none of the {cfg.n_demos} demonstrations fits rollout.max_episode_tokens="
+                         f"{cfg.rollout.max_episode_tokens}: raise it, or make the environment's episodes shorter")
     eval_tasks = suite.tasks.tasks("heldout", cfg.eval_tasks)
     sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                               max_turn_tokens=cfg.rollout.max_turn_tokens,

@@ -42,13 +42,18 @@ TRAINER_ENV = (
     if config["cell"].get("rollout", {}).get("engine") == "vllm"
     else "../../envs/trainer-cpu.yaml"
 )
-FIGURES = ["fig2", "fig3", "fig4", "fig5", "diagnostics"]
+STUDY = config["study"]
+FIGURES = (
+    ["companion_curves", "companion_bars", "companion_diagnostics"]
+    if STUDY == "companion"
+    else ["fig2", "fig3", "fig4", "fig5", "diagnostics"]
+)
 
 
 wildcard_constraints:
     model="|".join(re.escape(m) for m in config["models"]),
     recipe="|".join(study_tools.RECIPE_OPTIMIZER),
-    optimizer="adam|muon",
+    optimizer="|".join(study_tools.OPTIMIZERS),
     seed=r"\d+",
 
 

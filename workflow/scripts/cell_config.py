@@ -4,8 +4,9 @@ Imported by workflow/rules/common.smk (not run as a `script:`): the functions ar
 directly and Snakemake only writes their results to disk. Design choices:
 
 - **The grid is a list of blocks**, each "these recipes x these seeds, on this optimizer, for these models".
-  `optimizer: recipe` means each recipe's own optimizer (Figure 2: spo_adam on Adam, the rest on Muon); `adam`
-  or `muon` runs every listed recipe on that optimizer (the Adam versions of Figures 4-5). Blocks are
+  `optimizer: recipe` means each recipe's own optimizer (Figure 2: spo_adam on Adam, the rest on Muon); `adam`,
+  `muon` or `adam_high_lr` runs every listed recipe on that optimizer (the Adam versions of Figures 4-5, the
+  companion's three optimizers). Blocks are
   concatenated and exact duplicates dropped, so a study reads like the papers' figure list.
 - **A cell config is the study's shared `cell` block plus four per-cell keys**: `recipe`, `optim.name`,
   `run.seed` and `model.path`. The schema forbids those keys (and the recipe-defining `rl` keys) in the shared
@@ -38,8 +39,18 @@ RECIPE_OPTIMIZER: dict[str, str] = {
     "no_penalties": "muon",
     "no_length_seqmean": "muon",
     "no_length_seqmean_no_tis": "muon",
+    "grpo": "adam",
+    "gigpo": "adam",
+    "graphgpo": "adam",
 }
-"""Each Figure-2 recipe's own optimizer (DESIGN.md's table, in the paper's order)."""
+"""Each recipe's own optimizer: the Figure-2 recipes (DESIGN.md's table, in the paper's order), then the
+companion's estimators (AdamW, its baseline)."""
+
+OPTIMIZERS = ("adam", "muon", "adam_high_lr")
+"""The trainer's optim.name values a grid block may name (adam_high_lr: AdamW at Muon's learning rate)."""
+
+GROUP_RECIPES = ("grpo", "gigpo", "graphgpo")
+"""Recipes whose estimator compares a task's rollouts with each other: they need cell.rl.group_size >= 2."""
 
 GRID_COLUMNS = ["model", "recipe", "optimizer", "seed"]
 """Columns of the grid, in the order of the Hive folders results/cells/model=../recipe=../optimizer=../seed=../."""
@@ -68,6 +79,11 @@ def check_study(study: dict) -> None:
             if model not in study["models"]:
                 raise StudyError(f"grid[{i}].models: {model!r} is not a model of this study "
                                  f"(models: {sorted(study['models'])})")
+    recipes = {r for block in study["grid"] for r in block["recipes"]}
+    group_size = study.get("cell", {}).get("rl", {}).get("group_size", 1)
+    if recipes & set(GROUP_RECIPES) and group_size < 2:
+        raise StudyError(f"cell.rl.group_size: recipes {sorted(recipes & set(GROUP_RECIPES))} compare rollouts "
+                         f"of one task and need group_size >= 2, got {group_size}")
     band = study.get("warm_start", {}).get("band")
     if band is not None and band[0] > band[1]:
         raise StudyError(f"warm_start.band: low {band[0]} is above high {band[1]}")
