@@ -347,6 +347,11 @@ def test_companion_smoke_study_writes_its_table_and_figures_in_its_own_folder(tm
         for ext in ("png", "pdf"):
             assert (study / "figures" / f"{fig}.{ext}").stat().st_size > 0
     assert not (repo / "results").exists() and not (repo / "figures").exists()
+    report = snakemake(repo, "--configfile", "configs/companion-smoke.yaml", "--report", "report.zip")
+    assert report.returncode == 0, (report.stdout + report.stderr)[-3000:]
+    with zipfile.ZipFile(study / "report.zip") as z:  # relative to the study's workdir
+        names = {Path(n).name for n in z.namelist()}
+    assert {"report.html", "companion_curves.png", "companion_bars.pdf", "summary.md"} <= names
 SMOKE = ["--configfile", "configs/smoke.yaml"]
 
 
