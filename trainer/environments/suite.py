@@ -2,7 +2,10 @@
 
 `make_suite(env_cfg)` turns `env.name` + `env.options` into: the task source (train / held-out splits), a
 factory of fresh environment instances (one per concurrent episode), texts to build a tokenizer from, and the
-scripted expert for the supervised warm start. The families stay independent modules; this is the only place
+scripted expert for the supervised warm start. `swe` reads its tasks from `options.tasks_file` (a JSONL/Parquet
+task file, e.g. R2E-Gym's; default: the six shipped tasks) and takes SWEConfig's nested sections (`docker`,
+`local`, `tools`) as nested dicts; `alfworld` needs the `alfworld` package and its games on disk (its
+`data_dir` option) and, having no expert transcripts, a checkpoint rather than a tiny model. The families stay independent modules; this is the only place
 that knows all of them, a plain if/elif rather than a registry.
 """
 from __future__ import annotations
@@ -37,13 +40,27 @@ class EnvSuite:
     """Play `task` with the scripted expert at a noise level (for the warm start); None if the family has none."""
 
 
-def _options(cls, options: dict, family: str):
+def _options(cls, options: dict, family: str, prefix: str = "env.options"):
+    """`cls(**options)`, nested dataclass fields built from nested dicts; an unknown key is named with its path."""
     import dataclasses
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(options) - names)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(options) - set(fields))
     if unknown:
-        raise ValueError(f"env.options: unknown key {unknown[0]!r} for {family} (known: {sorted(names)})")
-    return cls(**options)
+        raise ValueError(f"{prefix}: unknown key {unknown[0]!r} for {family} (known: {sorted(fields)})")
+    values = {}
+    for name, value in options.items():
+        inner = fields[name].default_factory
+        if isinstance(value, dict) and dataclasses.is_dataclass(inner):
+            value = _options(inner, value, family, f"{prefix}.{name}")
+        values[name] = value
+    return cls(**values)
+
+
+def _no_tokenizer_corpus(family: str):
+    def texts() -> list[str]:
+        raise ValueError(f"env.name {family!r} has no corpus to build a tiny model's tokenizer from: give the "
+                         "model as a checkpoint (model.path), as paper-scale studies do")
+    return texts
 
 
 def make_suite(env_cfg) -> EnvSuite:
@@ -78,5 +95,16 @@ def make_suite(env_cfg) -> EnvSuite:
 
         return EnvSuite(name, TextGameTasks(config), lambda: TextGameEnv(config),
                         lambda: sample_transcripts(config, n=300, noise=0.3, seed=0), demonstrate)
-    raise ValueError(f"env.name {name!r}: the trainer loop supports 'minirepo' and 'textgame' here; "
-                     "'swe' and 'alfworld' need the paper-scale setup (see README)")
+    if name == "swe":
+        from trainer.environments.swe.env import SWEConfig, SWEEnv
+        from trainer.environments.swe.tasks import SWETasks
+        tasks_file = options.pop("tasks_file", None)
+        config = _options(SWEConfig, options, name)
+        tasks = SWETasks(tasks_file)
+        return EnvSuite(name, tasks, lambda: SWEEnv(config),
+                        lambda: [task.issue for task in tasks.tasks("train")])
+    if name == "alfworld":
+        from trainer.environments.alfworld_adapter import AlfworldConfig, AlfworldEnv, AlfworldTasks
+        config = _options(AlfworldConfig, options, name)
+        return EnvSuite(name, AlfworldTasks(config), lambda: AlfworldEnv(config), _no_tokenizer_corpus(name))
+    raise ValueError(f"env.name {name!r}: known families are 'minirepo', 'textgame', 'swe' and 'alfworld'")

@@ -1,0 +1,41 @@
+"""make_suite: every environment family the trainer can train on, and its option errors named with their path."""
+import importlib.util
+
+import pytest
+
+from trainer.config import EnvConfig
+from trainer.environments.suite import make_suite
+from trainer.environments.swe.env import SWEEnv
+from trainer.environments.swe.tasks import shipped_tasks_path
+
+
+def test_swe_suite_builds_nested_sections_and_reads_the_task_file():
+    suite = make_suite(EnvConfig(name="swe", options={
+        "backend": "local", "max_turns": 3, "tasks_file": str(shipped_tasks_path()),
+        "tools": {"command_timeout_s": 5.0}, "docker": {"memory": "1g"}}))
+    env = suite.make_env()
+    assert isinstance(env, SWEEnv) and env.max_turns == 3
+    assert env.config.tools.command_timeout_s == 5.0 and env.config.docker.memory == "1g"
+    assert len(suite.tasks.tasks("train")) + len(suite.tasks.tasks("heldout")) == 6  # the shipped tasks
+    assert all(isinstance(text, str) and text for text in suite.sample_texts())
+
+
+@pytest.mark.parametrize("options, named", [
+    ({"backend": "local", "max_trun": 3}, r"env.options: unknown key 'max_trun' for swe"),
+    ({"tools": {"command_timeout": 5}}, r"env.options.tools: unknown key 'command_timeout' for swe"),
+])
+def test_swe_option_typos_are_named_with_their_path(options, named):
+    with pytest.raises(ValueError, match=named):
+        make_suite(EnvConfig(name="swe", options=options))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("alfworld") is not None, reason="alfworld installed: nothing missing")
+def test_alfworld_without_its_package_says_how_to_get_it():
+    from trainer.environments.alfworld_adapter import AlfworldUnavailable
+    with pytest.raises(AlfworldUnavailable, match="pip install alfworld"):
+        make_suite(EnvConfig(name="alfworld", options={"data_dir": "/nonexistent"}))
+
+
+def test_unknown_family_is_named():
+    with pytest.raises(ValueError, match="env.name 'webshop'"):
+        make_suite(EnvConfig(name="webshop"))
