@@ -151,7 +151,8 @@ def test_warm_start_config_takes_the_cells_env_and_token_limits():
 
 
 @pytest.mark.parametrize("study_file", ["config.yaml", "configs/smoke.yaml", "configs/paper.yaml",
-                                        "configs/companion.yaml", "configs/companion-smoke.yaml"])
+                                        "configs/companion.yaml", "configs/companion-smoke.yaml",
+                                        "configs/companion-paper.yaml"])
 def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_path):
     """What the workflow writes must pass the trainer's own validation (model.path: any existing dir)."""
     study = _study(study_file)
@@ -269,10 +270,16 @@ def test_paper_study_uses_checkpoints_instead_of_a_warm_start(scratch_repo):
     assert "models.MiniCPM5-2B.path: 'checkpoints/MiniCPM5-2B' does not exist" in r.stderr + r.stdout
     for name in ("MiniCPM5-2B", "Qwen3.5-4B"):
         (scratch_repo / "checkpoints" / name).mkdir(parents=True)
+    r = snakemake(scratch_repo, "-n", "--cores", "all", "--configfile", "configs/paper.yaml")
+    assert r.returncode != 0
+    assert "cell.env.options.tasks_file: 'data/r2e-gym-tasks.jsonl' does not exist" in r.stderr + r.stdout
+    (scratch_repo / "data").mkdir()
+    (scratch_repo / "data" / "r2e-gym-tasks.jsonl").write_text("")
     try:
         r = snakemake(scratch_repo, "-n", "--cores", "all", "--configfile", "configs/paper.yaml")
     finally:
         shutil.rmtree(scratch_repo / "checkpoints")
+        shutil.rmtree(scratch_repo / "data")
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout + r.stderr
     # the study file replaces config.yaml: no tiny models, no warm start

@@ -16,7 +16,8 @@ directly and Snakemake only writes their results to disk. Design choices:
   cores the scheduler gave it.
 - **Models**: a `preset` model is warm-started by the workflow and its cells load the warm-started policy; a
   `path` model is a local checkpoint used as is (paper scale). Cross-key rules the JSON schema cannot state
-  (preset xor path, the path exists, a grid block names known models, band low <= high) are checked by
+  (preset xor path, the path exists, a task file or game folder exists, a grid block names known models,
+  group estimators have groups, band low <= high) are checked by
   `check_study`, which raises `StudyError` naming the key before any job starts.
 - **The recipe -> optimizer table** mirrors `trainer.config.RECIPES` (tests compare them) instead of importing
   the trainer, so building the DAG needs neither torch nor the trainer's environment.
@@ -79,6 +80,11 @@ def check_study(study: dict) -> None:
             if model not in study["models"]:
                 raise StudyError(f"grid[{i}].models: {model!r} is not a model of this study "
                                  f"(models: {sorted(study['models'])})")
+    options = study.get("cell", {}).get("env", {}).get("options", {})
+    for key in ("tasks_file", "data_dir"):
+        if options.get(key) and not Path(options[key]).exists():
+            raise StudyError(f"cell.env.options.{key}: {options[key]!r} does not exist (paper-scale tasks and "
+                             f"games are read from local files; nothing is downloaded)")
     recipes = {r for block in study["grid"] for r in block["recipes"]}
     group_size = study.get("cell", {}).get("rl", {}).get("group_size", 1)
     if recipes & set(GROUP_RECIPES) and group_size < 2:
