@@ -12,6 +12,7 @@ and some by the per-turn limit, which desynchronises the batch and exercises the
 """
 from __future__ import annotations
 
+import copy
 import math
 from collections import Counter
 from types import SimpleNamespace
@@ -166,6 +167,23 @@ def test_greedy_play_equals_naive_reencoding(fmt, policies, preset):
     # Nothing is re-encoded: every token is fed to the cache once, except each episode's final sampled token.
     assert engine.last_stats["tokens_fed"] == sum(e.length - 1 for e in episodes)
     assert_matches_naive(episodes, policies[preset], fmt, TASKS, sp)
+
+
+@pytest.mark.parametrize("preset,dtype", [("minicpm-tiny", torch.float32), ("qwen-tiny", torch.float32),
+                                          ("qwen2.5-tiny", torch.float32), ("qwen-tiny", torch.bfloat16)])
+def test_lean_forward_is_bit_identical_to_the_transformers_call(fmt, policies, preset, dtype):
+    """Sampled episodes (tokens and log-probs) with `_LeanDecoder` equal those of the model's own forward, exactly."""
+    model = policies.get(preset) or build_tiny_model(TinyModelSpec(preset, vocab_size=fmt.vocab_size), seed=1)
+    sp = SamplingParams(temperature=1.0, max_turn_tokens=10)
+    runs = []
+    for lean in (True, False):
+        engine = HFEngine(copy.deepcopy(model), fmt, dtype=dtype, lean=lean)
+        assert (engine._lean is not None) == lean
+        runs.append(engine.play([CountEnv() for _ in TASKS], TASKS, sampling=sp,
+                                generator=torch.Generator().manual_seed(3)))
+    assert engine.last_stats["prefill_passes"] > 2
+    for a, b in zip(*runs):
+        assert a.tokens == b.tokens and a.rollout_logp == b.rollout_logp
 
 
 def test_masking_finished_rows_gives_the_same_episodes(fmt, policies):

@@ -30,6 +30,14 @@ Design choices (and which reading of the issue is the default):
   buffers with one `index_select`. Keeping them as filler rows instead (`free_finished=False`) was 20-40% slower
   on the embedded-default benchmark (`benchmarks/bench_rollout.py --mask-finished`: 2.1-2.9k vs 3.6-3.7k
   generated tokens/s, 32 episodes of 6-10 turns, one thread), because every decode pass still computes them.
+- **A lean forward for the tiny families.** For Llama, Qwen2 and Qwen3 models on the sdpa kernel (the embedded
+  study's policies), `_LeanDecoder` replaces the transformers call with the same tensor operations in the same
+  order and shapes, so logits, sampled tokens and log-probs are bit-identical (tested against `lean=False`). At
+  ~1M parameters a forward pass is a few milliseconds, and the modeling code's per-module Python (hooks,
+  decorators, kwargs plumbing, mask preparation, output records) was about a third of it. What remains is
+  mostly MKL's small-row matmuls and the flash-attention kernel, which cannot change without changing the
+  numbers (a matmul's rows depend on how many rows it is given, so no pass may drop or add rows either). Other
+  models, and `attn_implementation="eager"`, take the generic call.
 - **Log-probs.** The trainer recomputes log-probs from temperature-scaled logits over the full vocabulary, so the
   rollout log-prob of a sampled token is `log_softmax(logits / temperature)[token]`: top-p only restricts which
   token may be drawn, it does not renormalise the recorded probability. Greedy decoding (`temperature == 0`)
@@ -56,6 +64,7 @@ from __future__ import annotations
 import inspect
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -205,6 +214,86 @@ class _RowCache(Cache):
         self.plan.n_rows = len(rows)
 
 
+# ------------------------------------------------------------------------------------------- the lean forward
+
+
+class _LeanDecoder:
+    """The Llama / Qwen2 / Qwen3 forward pass of transformers' sdpa path, restated as plain tensor calls.
+
+    Same ops, in the same order, on the same shapes as the modeling code (RMSNorm in fp32, rotary angles from the
+    positions, transformers' own `sdpa_attention_forward` for the GQA dispatch), so the logits are bit-identical
+    (tested); what goes is the per-module Python (hooks, decorators, kwargs plumbing, output records). Reads the
+    model's parameters at call time, so published weights need nothing more.
+    """
+
+    ARCHITECTURES: ClassVar[dict[str, bool]] = {"LlamaForCausalLM": False, "Qwen2ForCausalLM": False,
+                                                "Qwen3ForCausalLM": True}
+    """Served classes, and whether their attention normalises queries and keys (Qwen3's q_norm / k_norm)."""
+
+    def __init__(self, model):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        self.attention = sdpa_attention_forward
+        self.model, self.qk_norm = model, self.ARCHITECTURES[type(model).__name__]
+        base = model.model
+        self.layers = [(layer, layer.self_attn, layer.mlp) for layer in base.layers]
+        self.inv_freq = base.rotary_emb.inv_freq
+        self.rope_scale = base.rotary_emb.attention_scaling
+
+    @classmethod
+    def serves(cls, model) -> bool:
+        """Only configurations that `__call__` restates exactly; anything else takes the generic path."""
+        config = model.config
+        if type(model).__name__ not in cls.ARCHITECTURES or config._attn_implementation != "sdpa":
+            return False
+        rope = getattr(config, "rope_parameters", None) or {}
+        return (config.hidden_act == "silu" and rope.get("rope_type", "default") == "default"
+                and getattr(config, "pretraining_tp", 1) == 1)
+
+    @staticmethod
+    def _norm(x: torch.Tensor, module) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        variance = x.pow(2).mean(-1, keepdim=True)
+        x = x * torch.rsqrt(variance + module.variance_epsilon)
+        return module.weight * x.to(dtype)
+
+    @staticmethod
+    def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Cache) -> torch.Tensor:
+        """Next-token logits [n, vocab] after the last slot of each row (the model's dtype)."""
+        F = torch.nn.functional
+        base = self.model.model
+        h = F.embedding(ids, base.embed_tokens.weight)
+        freqs = positions[..., None].float() * self.inv_freq.to(device=h.device, dtype=torch.float)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = (emb.cos() * self.rope_scale).to(dtype=h.dtype).unsqueeze(1)
+        sin = (emb.sin() * self.rope_scale).to(dtype=h.dtype).unsqueeze(1)
+        shape = ids.shape
+        for i, (layer, attn, mlp) in enumerate(self.layers):
+            x = self._norm(h, layer.input_layernorm)
+            q = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(*shape, -1, attn.head_dim)
+            k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(*shape, -1, attn.head_dim)
+            if self.qk_norm:
+                q, k = self._norm(q, attn.q_norm), self._norm(k, attn.k_norm)
+            q, k = q.transpose(1, 2), k.transpose(1, 2)
+            v = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(*shape, -1, attn.head_dim).transpose(1, 2)
+            q = (q * cos) + (self._rotate_half(q) * sin)
+            k = (k * cos) + (self._rotate_half(k) * sin)
+            k, v = cache.layers[i].update(k, v)
+            out, _ = self.attention(attn, q, k, v, mask, dropout=0.0, scaling=attn.scaling)
+            h = h + F.linear(out.reshape(*shape, -1).contiguous(), attn.o_proj.weight, attn.o_proj.bias)
+            x = self._norm(h, layer.post_attention_layernorm)
+            gate = F.silu(F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias))
+            h = h + F.linear(gate * F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias), mlp.down_proj.weight,
+                             mlp.down_proj.bias)
+        h = self._norm(h, base.norm)
+        return F.linear(h[:, -1:, :], self.model.lm_head.weight, self.model.lm_head.bias)[:, -1]
+
+
 # ------------------------------------------------------------------------------------------- the engine
 
 
@@ -230,9 +319,10 @@ class HFEngine:
     """Plays batches of multi-turn episodes with a Hugging Face causal LM; see the module docstring."""
 
     def __init__(self, model, fmt, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                 free_finished: bool = True):
+                 free_finished: bool = True, lean: bool = True):
         """`model` is used in place (moved to device/dtype, put in eval mode): give the engine its own copy if a
-        trainer keeps updating the original. `fmt` is a format from chat_format.py (TinyFormat, HFChatFormat)."""
+        trainer keeps updating the original. `fmt` is a format from chat_format.py (TinyFormat, HFChatFormat).
+        `lean=False` calls the transformers model even where `_LeanDecoder` serves it (tests compare the two)."""
         config = model.config
         if getattr(config, "is_encoder_decoder", False):
             raise ValueError("HFEngine needs a decoder-only causal LM, got an encoder-decoder model")
@@ -258,6 +348,7 @@ class HFEngine:
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
+        self._lean = _LeanDecoder(self.model) if lean and _LeanDecoder.serves(self.model) else None
         self.policy_version = 0
         self.last_stats: dict[str, int] = {}
         """Counters of the last `play`: steps, decode/prefill passes, tokens fed, filler slots computed."""
@@ -297,6 +388,8 @@ class HFEngine:
         allowed = torch.arange(kv_len, device=device)[None, None, :] <= cols_t[:, :, None]
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=device)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        if self._lean is not None:
+            return self._lean(ids_t, cols_t, mask[:, None], cache).float()
         out = self.model(input_ids=ids_t, position_ids=cols_t, attention_mask=mask[:, None], use_cache=True,
                          **{self._cache_kw: cache}, **self._keep_kw)
         return out.logits[:, -1].float()
