@@ -294,7 +294,19 @@ def _generate(cfg: MiniRepoConfig, rng: random.Random, layout: tuple):
             files[f] += bodies[n]
     called = {t for b in bodies.values() for line in b[1:] for t in line.split()[2:] if t in rank}
     tested = [n for n in sorted(names, key=lambda n: where[n]) if cfg.test_helpers or n not in called]
-    program = {k: v for f, lines in files.items() for k, v in parse_file(f, lines).items()}
+    parsed = {}
+
+    def load(repo):
+        """The program of `repo`; a file is parsed once per candidate (the bugged variants share most files)."""
+        program = {}
+        for name, lines in repo.items():
+            key = (name, tuple(lines))
+            if key not in parsed:
+                parsed[key] = parse_file(name, lines)
+            program.update(parsed[key])
+        return program
+
+    program = load(files)
     tests = []
     for n in tested:
         inputs = rng.sample([(a,) if arity[n] == 1 else (a, b) for a in range(10) for b in range(10 if arity[n] == 2
@@ -328,7 +340,7 @@ def _generate(cfg: MiniRepoConfig, rng: random.Random, layout: tuple):
         bugs.append(Bug(f, line, text, files[f][line - 1], kind, chain))
 
     def failing(repo):
-        prog = {k: v for name, lines in repo.items() for k, v in parse_file(name, lines).items()}
+        prog = load(repo)
         out = []
         for n, args, want in tests:
             try:
@@ -345,7 +357,7 @@ def _generate(cfg: MiniRepoConfig, rng: random.Random, layout: tuple):
     for bug, c in zip(bugs, chains):
         alone = {f: list(lines) for f, lines in files.items()}
         alone[bug.file][bug.line - 1] = bug.buggy
-        only = failing(alone)
+        only = fails if alone == buggy else failing(alone)  # one bug: the same repository, already run
         hit = [i for i, (n, _, _) in enumerate(tests) if n == c[0] and fails[i] is not None]
         if not hit or only is None or all(g is None for g in only):
             return None  # the bug must show at the issue's function and matter on its own
