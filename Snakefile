@@ -7,6 +7,8 @@
 # DAG: warm start per tiny model family -> cell config -> train (one job per cell) -> summarize -> figures.
 # `study: companion` (configs/companion.yaml) swaps the analysis rules for the companion paper's.
 # Rules: workflow/rules/*.smk; helpers and the results layout: workflow/rules/common.smk.
+import os
+
 from snakemake.utils import min_version
 
 min_version("9.12")
@@ -23,8 +25,9 @@ include: "workflow/rules/common.smk"
 
 
 # Each study writes results/ and figures/ under its own `workdir` (config.yaml: the repository root), so that
-# running the smoke or companion study never overwrites the default study's warm starts, cells or figures.
-workdir: config["workdir"]
+# running the companion study never overwrites the default study's warm starts, cells or figures. Absolute, so
+# that a cluster job, which starts in the study's folder already, lands in the same place.
+workdir: os.path.join(workflow.basedir, config["workdir"])
 
 include: "workflow/rules/warm_start.smk"
 include: "workflow/rules/train.smk"

@@ -85,3 +85,29 @@ def test_smoke_grid_runs_as_slurm_jobs_through_the_profile(tmp_path):
     for fig in ("fig2", "fig3", "fig4", "fig5", "diagnostics"):
         for ext in ("png", "pdf"):
             assert (repo / "figures" / f"{fig}.{ext}").stat().st_size > 0
+
+
+COMPANION_GRID = {"grid": [{"name": "slurm_muon", "recipes": ["gigpo"], "optimizer": "muon", "seeds": [0]},
+                           {"name": "slurm_control", "recipes": ["grpo"], "optimizer": "adam_high_lr", "seeds": [0]}]}
+"""Merged into configs/companion-smoke.yaml: 1 warm start + 2 cells + summary + figures, in the study's workdir."""
+
+
+@pytest.mark.slow
+def test_companion_smoke_runs_as_slurm_jobs_in_its_own_workdir(tmp_path):
+    """A study with a `workdir` on SLURM: the jobs start in that folder and must not apply it a second time."""
+    _require_cluster()
+    repo = copy_repo(tmp_path / "repo")
+    (repo / "companion_grid.yaml").write_text(yaml.safe_dump(COMPANION_GRID))
+    r = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "all", "--profile", "slurm",
+                        "--configfile", "configs/companion-smoke.yaml", "companion_grid.yaml",
+                        "--slurm-init-seconds-before-status-checks", "2"],
+                       check=False, cwd=repo, capture_output=True, text=True, timeout=900)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    study = repo / "studies" / "companion-smoke"
+    for recipe, optimizer in (("gigpo", "muon"), ("grpo", "adam_high_lr")):
+        cell = study / f"results/cells/model=qwen2.5-tiny/recipe={recipe}/optimizer={optimizer}/seed=0"
+        assert (cell / "metrics.parquet").stat().st_size > 0
+    for fig in ("companion_curves", "companion_bars", "companion_diagnostics"):
+        assert (study / "figures" / f"{fig}.png").stat().st_size > 0
+    assert not (study / "studies").exists() and not (repo / "results").exists()
