@@ -6,6 +6,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -135,13 +136,13 @@ COMPANION_CELL = {
 
 def test_companion_cell_runs_groups_with_adamw_at_muons_lr_and_logs_grad_snr(tmp_path):
     """A companion-study cell: groups of 2 rollouts per task, GiGPO, AdamW at Muon's learning rate on every
-    parameter, and the gradient SNR proxy logged at every update (two task groups per update)."""
+    parameter, and the gradient SNR logged at every update (from the 4 episodes' gradients)."""
     out = tmp_path / "out"
     r = _cli("train", "--config", str(_write(tmp_path, COMPANION_CELL)), "--out", str(out), "--no-progress")
     assert r.returncode == 0, r.stderr
     df, prov = read_log(out / "metrics.parquet")
     assert df["n_trajectories"].tolist() == [4, 4] and df["lr"].tolist() == [3e-3, 3e-3]
-    assert (df["grad_snr"] > 0).all() and df["eval_success"].notna().all()
+    assert np.isfinite(df["grad_snr"]).all() and df["eval_success"].notna().all()
     episodes, _ = read_log(out / "episodes.parquet")
     train = episodes[episodes["split"] == "train"]
     assert (train.groupby("update")["task_id"].nunique() == 2).all()  # 4 rollouts = 2 tasks x 2

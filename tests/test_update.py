@@ -139,13 +139,24 @@ def test_one_minibatch_reuses_the_forward_pass_as_old_logprobs(model):
 
 
 def test_gradient_snr_by_hand():
-    # parts (1, 0) and (3, 0): mean (2, 0), signal 2^2 = 4; deviations (-1, 0), (1, 0): noise (1 + 1) / (2 - 1) = 2
-    assert gradient_snr([torch.tensor([1.0, 0.0]), torch.tensor([3.0, 0.0])]) == pytest.approx(2.0)
-    # three parts 0, 1, 2 (1-D): mean 1, signal 1; noise (1 + 0 + 1) / 2 = 1
-    assert gradient_snr([torch.tensor([0.0]), torch.tensor([1.0]), torch.tensor([2.0])]) == pytest.approx(1.0)
+    # parts (1, 0), (3, 0): mean (2, 0), |mean|^2 = 4; noise s^2 = (1 + 1) / (2 - 1) = 2; signal 4 - 2/2 = 3 -> 1.5
+    assert gradient_snr([torch.tensor([1.0, 0.0]), torch.tensor([3.0, 0.0])]) == pytest.approx(1.5)
+    # parts 0, 1, 2 (1-D): mean 1, s^2 = (1 + 0 + 1) / 2 = 1, signal 1 - 1/3 = 2/3
+    assert gradient_snr([torch.tensor([0.0]), torch.tensor([1.0]), torch.tensor([2.0])]) == pytest.approx(2 / 3)
+    # orthogonal parts of equal norm, (1, 0) and (0, 1): |mean|^2 = 0.5 is all noise: s^2 = 1, signal 0.5 - 0.5 = 0
+    assert gradient_snr([torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])]) == pytest.approx(0.0)
     assert gradient_snr([torch.tensor([1.0, 2.0])] * 2) == float("inf")
     assert math.isnan(gradient_snr([torch.zeros(3)] * 3))  # all advantages 0: no gradient, nothing to measure
     assert math.isnan(gradient_snr([torch.tensor([1.0])]))  # one part: no variance to estimate
+
+
+def test_gradient_snr_of_noisy_estimates_recovers_the_true_ratio():
+    """K noisy estimates g_k = mu + noise of known size: the estimate's mean over many draws is ||mu||^2 / (d s^2)."""
+    gen = torch.Generator().manual_seed(0)
+    d, k, sigma = 400, 8, 0.5
+    mu = torch.full((d,), 0.05)  # ||mu||^2 = 400 * 0.0025 = 1; noise E||g - mu||^2 = d sigma^2 = 100 -> SNR 0.01
+    draws = [gradient_snr([mu + sigma * torch.randn(d, generator=gen) for _ in range(k)]) for _ in range(400)]
+    assert sum(draws) / len(draws) == pytest.approx(0.01, abs=0.004)
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])

@@ -133,8 +133,9 @@ class RunConfig:
     device: Literal["cpu", "cuda"] = "cpu"
     """Where the trainer's model lives (paper scale: cuda)."""
     grad_snr: bool = False
-    """Log `grad_snr`, a signal-to-noise proxy of the policy gradient (trainer/update.py), for the companion study's
-    diagnostics. Costs one backward pass per task group (per episode when group_size is 1) instead of one in all."""
+    """Log `grad_snr`, the signal-to-noise ratio of the policy gradient estimated from per-episode gradients
+    (trainer/update.py `gradient_snr`), for the companion study's diagnostics. Costs one backward pass per episode
+    instead of one per micro-batch."""
 
 
 @dataclass

@@ -184,13 +184,8 @@ class Trainer:
         return rhos
 
     def _grad_parts(self, episodes) -> list[list[int]] | None:
-        """The batch's rows split by task group (by episode when group_size is 1) for `grad_snr`; None: off."""
-        if not self.cfg.run.grad_snr:
-            return None
-        groups: dict = {}
-        for row, e in enumerate(episodes):
-            groups.setdefault(e.group_id if self.cfg.rl.group_size > 1 else row, []).append(row)
-        return list(groups.values())
+        """One part per episode for `grad_snr` (per-episode gradients); None when the statistic is off."""
+        return [[row] for row in range(len(episodes))] if self.cfg.run.grad_snr else None
 
     def train_step(self) -> dict:
         u = self.update

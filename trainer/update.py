@@ -247,16 +247,19 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
 
 
 def gradient_snr(part_grads: list[torch.Tensor]) -> float:
-    """Signal-to-noise proxy of a gradient estimated from K >= 2 parts of a batch, each an estimate g_k of the same
-    expected gradient: ||mean g||^2 / (sum_k ||g_k - mean g||^2 / (K - 1)), the squared norm of the batch's mean
-    over the (unbiased) variance of one part's estimate. NaN for K < 2 or an all-zero gradient (every advantage 0:
-    nothing to measure); inf when the parts agree exactly on a non-zero gradient."""
+    """Signal-to-noise ratio of the policy gradient from K >= 2 parts of a batch (one per episode), each an
+    estimate g_k of the same expected gradient mu: ||mu||^2 / E||g_k - mu||^2, estimated without bias.
+
+    The noise is s^2 = sum_k ||g_k - mean g||^2 / (K - 1). The squared norm of the mean overestimates ||mu||^2 by
+    s^2 / K (in a space of many dimensions, K unrelated gradients give ||mean g||^2 = s^2 / K on their own), so the
+    signal is ||mean g||^2 - s^2 / K: near 0, and possibly negative, when the parts agree no more than noise.
+    NaN for K < 2 or an all-zero gradient (every advantage 0); inf when the parts agree exactly."""
     if len(part_grads) < 2:
         return float("nan")
     g = torch.stack([p.double() for p in part_grads])
     mean = g.mean(0)
     noise = float(((g - mean) ** 2).sum()) / (len(part_grads) - 1)
-    signal = float((mean ** 2).sum())
+    signal = float((mean ** 2).sum()) - noise / len(part_grads)
     if noise > 0:
         return signal / noise
     return float("inf") if signal > 0 else float("nan")
