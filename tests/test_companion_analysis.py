@@ -24,7 +24,7 @@ from trainer.analysis import (bootstrap_interval, companion_run_table, companion
 from trainer.analysis.companion import (COMPANION_COLUMNS, COMPANION_FIGURES, COMPANION_MODELS, COMPANION_NUMBERS,
                                         ESTIMATORS, OPTIMIZER_LABELS, OPTIMIZERS, companion_coverage_notes,
                                         companion_markdown, figure_companion_bars, figure_companion_curves,
-                                        figure_companion_diagnostics, final_window_success, geometric_mean,
+                                        figure_companion_diagnostics, final_window_success, finite_median,
                                         load_companion_numbers, validation_auc, validation_curve,
                                         write_companion_figures)
 from trainer.analysis.synthetic import companion_grid
@@ -76,15 +76,12 @@ def test_flat_curve_auc_equals_its_level(level, updates):
     assert validation_auc(run_rows({u: level for u in updates}, n=100)) == pytest.approx(level, abs=1e-12)
 
 
-def test_geometric_mean_by_hand_and_rejects_non_positive():
-    assert geometric_mean([1.0, 4.0, NAN]) == pytest.approx(2.0)  # sqrt(1 * 4); NaN = not measured
-    assert geometric_mean([0.1, 10.0, np.inf]) == pytest.approx(1.0)  # sqrt(0.1 * 10); inf left out
-    assert math.isnan(geometric_mean([NAN, NAN]))
-    with pytest.raises(ValueError, match="grad_snr.*positive"):
-        geometric_mean([0.5, -1.0])
+def test_finite_median_by_hand_keeps_negative_estimates():
+    assert finite_median([1.0, 4.0, 2.0, NAN]) == pytest.approx(2.0)  # NaN = not measured
+    assert finite_median([-0.5, 0.1, 10.0, np.inf]) == pytest.approx(0.1)  # inf left out; an unbiased SNR may be < 0
+    assert math.isnan(finite_median([NAN, NAN]))
 
 
-# -- run table ---------------------------------------------------------------------------------------------
 def test_run_table_columns_by_hand_and_missing_grad_snr():
     a = run_rows({4: 0.2, 9: 0.6}, seed=0, grad_snr=[0.1, 10.0] * 5)
     b = run_rows({4: 0.4, 9: 0.4}, seed=1, optimizer="adam", update_rms=[0.01, 0.03] * 5)
@@ -95,12 +92,12 @@ def test_run_table_columns_by_hand_and_missing_grad_snr():
     assert muon["final_window_success"] == pytest.approx(0.6)  # the window (update 9) holds 0.6
     assert muon["val_auc"] == pytest.approx((0.2 + 0.6) / 2)  # one trapezoid over its own span
     assert muon["n_evals"] == 2 and muon["n_window_evals"] == 1
-    assert muon["grad_snr_gmean"] == pytest.approx(1.0)  # (0.1 * 10)^(1/2) for every pair
+    assert muon["grad_snr_median"] == pytest.approx(5.05)  # median of five 0.1 and five 10.0: (0.1 + 10) / 2
     assert muon["train_success_window"] == pytest.approx(0.5) and not muon["collapsed"]
     assert adam["update_rms_mean"] == pytest.approx(0.02) and adam["update_spectral_norm_mean"] == pytest.approx(0.9)
-    assert math.isnan(adam["grad_snr_gmean"])  # b has no grad_snr values at all (NaN after the concat)
+    assert math.isnan(adam["grad_snr_median"])  # b has no grad_snr values at all (NaN after the concat)
     no_column = companion_run_table(run_rows({9: 0.5}))  # a log older than the statistic
-    assert math.isnan(no_column["grad_snr_gmean"].iloc[0])
+    assert math.isnan(no_column["grad_snr_median"].iloc[0])
 
 
 def test_collapse_verdict_is_the_main_studys():
@@ -139,7 +136,7 @@ def runs_frame(rows: list[tuple]) -> pd.DataFrame:
     """A per-run table with the columns the summary reads: (recipe, optimizer, seed, final, auc, collapsed)."""
     frame = pd.DataFrame(rows, columns=["recipe", "optimizer", "seed", "final_window_success", "val_auc",
                                         "collapsed"])
-    return frame.assign(model=MODEL, paper_model=PAPER, train_success_window=0.5, grad_snr_gmean=0.25)
+    return frame.assign(model=MODEL, paper_model=PAPER, train_success_window=0.5, grad_snr_median=0.25)
 
 
 def test_summary_means_intervals_companion_numbers_and_differences():
@@ -244,8 +241,8 @@ def test_diagnostics_panels_and_all_nan_grad_snr(grid, tmp_path):
     metrics = load_metrics(paths, base, COMPANION_COLUMNS)
     assert metrics["grad_snr"].isna().all()
     runs = companion_run_table(metrics)
-    assert runs["grad_snr_gmean"].isna().all()
-    assert companion_summary_table(runs)["grad_snr_gmean"].isna().all()
+    assert runs["grad_snr_median"].isna().all()
+    assert companion_summary_table(runs)["grad_snr_median"].isna().all()
     assert "grad_snr not measured in 4 of 4 run(s)" in companion_coverage_notes(runs, models=COMPANION_MODELS)
     fig = figure_companion_diagnostics(metrics, COMPANION_MODELS)
     assert len(fig.axes) == 8

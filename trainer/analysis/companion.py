@@ -26,12 +26,12 @@ Definitions, all for one run. Updates are the logged 0-based `update` values.
 
 Choices and why:
 
-* **grad_snr is summarised by its geometric mean** (exp of the mean log) over the updates where it was
-  measured. The SNR is a ratio, ||mean g_k||^2 / mean ||g_k - mean g||^2, and it spans orders of magnitude
-  from update to update (near-zero noise gives a huge value). An arithmetic mean would be decided by its
-  largest updates. The geometric mean is the mean on the log scale that the diagnostics figure draws, and
-  inverting the ratio inverts it. NaN (not measured) and +-inf are left out, and a value <= 0 is an error.
-  A log without the column (from a trainer older than the statistic) reads as all-NaN.
+* **grad_snr is summarised by its median** over the updates where it was measured (a cell: the mean of its
+  runs' medians). The trainer's estimate (trainer/update.py `gradient_snr`) is unbiased, so it is near 0 and
+  often negative when the per-episode gradients agree no more than noise, and it swings by orders of magnitude
+  from update to update: a mean would be decided by a few updates, a geometric mean is undefined. NaN (not
+  measured) and +-inf are left out. A log without the column (from a trainer older than the statistic) reads
+  as all-NaN.
   update_rms and update_spectral_norm use arithmetic means over the run's finite values: they vary little,
   and this is the main study's convention.
 * **Percent**, as in the main summary. The summary table is in percent, AUC included (it is a time-averaged
@@ -52,9 +52,10 @@ Choices and why:
   collapsed), and the companion's value as a hollow diamond beside our bar. A hollow diamond shows a reported
   0.0, which a hatched bar could not. `companion_diagnostics` has rows grad_snr, update RMS, update spectral
   norm and grad norm, and one column per estimator: the median over seeds per update, with the seed range
-  (min..max) shaded. A row is on a log scale when all its values are positive, and a panel with no finite
-  value says "not measured". Colours are fixed: Muon blue, AdamW orange, AdamW at Muon's lr purple, collapse
-  red. Each optimizer also has its own line style, so the curves read in grey too.
+  (min..max) shaded. A row is on a log scale when all its values are positive (grad_snr otherwise on a
+  symmetric log scale, linear within +-0.01), and a panel with no finite value says "not measured". Colours
+  are fixed: Muon blue, AdamW orange, AdamW at Muon's lr purple, collapse red. Each optimizer also has its own
+  line style, so the curves read in grey too.
 """
 from __future__ import annotations
 
@@ -173,13 +174,11 @@ def validation_auc(run: pd.DataFrame) -> float:
     return float(np.trapezoid(y, x) / (x[-1] - x[0]))
 
 
-def geometric_mean(values: Sequence[float] | np.ndarray, what: str = "grad_snr") -> float:
-    """exp(mean log) of the finite values (NaN if none); ValueError naming `what` for a value <= 0."""
+def finite_median(values: Sequence[float] | np.ndarray) -> float:
+    """Median of the finite values (NaN, not measured, and +-inf left out); NaN if none."""
     values = np.asarray(values, dtype=float)
     values = values[np.isfinite(values)]
-    if (values <= 0).any():
-        raise ValueError(f"{what}: a ratio must be positive, got {values[values <= 0][:3].tolist()}")
-    return float(np.exp(np.log(values).mean())) if len(values) else math.nan
+    return float(np.median(values)) if len(values) else math.nan
 
 
 def finite_mean(values: Sequence[float] | np.ndarray) -> float:
@@ -197,7 +196,7 @@ def companion_run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | No
     The columns are the run keys, `paper_model`, `n_updates`, `window_first` and `window_last`,
     `train_success_window` (mean training success over the window), `collapsed`, `collapse_update` and
     `collapse_reason` (all from `run_table`, with the same window and collapse rule as the main study), and
-    `final_window_success`, `n_window_evals`, `n_evals`, `val_auc`, `grad_snr_gmean`, `update_rms_mean` and
+    `final_window_success`, `n_window_evals`, `n_evals`, `val_auc`, `grad_snr_median`, `update_rms_mean` and
     `update_spectral_norm_mean`.
     """
     models = COMPANION_MODELS if models is None else models
@@ -213,7 +212,7 @@ def companion_run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | No
                      "final_window_success": final_window_success(run, window_fraction),
                      "n_window_evals": int((evaluated & (run["update"] >= window_first)).sum()),
                      "n_evals": int(evaluated.sum()), "val_auc": validation_auc(run),
-                     "grad_snr_gmean": geometric_mean(run["grad_snr"], f"grad_snr of run {dict(zip(RUN_KEYS, key))}"),
+                     "grad_snr_median": finite_median(run["grad_snr"]),
                      "update_rms_mean": finite_mean(run["update_rms"]),
                      "update_spectral_norm_mean": finite_mean(run["update_spectral_norm"])})
     runs = runs.drop(columns=["eval_success", "eval_update"]).rename(columns={"window_success": "train_success_window"})
@@ -245,7 +244,7 @@ def companion_summary_table(runs: pd.DataFrame, numbers: pd.DataFrame | None = N
                             models: Mapping[str, str] | None = None, level: float = 0.95) -> pd.DataFrame:
     """One row per model x estimator x optimizer (percent): for final-window success (`final_`) and AUC (`auc_`)
     the mean over evaluated seeds, its bootstrap interval, the companion's number and our difference; plus
-    seeds, collapses, training success over the window and the cell's grad_snr geometric mean."""
+    seeds, collapses, training success over the window and the cell's mean of the runs' grad_snr medians."""
     numbers = load_companion_numbers() if numbers is None else numbers
     theirs = numbers.set_index(["model", "recipe", "optimizer", "metric"])
     rows = []
@@ -269,8 +268,7 @@ def companion_summary_table(runs: pd.DataFrame, numbers: pd.DataFrame | None = N
         row.update({"train_pct_mean": 100 * float(cell["train_success_window"].mean()),
                     "n_collapsed": int(cell["collapsed"].sum()),
                     "collapsed_seeds": ",".join(str(s) for s in cell.loc[cell["collapsed"].astype(bool), "seed"]),
-                    "grad_snr_gmean": geometric_mean(cell["grad_snr_gmean"], f"grad_snr of cell {model}/{recipe}/"
-                                                                              f"{optimizer}"),
+                    "grad_snr_median": finite_mean(cell["grad_snr_median"]),
                     "companion_source": "; ".join(sources)})
         rows.append(row)
     return sort_companion(pd.DataFrame(rows), models)
@@ -294,7 +292,7 @@ def companion_coverage_notes(runs: pd.DataFrame, numbers: pd.DataFrame | None = 
     if stand_in:
         notes.append(f"{len(stand_in)} run(s) with no evaluation in the final window (their last evaluation "
                      f"stands in): {', '.join(stand_in)}")
-    measured = int(runs["grad_snr_gmean"].notna().sum())
+    measured = int(runs["grad_snr_median"].notna().sum())
     if measured < len(runs):
         notes.append(f"grad_snr not measured in {len(runs) - measured} of {len(runs)} run(s)")
     cells = set(zip(runs["paper_model"], runs["recipe"], runs["optimizer"]))
@@ -318,7 +316,7 @@ def companion_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_
               "percent, averaged over evaluated seeds; interval = 95% percentile bootstrap over seeds (n/a with "
               "one seed). Companion = Ruan et al., \"When Does Muon Help Agentic RL?\" (ALFWorld, "
               "Qwen2.5-0.5B-Instruct); diff = ours - companion, in percentage points (– where it reports none). "
-              "Train = training success over the same window. SNR = geometric mean of `grad_snr`. Collapse = the "
+              "Train = training success over the same window. SNR = median of `grad_snr` over updates (mean over seeds). Collapse = the "
               "rule in `trainer/analysis/collapse.py`, on training success.")
     lines = ["# Validation success, ours beside Ruan et al. (When Does Muon Help Agentic RL?)", "", method, ""]
     lines += [f"- {note}" for note in notes]
@@ -334,7 +332,7 @@ def companion_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_
                  _pct(row.companion_final_pct), _pct(row.final_diff_pp), _pct(row.auc_pct_mean),
                  _ci(row.auc_pct_ci_low, row.auc_pct_ci_high), _pct(row.companion_auc_pct), _pct(row.auc_diff_pp),
                  _pct(row.train_pct_mean), collapsed,
-                 "–" if not np.isfinite(row.grad_snr_gmean) else f"{row.grad_snr_gmean:.3g}"]
+                 "–" if not np.isfinite(row.grad_snr_median) else f"{row.grad_snr_median:.3g}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -509,6 +507,10 @@ def figure_companion_diagnostics(metrics: pd.DataFrame, models: Mapping[str, str
                 row[0].yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
                 row[0].yaxis.set_major_formatter(PLAIN)
                 row[0].yaxis.set_minor_formatter(NullFormatter())
+            elif len(finite) and column == "grad_snr":  # the unbiased SNR estimate dips below 0 in noise
+                row[0].set_yscale("symlog", linthresh=0.01)
+                for ax in row:
+                    ax.axhline(0.0, color="#999999", lw=0.6)
         _label_outer(axes, len(estimators))
         _suptitle(fig, "Optimizer diagnostics: median over seeds per update, seed range shaded")
         handles = [Line2D([], [], color=OPTIMIZER_COLORS[o], lw=1.5, label=OPTIMIZER_LABELS[o]) for o in optimizers]
