@@ -15,13 +15,11 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
+from test_workflow import copy_repo  # the local workflow tests' copy of the repository
 
-REPO = Path(__file__).resolve().parents[1]
-COPIED = ["Snakefile", "config.yaml", "configs", "workflow", "envs", "slurm", "trainer"]
 SLURM_GRID = {"grid": [{"name": "slurm_test", "models": ["minicpm-tiny"], "recipes": ["spo_adam", "full"],
                         "seeds": [0]}]}
 """Merged into configs/smoke.yaml: 1 warm start + 2 cells + summary + figures = 5 SLURM jobs."""
@@ -43,17 +41,6 @@ def _require_cluster() -> None:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"CI=true, so the SLURM tests must run, but: {problem}")
         pytest.skip(problem)
-
-
-def copy_repo(dest: Path) -> Path:
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in COPIED:
-        src = REPO / name
-        if src.is_dir():
-            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        else:
-            shutil.copy2(src, dest / name)
-    return dest
 
 
 @pytest.mark.slow
