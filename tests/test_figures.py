@@ -21,7 +21,7 @@ from trainer.analysis import (CollapseCriterion, add_ema, draw_figure, ema, load
                               save_figure, write_figures)
 from trainer.analysis.figures import FIGURES, FULL_BAR, figure_bars, figure_family, recipe_label
 from trainer.analysis.synthetic import cell_path, synthetic_grid, synthetic_metrics, write_metrics
-from trainer.config import RECIPES
+from trainer.config import FIGURE2_RECIPES as RECIPES  # the main figures draw these
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = {"minicpm-tiny": "MiniCPM5-2B", "qwen-tiny": "Qwen3.5-4B"}

@@ -213,6 +213,10 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
 """DESIGN.md's Figure-2 recipes, then the companion study's three group estimators (AdamW is its baseline; no
 shaping penalties and no TIS, as in verl-agent's ALFWorld recipe). The optimizer is part of a recipe but any recipe
 runs with any optimizer (the grid sets `optim.name` explicitly), as the paper's Adam versions of the ablations do."""
+FIGURE2_RECIPES: tuple[str, ...] = ("spo_adam", "spo_muon", "full", "no_length", "no_tool", "no_penalties",
+                                    "no_length_seqmean", "no_length_seqmean_no_tis")
+"""The main paper's recipes in its Figure-2 order: the main study's tables and figures draw these."""
+
 
 
 class ConfigError(ValueError):

@@ -51,7 +51,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from trainer.analysis.collapse import ema_by_run
 from trainer.analysis.logs import RUN_KEYS, paper_model
 from trainer.analysis.summary import bootstrap_interval, load_paper_numbers, native_optimizer, ordered, run_bounds
-from trainer.config import RECIPES
+from trainer.config import FIGURE2_RECIPES
 
 MUON, ADAM, FULL, COLLAPSE = "#2f6eba", "#e08a1e", "#2e9a4f", "#d62728"
 BAR, FULL_BAR, PAPER_EDGE, MUTED = "#c3cfdd", "#b9e4c4", "#6b6b6b", "#555555"
@@ -219,7 +219,7 @@ def figure_bars(runs: pd.DataFrame, paper: pd.DataFrame | None = None, models: M
     paper = load_paper_numbers() if paper is None else paper
     native = runs[[native_optimizer(r) == o for r, o in zip(runs["recipe"], runs["optimizer"])]]
     family_list = ordered(native["model"], list(models or {}))
-    recipes = ordered(native["recipe"], list(RECIPES))
+    recipes = ordered(native["recipe"], list(FIGURE2_RECIPES))
     if not family_list:
         return _empty("Figure 2: no run with its recipe's own optimizer in these logs")
     paper_values = paper.set_index(["model", "recipe", "optimizer"])["success_updates_90_100_pct"]
@@ -320,7 +320,7 @@ def figure_family(metrics: pd.DataFrame, runs: pd.DataFrame, family: str, models
 
     `metrics` must carry `success_ema` (`add_ema`); `ema_span` only labels the legend."""
     frame = metrics[metrics["model"].isin([m for m in metrics["model"].unique() if paper_model(m, models) == family])]
-    recipes = ordered(frame["recipe"], list(RECIPES))
+    recipes = ordered(frame["recipe"], list(FIGURE2_RECIPES))
     if not recipes:
         return _empty(f"No runs of {family} (or a stand-in for it) in these logs")
     tiny = sorted(set(frame["model"]))
@@ -474,7 +474,7 @@ def write_figures(outputs: Sequence[str | os.PathLike], metrics: pd.DataFrame, r
     present = {paper_model(m, models) for m in metrics["model"].unique()}
     notes = [f"{name}: no runs of {family} or a stand-in for it; the figure says so"
              for name, family in FAMILY_FIGURES.items() if name in by_name and family not in present]
-    absent = [r for r in RECIPES if r not in set(metrics["recipe"])]
+    absent = [r for r in FIGURE2_RECIPES if r not in set(metrics["recipe"])]
     if absent:
         notes.append(f"recipes not in these logs (left out of every figure): {', '.join(absent)}")
     for name, paths in by_name.items():

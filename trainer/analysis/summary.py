@@ -33,7 +33,7 @@ import pandas as pd
 
 from trainer.analysis.collapse import CollapseCriterion, ema_by_run, judge, nonfinite_flags
 from trainer.analysis.logs import RUN_KEYS, paper_model
-from trainer.config import RECIPES
+from trainer.config import FIGURE2_RECIPES, RECIPES
 
 PAPER_NUMBERS = Path(__file__).with_name("paper_numbers.csv")
 """The paper's Figure 2 values, shipped with the package (users do not have the reference folder)."""
@@ -126,7 +126,7 @@ def sort_cells(frame: pd.DataFrame, models: Mapping[str, str] | None = None,
                extra: Sequence[str] = ()) -> pd.DataFrame:
     """Rows in reading order: models as in `models`, recipes in Figure 2 order, optimizers by name, then `extra`."""
     model_order = ordered(frame["model"], list(models or {}))
-    recipe_order = ordered(frame["recipe"], list(RECIPES))
+    recipe_order = ordered(frame["recipe"], list(FIGURE2_RECIPES))
     rank = {"model": {m: i for i, m in enumerate(model_order)}, "recipe": {r: i for i, r in enumerate(recipe_order)}}
     sort_key = pd.DataFrame({"_m": frame["model"].map(rank["model"]), "_r": frame["recipe"].map(rank["recipe"]),
                              "_o": frame["optimizer"]}, index=frame.index)
@@ -228,7 +228,7 @@ def coverage_notes(runs: pd.DataFrame, models: Mapping[str, str] | None = None) 
     absent_models = [m for m in (models or {}) if m not in set(runs["model"])]
     if absent_models:
         notes.append(f"no runs of model(s) {', '.join(absent_models)} in these logs")
-    absent_recipes = [r for r in RECIPES if r not in set(runs["recipe"])]
+    absent_recipes = [r for r in FIGURE2_RECIPES if r not in set(runs["recipe"])]
     if absent_recipes:
         notes.append(f"no runs of recipe(s) {', '.join(absent_recipes)} in these logs")
     return notes
