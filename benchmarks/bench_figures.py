@@ -20,7 +20,7 @@ from pathlib import Path
 from trainer.analysis import FIGURES, SUMMARY_COLUMNS, load_metrics, plot, summarize
 from trainer.analysis.figures import FORMATS
 from trainer.analysis.synthetic import synthetic_grid
-from trainer.config import RECIPES
+from trainer.config import FIGURE2_RECIPES
 
 TARGET_S = 15.0
 
@@ -37,7 +37,7 @@ def main() -> None:
         base = root / "results" / "cells"
         seeds = range(-(-args.cells // 32))  # 2 models x 8 recipes x 2 optimizers = 32 cells per seed
         t0 = time.perf_counter()
-        paths = synthetic_grid(base, ["minicpm-tiny", "qwen-tiny"], list(RECIPES), ["adam", "muon"], seeds,
+        paths = synthetic_grid(base, ["minicpm-tiny", "qwen-tiny"], list(FIGURE2_RECIPES), ["adam", "muon"], seeds,
                                n_updates=args.updates, max_cells=args.cells)
         print(f"wrote {len(paths)} synthetic logs x {args.updates} updates in {time.perf_counter() - t0:.1f} s "
               "(untimed)")
