@@ -277,26 +277,27 @@ def snakemake_object(input_, output, params, log):
 def test_scripts_run_as_snakemake_scripts(tmp_path):
     base = tmp_path / "results" / "cells"
     paths = [str(p) for p in companion_grid(base, MODEL, ["gigpo"], ["adam", "muon"], [0], n_updates=10)]
-    params = {"base_dir": str(base), "collapse": {"warmup": 2}, "models": COMPANION_MODELS, "window_fraction": 0.2,
-              "bootstrap_seed": 0}
+    params = {"study": "companion", "base_dir": str(base), "collapse": {"warmup": 2}, "models": COMPANION_MODELS,
+              "window_fraction": 0.2, "bootstrap_seed": 0}
     out = tmp_path / "results"
     outputs = SimpleNamespace(csv=str(out / "summary.csv"), md=str(out / "summary.md"), runs=str(out / "runs.parquet"))
     smk = snakemake_object(SimpleNamespace(metrics=paths), outputs, params, tmp_path / "logs" / "s.log")
-    runpy.run_path(str(REPO / "workflow" / "scripts" / "summarize_companion.py"), init_globals={"snakemake": smk})
+    runpy.run_path(str(REPO / "workflow" / "scripts" / "summarize.py"), init_globals={"snakemake": smk})
     assert sorted(pd.read_csv(out / "summary.csv")["optimizer"]) == ["adam", "muon"]
     assert "no runs of estimator(s) grpo, graphgpo" in (tmp_path / "logs" / "s.log").read_text()
     figures = [str(tmp_path / "figures" / f"{n}.{e}") for n in COMPANION_FIGURES for e in ("png", "pdf")]
     smk = snakemake_object(SimpleNamespace(metrics=paths, runs=outputs.runs), figures, params,
                            tmp_path / "logs" / "p.log")
-    runpy.run_path(str(REPO / "workflow" / "scripts" / "plot_companion.py"), init_globals={"snakemake": smk})
+    runpy.run_path(str(REPO / "workflow" / "scripts" / "plot_figures.py"), init_globals={"snakemake": smk})
     assert all(Path(f).stat().st_size > 0 for f in figures)
     assert "wrote" in (tmp_path / "logs" / "p.log").read_text()
     # A failure is logged with its traceback, then raised.
-    smk = snakemake_object(SimpleNamespace(metrics=[]), outputs, {"base_dir": str(base)}, tmp_path / "logs" / "f.log")
+    smk = snakemake_object(SimpleNamespace(metrics=[]), outputs, {"study": "companion", "base_dir": str(base)},
+                           tmp_path / "logs" / "f.log")
     with pytest.raises(ValueError, match="no metrics files"):
-        runpy.run_path(str(REPO / "workflow" / "scripts" / "summarize_companion.py"), init_globals={"snakemake": smk})
+        runpy.run_path(str(REPO / "workflow" / "scripts" / "summarize.py"), init_globals={"snakemake": smk})
     assert "no metrics files" in (tmp_path / "logs" / "f.log").read_text()
-    for script in ("summarize_companion.py", "plot_companion.py"):
+    for script in ("summarize.py", "plot_figures.py"):
         # Snakemake prepends a preamble to a `script:`, so a `from __future__` import there is a SyntaxError.
         text = (REPO / "workflow" / "scripts" / script).read_text()
         assert not re.search(r"^from __future__ import", text, re.MULTILINE)

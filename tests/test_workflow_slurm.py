@@ -43,18 +43,23 @@ def _require_cluster() -> None:
         pytest.skip(problem)
 
 
+def snakemake_on_slurm(repo, *configfiles: str) -> str:
+    """The users' cluster command from the copy's root; returns its output, after checking it succeeded."""
+    # the profile's 20 s first poll is right for a real cluster; polling sooner only makes the test faster
+    r = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "all", "--profile", "slurm",
+                        "--configfile", *configfiles, "--slurm-init-seconds-before-status-checks", "2"],
+                       check=False, cwd=repo, capture_output=True, text=True, timeout=900)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:]
+    return out
+
+
 @pytest.mark.slow
 def test_smoke_grid_runs_as_slurm_jobs_through_the_profile(tmp_path):
     _require_cluster()
     repo = copy_repo(tmp_path / "repo")
     (repo / "slurm_grid.yaml").write_text(yaml.safe_dump(SLURM_GRID))
-    # the profile's 20 s first poll is right for a real cluster; polling sooner only makes the test faster
-    r = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "all", "--profile", "slurm",
-                        "--configfile", "configs/smoke.yaml", "slurm_grid.yaml",
-                        "--slurm-init-seconds-before-status-checks", "2"],
-                       check=False, cwd=repo, capture_output=True, text=True, timeout=900)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-4000:]
+    out = snakemake_on_slurm(repo, "configs/smoke.yaml", "slurm_grid.yaml")
 
     submitted = re.findall(r"has been submitted with SLURM jobid (\d+) \(log: \S*/slurm_logs/rule_(\w+)/", out)
     rules = sorted(rule for _, rule in submitted)
@@ -85,12 +90,7 @@ def test_companion_smoke_runs_as_slurm_jobs_in_its_own_workdir(tmp_path):
     _require_cluster()
     repo = copy_repo(tmp_path / "repo")
     (repo / "companion_grid.yaml").write_text(yaml.safe_dump(COMPANION_GRID))
-    r = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "all", "--profile", "slurm",
-                        "--configfile", "configs/companion-smoke.yaml", "companion_grid.yaml",
-                        "--slurm-init-seconds-before-status-checks", "2"],
-                       check=False, cwd=repo, capture_output=True, text=True, timeout=900)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-4000:]
+    snakemake_on_slurm(repo, "configs/companion-smoke.yaml", "companion_grid.yaml")
     study = repo / "studies" / "companion-smoke"
     for recipe, optimizer in (("gigpo", "muon"), ("grpo", "adam_high_lr")):
         cell = study / f"results/cells/model=qwen2.5-tiny/recipe={recipe}/optimizer={optimizer}/seed=0"

@@ -110,9 +110,10 @@ def cells_dir(wildcards):
 
 
 def analysis_params():
-    """Parameters shared by summarize.py and plot_figures.py."""
+    """Parameters shared by summarize.py and plot_figures.py (`study` picks the main or the companion analysis)."""
     a = config["analysis"]
     return dict(
+        study=STUDY,
         collapse=a["collapse"],
         models=study_tools.paper_names(config),
         window_fraction=a["window_fraction"],

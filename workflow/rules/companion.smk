@@ -18,7 +18,7 @@ rule summarize:
     conda:
         "../../envs/analysis.yaml"
     script:
-        "../scripts/summarize_companion.py"
+        "../scripts/summarize.py"
 
 
 rule figures:
@@ -48,4 +48,4 @@ rule figures:
     conda:
         "../../envs/analysis.yaml"
     script:
-        "../scripts/plot_companion.py"
+        "../scripts/plot_figures.py"
