@@ -414,6 +414,8 @@ def test_summary_markdown_shows_the_numbers():
     assert "1/2 (seeds 1)" in rows[1] and "| 60.0 |" not in rows[1]
     assert "| n/a |" in rows[0] and "| 50.0 |" in rows[0] and "| 45.2 |" in rows[0]  # one seed, vs 45.2
     assert "- no runs of model(s) qwen-tiny in these logs" in text
+    assert "over the last 10% of each run's updates" in text
+    assert "over the last 25% of each run's updates" in summary_markdown(summary_table(runs), window_fraction=0.25)
 
 
 def test_summarize_writes_the_three_outputs(tmp_path):

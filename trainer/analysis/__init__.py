@@ -56,7 +56,7 @@ def summarize(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.Pat
     for path in (csv, md, runs_path):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     summary.to_csv(csv, index=False, float_format="%.4f")
-    Path(md).write_text(summary_markdown(summary, notes))
+    Path(md).write_text(summary_markdown(summary, notes, window_fraction))
     runs.to_parquet(runs_path, index=False)
     return [f"{len(metrics_paths)} metrics files, {len(runs)} runs, {len(summary)} cells",
             f"collapse criterion: {criterion}",

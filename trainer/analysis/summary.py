@@ -198,10 +198,10 @@ def _pct(value: float) -> str:
     return "–" if not np.isfinite(value) else f"{value:.1f}"
 
 
-def summary_markdown(summary: pd.DataFrame, notes: Sequence[str] = ()) -> str:
+def summary_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_fraction: float = 0.1) -> str:
     """The summary as a Markdown page: a short header on method, then one table row per cell."""
-    method = ("Success = mean unsmoothed training success over the last tenth of each run's updates (updates "
-              "90-100 of 100), in percent, averaged over seeds; interval = 95% percentile bootstrap over seeds "
+    method = (f"Success = mean unsmoothed training success over the last {window_fraction:.0%} of each run's "
+              f"updates (the paper's Figure 2: updates 90-100 of 100 at 10%), in percent, averaged over seeds; interval = 95% percentile bootstrap over seeds "
               "(n/a with one seed). Diff = ours - paper, in percentage points. Held-out = final `eval_success` "
               "(– where not evaluated). Collapse = the rule in `trainer/analysis/collapse.py`.")
     lines = ["# Training success, ours beside Ruan et al. 2026 (Figure 2)", "", method, ""]
