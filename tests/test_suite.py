@@ -29,7 +29,8 @@ def test_swe_option_typos_are_named_with_their_path(options, named):
         make_suite(EnvConfig(name="swe", options=options))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("alfworld") is not None, reason="alfworld installed: nothing missing")
+@pytest.mark.skipif(importlib.util.find_spec("alfworld") is not None,
+                    reason="alfworld is installed, so nothing is missing to report (CI lacks it: runs there)")
 def test_alfworld_without_its_package_says_how_to_get_it():
     from trainer.environments.alfworld_adapter import AlfworldUnavailable
     with pytest.raises(AlfworldUnavailable, match="pip install alfworld"):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -26,7 +25,7 @@ from trainer.analysis.companion import (companion_run_table, companion_summary_t
 from trainer.analysis.figures import DIAGNOSTICS, FIGURES, add_ema, draw_figure, save_figure, write_figures
 from trainer.analysis.logs import DEFAULT_MODELS, NONFINITE_COLUMNS, RUN_KEYS, load_metrics, paper_model
 from trainer.analysis.summary import (bootstrap_interval, coverage_notes, load_paper_numbers, run_table,
-                                      summary_markdown, summary_table, window_size)
+                                      summary_markdown, summary_table, window_size, write_tables)
 
 SUMMARY_COLUMNS = ("update", "success_rate", "eval_success", "entropy", *NONFINITE_COLUMNS)
 """The metrics `summarize` reads (window means, held-out success, every collapse rule)."""
@@ -53,11 +52,7 @@ def summarize(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.Pat
     runs = run_table(metrics, criterion, window_fraction, models)
     summary = summary_table(runs, load_paper_numbers(), bootstrap_seed, models)
     notes = coverage_notes(runs, models)
-    for path in (csv, md, runs_path):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-    summary.to_csv(csv, index=False, float_format="%.4f")
-    Path(md).write_text(summary_markdown(summary, notes, window_fraction))
-    runs.to_parquet(runs_path, index=False)
+    write_tables(summary, summary_markdown(summary, notes, window_fraction), runs, csv, md, runs_path)
     return [f"{len(metrics_paths)} metrics files, {len(runs)} runs, {len(summary)} cells",
             f"collapse criterion: {criterion}",
             f"{int(runs['collapsed'].sum())} collapsed run(s)", *notes]

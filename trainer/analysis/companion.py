@@ -74,12 +74,13 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import LogLocator, NullFormatter
 
 from trainer.analysis.collapse import CollapseCriterion
-from trainer.analysis.figures import (ADAM, COLLAPSE, COLLAPSE_HANDLE, DIAGNOSTICS, FORMATS, MODEL_STYLES, MUON, MUTED,
+from trainer.analysis.figures import (ADAM, COLLAPSE, COLLAPSE_HANDLE, DIAGNOSTICS, MODEL_STYLES, MUON, MUTED,
                                       PLAIN, STYLE, _curve_axes, _empty, _grid, _label_outer, _legend, _lines,
-                                      _mark_collapses, check_same_runs, family_title, save_figure)
+                                      _mark_collapses, check_same_runs, family_title, outputs_by_figure,
+                                      save_figure)
 from trainer.analysis.logs import RUN_KEYS, load_metrics
 from trainer.analysis.summary import (CELL_KEYS, _pct, bootstrap_interval, ordered, run_bounds, run_table,
-                                      window_size)
+                                      window_size, write_tables)
 
 ESTIMATORS: tuple[str, ...] = ("grpo", "gigpo", "graphgpo")
 """The companion's advantage estimators (the `recipe` key), in its order."""
@@ -311,13 +312,14 @@ def _ci(low: float, high: float) -> str:
 def companion_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_fraction: float = 0.1) -> str:
     """The companion summary as a Markdown page: method, coverage notes, one table row per cell."""
     method = (f"Final = mean validation success (`eval_success`) over the evaluations in the last "
-              f"{window_fraction:.0%} of each run's updates (the last evaluation if none falls there); AUC = trapezoidal area under the "
-              "validation curve divided by its update span (the time-averaged validation success). Both in "
-              "percent, averaged over evaluated seeds; interval = 95% percentile bootstrap over seeds (n/a with "
-              "one seed). Companion = Ruan et al., \"When Does Muon Help Agentic RL?\" (ALFWorld, "
-              "Qwen2.5-0.5B-Instruct); diff = ours - companion, in percentage points (– where it reports none). "
-              "Train = training success over the same window. SNR = median of `grad_snr` over updates (mean over seeds). Collapse = the "
-              "rule in `trainer/analysis/collapse.py`, on training success.")
+              f"{window_fraction:.0%} of each run's updates (the last evaluation if none falls there); AUC = "
+              "trapezoidal area under the validation curve divided by its update span (the time-averaged "
+              "validation success). Both in percent, averaged over evaluated seeds; interval = 95% percentile "
+              "bootstrap over seeds (n/a with one seed). Companion = Ruan et al., \"When Does Muon Help Agentic "
+              "RL?\" (ALFWorld, Qwen2.5-0.5B-Instruct); diff = ours - companion, in percentage points (– where it "
+              "reports none). Train = training success over the same window. SNR = median of `grad_snr` over "
+              "updates (mean over seeds). Collapse = the rule in `trainer/analysis/collapse.py`, on training "
+              "success.")
     lines = ["# Validation success, ours beside Ruan et al. (When Does Muon Help Agentic RL?)", "", method, ""]
     lines += [f"- {note}" for note in notes]
     if notes:
@@ -528,14 +530,7 @@ def write_companion_figures(outputs: Sequence[str | os.PathLike], metrics: pd.Da
     """Draw each figure named by the outputs' stems once and write exactly those files (as `write_figures`).
 
     An unknown stem or suffix is a ValueError before anything is drawn. Returns notes for the log."""
-    by_name: dict[str, list[Path]] = {}
-    for output in outputs:
-        path = Path(output)
-        if path.stem not in COMPANION_FIGURES:
-            raise ValueError(f"output {str(output)!r}: unknown figure {path.stem!r}; known: {list(COMPANION_FIGURES)}")
-        if path.suffix.lower().lstrip(".") not in FORMATS:
-            raise ValueError(f"output {str(output)!r}: unsupported format; use one of {list(FORMATS)}")
-        by_name.setdefault(path.stem, []).append(path)
+    by_name = outputs_by_figure(outputs, COMPANION_FIGURES)
     check_companion(metrics)
     check_same_runs(metrics, runs)
     notes = []
@@ -567,11 +562,7 @@ def summarize_companion(metrics_paths: Sequence[str | os.PathLike], base_dir: st
     numbers = load_companion_numbers()
     summary = companion_summary_table(runs, numbers, bootstrap_seed, models)
     notes = companion_coverage_notes(runs, numbers, models)
-    for path in (csv, md, runs_path):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-    summary.to_csv(csv, index=False, float_format="%.4f")
-    Path(md).write_text(companion_markdown(summary, notes, window_fraction))
-    runs.to_parquet(runs_path, index=False)
+    write_tables(summary, companion_markdown(summary, notes, window_fraction), runs, csv, md, runs_path)
     return [f"{len(metrics_paths)} metrics files, {len(runs)} runs, {len(summary)} cells",
             f"collapse criterion: {criterion}", f"{int(runs['collapsed'].sum())} collapsed run(s)", *notes]
 

@@ -454,6 +454,20 @@ def draw_figure(name: str, metrics: pd.DataFrame, runs: pd.DataFrame, models: Ma
     raise ValueError(f"unknown figure {name!r}; known: {list(FIGURES)}")
 
 
+def outputs_by_figure(outputs: Sequence[str | os.PathLike], known: Sequence[str]) -> dict[str, list[Path]]:
+    """Output paths grouped by figure (file stem), so each figure is drawn once; an unknown stem or format is a
+    ValueError naming the output, before anything is drawn."""
+    by_name: dict[str, list[Path]] = {}
+    for output in outputs:
+        path = Path(output)
+        if path.stem not in known:
+            raise ValueError(f"output {str(output)!r}: unknown figure {path.stem!r}; known: {list(known)}")
+        if path.suffix.lower().lstrip(".") not in FORMATS:
+            raise ValueError(f"output {str(output)!r}: unsupported format; use one of {list(FORMATS)}")
+        by_name.setdefault(path.stem, []).append(path)
+    return by_name
+
+
 def write_figures(outputs: Sequence[str | os.PathLike], metrics: pd.DataFrame, runs: pd.DataFrame,
                   models: Mapping[str, str] | None = None, ema_span: int = 5, bootstrap_seed: int = 0,
                   paper: pd.DataFrame | None = None) -> list[str]:
@@ -461,14 +475,7 @@ def write_figures(outputs: Sequence[str | os.PathLike], metrics: pd.DataFrame, r
 
     `outputs` like ["figures/fig2.png", "figures/fig2.pdf", ...]; an unknown stem or suffix is a ValueError
     (before anything is drawn). Returns notes for the log: what the grid lacks and the files written."""
-    by_name: dict[str, list[Path]] = {}
-    for output in outputs:
-        path = Path(output)
-        if path.stem not in FIGURES:
-            raise ValueError(f"output {str(output)!r}: unknown figure {path.stem!r}; known: {list(FIGURES)}")
-        if path.suffix.lower().lstrip(".") not in FORMATS:
-            raise ValueError(f"output {str(output)!r}: unsupported format; use one of {list(FORMATS)}")
-        by_name.setdefault(path.stem, []).append(path)
+    by_name = outputs_by_figure(outputs, FIGURES)
     check_same_runs(metrics, runs)
     metrics = add_ema(metrics, ema_span)
     present = {paper_model(m, models) for m in metrics["model"].unique()}

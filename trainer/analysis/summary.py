@@ -201,9 +201,10 @@ def _pct(value: float) -> str:
 def summary_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_fraction: float = 0.1) -> str:
     """The summary as a Markdown page: a short header on method, then one table row per cell."""
     method = (f"Success = mean unsmoothed training success over the last {window_fraction:.0%} of each run's "
-              f"updates (the paper's Figure 2: updates 90-100 of 100 at 10%), in percent, averaged over seeds; interval = 95% percentile bootstrap over seeds "
-              "(n/a with one seed). Diff = ours - paper, in percentage points. Held-out = final `eval_success` "
-              "(– where not evaluated). Collapse = the rule in `trainer/analysis/collapse.py`.")
+              "updates (the paper's Figure 2: updates 90-100 of 100 at 10%), in percent, averaged over seeds; "
+              "interval = 95% percentile bootstrap over seeds (n/a with one seed). Diff = ours - paper, in "
+              "percentage points. Held-out = final `eval_success` (– where not evaluated). Collapse = the rule "
+              "in `trainer/analysis/collapse.py`.")
     lines = ["# Training success, ours beside Ruan et al. 2026 (Figure 2)", "", method, ""]
     lines += [f"- {note}" for note in notes]
     if notes:
@@ -220,6 +221,16 @@ def summary_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_fr
                  _pct(row.eval_success_pct_mean)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def write_tables(summary: pd.DataFrame, markdown: str, runs: pd.DataFrame, csv: str | os.PathLike,
+                 md: str | os.PathLike, runs_path: str | os.PathLike) -> None:
+    """The summary rule's three outputs: the table as CSV and Markdown, and the per-run table as Parquet."""
+    for path in (csv, md, runs_path):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    summary.to_csv(csv, index=False, float_format="%.4f")
+    Path(md).write_text(markdown)
+    runs.to_parquet(runs_path, index=False)
 
 
 def coverage_notes(runs: pd.DataFrame, models: Mapping[str, str] | None = None) -> list[str]:
