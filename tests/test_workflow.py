@@ -394,6 +394,11 @@ def test_smoke_study_trains_every_cell(smoke_run):
         assert (cfg["recipe"], cfg["optim"]["name"], cfg["run"]["seed"]) == (
             keys["recipe"], keys["optimizer"], int(keys["seed"]))
         assert cfg["model"]["path"] == f"results/policies/{keys['model']}"
+        # the shell rule wrote exactly the pure helper's config (quoting through the shell lost nothing)
+        study = yaml.safe_load((repo / "configs" / "smoke.yaml").read_text())
+        assert yaml.safe_load((path.parent / "cell.yaml").read_text()) == cc.cell_config(
+            study, keys["model"], keys["recipe"], keys["optimizer"],
+            int(keys["seed"]), f"results/policies/{keys['model']}", threads=1)
         assert (path.parent / "episodes.parquet").is_file() and (path.parent / "train.log").is_file()
         assert not (path.parent / "checkpoints").exists()  # a finished cell keeps no checkpoints
     for model in ("minicpm-tiny", "qwen-tiny"):

@@ -82,6 +82,15 @@ def policy_input(wildcards):
     return [model_path(wildcards.model)] if wildcards.model in WARM_STARTED else []
 
 
+def cell_yaml(wildcards):
+    """The text of a cell's cell.yaml (a param, so a changed config marks the cell out of date)."""
+    return study_tools.yaml_text(cell_params(wildcards), header="trainer config of this cell")
+
+
+def warm_start_yaml(wildcards):
+    return study_tools.yaml_text(warm_start_params(wildcards), header=f"warm start of {wildcards.model}")
+
+
 def cell_params(wildcards):
     return study_tools.cell_config(
         config,

@@ -1,19 +1,20 @@
 # One training job per cell of the grid. The cell's trainer config is written first (a local rule), so the
 # folder holds everything needed to rerun the cell by hand:
 #     python -m trainer train --config results/cells/.../cell.yaml --out /tmp/cell
+# A `shell:` rule, not `run:`: Snakemake runs a local `run:` job in a freshly spawned snakemake process (~3 s,
+# plus up to 10 s more where the slurm plugin's `scontrol` finds no controller), a shell job in a thread.
 
 
 rule cell_config:
     output:
         f"{CELL}/cell.yaml",
     params:
-        config=cell_params,
+        text=cell_yaml,
     log:
         f"results/logs/cell_config/{PARAMSPACE.wildcard_pattern}.log",
     localrule: True
-    run:
-        study_tools.write_yaml(params.config, output[0], header="trainer config of this cell")
-        Path(log[0]).write_text(f"wrote {output[0]}\n")
+    shell:
+        "printf '%s' {params.text:q} > {output} && echo 'wrote {output}' > {log}"
 
 
 # `--resume` continues a killed cell from its newest checkpoint (snakemake --rerun-incomplete, --retries).

@@ -141,11 +141,15 @@ def warm_start_config(study: dict, model: str, threads: int) -> dict:
             "env": copy.deepcopy(shared.get("env", {})), "rollout": rollout, **options, "threads": int(threads)}
 
 
+def yaml_text(data: dict, header: str = "") -> str:
+    """`data` as YAML (keys in insertion order) with an optional comment header."""
+    return "".join(f"# {line}\n" for line in header.splitlines()) + yaml.safe_dump(data, sort_keys=False)
+
+
 def write_yaml(data: dict, path: str | Path, header: str = "") -> None:
-    """Write `data` as YAML (keys in insertion order) with an optional comment header."""
-    text = "".join(f"# {line}\n" for line in header.splitlines()) + yaml.safe_dump(data, sort_keys=False)
+    """Write `yaml_text(data, header)` to `path`."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(text)
+    Path(path).write_text(yaml_text(data, header))
 
 
 def read_trainer_version(init_file: str | Path) -> str:
