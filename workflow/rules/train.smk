@@ -13,6 +13,8 @@ rule cell_config:
     log:
         f"results/logs/cell_config/{PARAMSPACE.wildcard_pattern}.log",
     localrule: True
+    conda:
+        "../../envs/analysis.yaml"  # only bash's printf: any env of the study will do
     shell:
         "printf '%s' {params.text:q} > {output} && echo 'wrote {output}' > {log}"
 

@@ -10,6 +10,8 @@ rule warm_start_config:
     log:
         "results/logs/warm_start_config/{model}.log",
     localrule: True
+    conda:
+        "../../envs/analysis.yaml"  # only bash's printf: any env of the study will do
     shell:  # not `run:`: see rule cell_config
         "printf '%s' {params.text:q} > {output} && echo 'wrote {output}' > {log}"
 
