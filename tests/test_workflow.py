@@ -360,10 +360,11 @@ def test_companion_smoke_study_writes_its_table_and_figures_in_its_own_folder(tm
         names = {Path(n).name for n in z.namelist()}
     assert {"report.html", "companion_curves.png", "companion_bars.pdf", "summary.md"} <= names
 SMOKE = ["--configfile", "configs/smoke.yaml"]
+SMOKE_DIR = Path("studies/smoke")  # configs/smoke.yaml's workdir: targets and outputs are relative to it
 
 
 def _cells(repo: Path) -> list[Path]:
-    return sorted((repo / "results" / "cells").glob("model=*/recipe=*/optimizer=*/seed=*/metrics.parquet"))
+    return sorted((repo / SMOKE_DIR / "results" / "cells").glob("model=*/recipe=*/optimizer=*/seed=*/metrics.parquet"))
 
 
 def _stamp(path: Path) -> tuple[int, bytes]:
@@ -387,7 +388,7 @@ def test_smoke_study_trains_every_cell(smoke_run):
     assert len(cells) == 28, (r.stdout + r.stderr)[-3000:]
     from trainer.logs.parquet_log import read_log
     for path in cells:
-        keys = dict(part.split("=") for part in path.parent.relative_to(repo / "results" / "cells").parts)
+        keys = dict(part.split("=") for part in path.parent.relative_to(repo / SMOKE_DIR / "results" / "cells").parts)
         df, provenance = read_log(path)
         assert df["update"].tolist() == [0, 1]  # configs/smoke.yaml: run.updates 2
         cfg = provenance["config"]
@@ -402,7 +403,8 @@ def test_smoke_study_trains_every_cell(smoke_run):
         assert (path.parent / "episodes.parquet").is_file() and (path.parent / "train.log").is_file()
         assert not (path.parent / "checkpoints").exists()  # a finished cell keeps no checkpoints
     for model in ("minicpm-tiny", "qwen-tiny"):
-        assert (repo / "results" / "policies" / model / "warm_start.json").is_file()
+        assert (repo / SMOKE_DIR / "results" / "policies" / model / "warm_start.json").is_file()
+    assert not (repo / "results").exists()  # the default study's folder is untouched
     print(f"smoke study: {seconds:.0f} s")
 
 
@@ -411,17 +413,17 @@ def test_smoke_study_writes_the_summary_and_every_figure(smoke_run):
     repo, r, _ = smoke_run
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     for name in ("results/summary.csv", "results/summary.md", "results/runs.parquet"):
-        assert (repo / name).stat().st_size > 0, name
+        assert (repo / SMOKE_DIR / name).stat().st_size > 0, name
     for fig in ("fig2", "fig3", "fig4", "fig5", "diagnostics"):
         for ext in ("png", "pdf"):
-            assert (repo / "figures" / f"{fig}.{ext}").stat().st_size > 0
-    summary = pd.read_csv(repo / "results" / "summary.csv")
+            assert (repo / SMOKE_DIR / "figures" / f"{fig}.{ext}").stat().st_size > 0
+    summary = pd.read_csv(repo / SMOKE_DIR / "results" / "summary.csv")
     assert len(summary) == 28  # model x recipe x optimizer, one seed each
     up_to_date = snakemake(repo, "-n", "--cores", "all", *SMOKE)
     assert "Nothing to be done" in up_to_date.stdout + up_to_date.stderr
     report = snakemake(repo, *SMOKE, "--report", "report.zip")
     assert report.returncode == 0, (report.stdout + report.stderr)[-3000:]
-    with zipfile.ZipFile(repo / "report.zip") as z:
+    with zipfile.ZipFile(repo / SMOKE_DIR / "report.zip") as z:  # relative to the study's workdir
         names = {Path(n).name for n in z.namelist()}
     assert {"report.html", "fig2.png", "fig5.pdf", "diagnostics.png", "summary.md"} <= names
 
@@ -449,28 +451,28 @@ def test_rerun_one_cell_then_its_figures(smoke_run):
     assert r.returncode == 0, "the smoke study did not finish"
     target = "results/cells/model=qwen-tiny/recipe=no_tool/optimizer=adam/seed=0/metrics.parquet"
     before = {p: _stamp(p) for p in _cells(repo)}
-    figure_before = (repo / "figures" / "fig5.png").stat().st_mtime_ns
-    old = pd.read_parquet(repo / target).drop(columns=TIMING)
+    figure_before = (repo / SMOKE_DIR / "figures" / "fig5.png").stat().st_mtime_ns
+    old = pd.read_parquet(repo / SMOKE_DIR / target).drop(columns=TIMING)
     dry = snakemake(repo, "-n", "--cores", "all", *SMOKE, "--forcerun", target)
     assert job_counts(dry.stdout + dry.stderr) == {"train": 1, "summarize": 1, "figures": 1, "all": 1}
     r2 = snakemake(repo, "--cores", "all", *SMOKE, "--forcerun", target)
     assert r2.returncode == 0, (r2.stdout + r2.stderr)[-3000:]
     for path, stamp in before.items():
-        if path == repo / target:
+        if path == repo / SMOKE_DIR / target:
             assert path.stat().st_mtime_ns > stamp[0]
         else:
             assert _stamp(path) == stamp, path
-    assert (repo / "figures" / "fig5.png").stat().st_mtime_ns > figure_before
+    assert (repo / SMOKE_DIR / "figures" / "fig5.png").stat().st_mtime_ns > figure_before
     # lagged rollouts are deterministic: the rerun cell has the same numbers (timings aside)
-    pd.testing.assert_frame_equal(pd.read_parquet(repo / target).drop(columns=TIMING), old)
+    pd.testing.assert_frame_equal(pd.read_parquet(repo / SMOKE_DIR / target).drop(columns=TIMING), old)
 
 
 @pytest.mark.slow
 def test_regenerate_only_the_figures(smoke_run):
     repo, r, _ = smoke_run
     assert r.returncode == 0, "the smoke study did not finish"
-    before = {p: _stamp(p) for p in [*_cells(repo), repo / "results" / "summary.csv"]}
-    figures = {p: p.stat().st_mtime_ns for p in (repo / "figures").glob("*.p*")}
+    before = {p: _stamp(p) for p in [*_cells(repo), repo / SMOKE_DIR / "results" / "summary.csv"]}
+    figures = {p: p.stat().st_mtime_ns for p in (repo / SMOKE_DIR / "figures").glob("*.p*")}
     r2 = snakemake(repo, "--cores", "all", *SMOKE, "--forcerun", "figures")
     assert r2.returncode == 0, (r2.stdout + r2.stderr)[-3000:]
     assert job_counts(r2.stdout + r2.stderr) == {"figures": 1, "all": 1}
@@ -506,7 +508,7 @@ def test_sigkilled_workflow_recovers_without_touching_finished_cells(tmp_path):
         while time.monotonic() < deadline and proc.poll() is None:
             finished = _finished_train_outputs(log_path.read_text())
             # kill once a cell is finished and another one has written its first checkpoint
-            midway = [p for p in (repo / "results" / "cells").glob("*/*/*/*/checkpoints/ckpt-*.pt")]
+            midway = [p for p in (repo / SMOKE_DIR / "results" / "cells").glob("*/*/*/*/checkpoints/ckpt-*.pt")]
             if finished and midway:
                 break
             time.sleep(0.2)
@@ -517,8 +519,9 @@ def test_sigkilled_workflow_recovers_without_touching_finished_cells(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert finished, log_path.read_text()[-3000:]
-    kept = {repo / f: _stamp(repo / f) for f in finished}
-    interrupted = [p.parent.parent for p in (repo / "results" / "cells").glob("*/*/*/*/checkpoints/ckpt-*.pt")]
+    kept = {repo / SMOKE_DIR / f: _stamp(repo / SMOKE_DIR / f) for f in finished}
+    cells_dir = repo / SMOKE_DIR / "results" / "cells"
+    interrupted = [p.parent.parent for p in cells_dir.glob("*/*/*/*/checkpoints/ckpt-*.pt")]
     assert interrupted, "no cell was caught mid-run"
     first_row = pd.read_parquet(interrupted[0] / "metrics.parquet").iloc[0]  # flushed with the checkpoint
 
@@ -526,7 +529,7 @@ def test_sigkilled_workflow_recovers_without_touching_finished_cells(tmp_path):
     # its lock, so the recovery is `snakemake --unlock`, then the same command with --rerun-incomplete
     refused = subprocess.run(args, check=False, cwd=repo, capture_output=True, text=True, timeout=300)
     assert refused.returncode != 0 and "IncompleteFilesException" in refused.stdout + refused.stderr
-    assert str((interrupted[0] / "metrics.parquet").relative_to(repo)) in refused.stdout + refused.stderr
+    assert str((interrupted[0] / "metrics.parquet").relative_to(repo / SMOKE_DIR)) in refused.stdout + refused.stderr
     assert snakemake(repo, "--unlock", *SMOKE, "kill_grid.yaml").returncode == 0
     r = snakemake(repo, "--cores", "all", *SMOKE, "kill_grid.yaml", "--rerun-incomplete")
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]

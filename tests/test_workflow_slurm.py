@@ -69,14 +69,16 @@ def test_smoke_grid_runs_as_slurm_jobs_through_the_profile(tmp_path):
                                capture_output=True, text=True, timeout=30).stdout.strip()
         assert state == "COMPLETED", (jobid, rule, state)
 
+    study = repo / "studies" / "smoke"  # configs/smoke.yaml's workdir
     for recipe, optimizer in (("spo_adam", "adam"), ("full", "muon")):
-        cell = repo / f"results/cells/model=minicpm-tiny/recipe={recipe}/optimizer={optimizer}/seed=0"
+        cell = study / f"results/cells/model=minicpm-tiny/recipe={recipe}/optimizer={optimizer}/seed=0"
         assert (cell / "metrics.parquet").stat().st_size > 0 and (cell / "episodes.parquet").is_file()
-    assert not (repo / "results/cells/model=qwen-tiny").exists()
-    assert (repo / "results/summary.csv").stat().st_size > 0
+    assert not (study / "results/cells/model=qwen-tiny").exists()
+    assert (study / "results/summary.csv").stat().st_size > 0
     for fig in ("fig2", "fig3", "fig4", "fig5", "diagnostics"):
         for ext in ("png", "pdf"):
-            assert (repo / "figures" / f"{fig}.{ext}").stat().st_size > 0
+            assert (study / "figures" / f"{fig}.{ext}").stat().st_size > 0
+    assert not (repo / "results").exists() and not (study / "studies").exists()
 
 
 COMPANION_GRID = {"grid": [{"name": "slurm_muon", "recipes": ["gigpo"], "optimizer": "muon", "seeds": [0]},
