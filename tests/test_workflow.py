@@ -288,6 +288,40 @@ def test_paper_study_uses_checkpoints_instead_of_a_warm_start(scratch_repo):
     assert "gpu=8" in out and "runtime=2880" in out
 
 
+def test_paths_are_rebased_from_the_repository_root_to_the_studys_workdir(tmp_path):
+    study = {"models": {"a": {"path": "checkpoints/A"}, "b": {"path": "/abs/B"}, "t": {"preset": "qwen-tiny"}},
+             "grid": [], "cell": {"env": {"name": "alfworld", "options": {"data_dir": "data/alf", "x": "data/y"}}}}
+    got = cc.paths_from_workdir(study, "/repo", "/repo/studies/p")
+    assert got["models"] == {"a": {"path": "../../checkpoints/A"}, "b": {"path": "/abs/B"},
+                             "t": {"preset": "qwen-tiny"}}
+    assert got["cell"]["env"]["options"] == {"data_dir": "../../data/alf", "x": "data/y"}  # only path keys
+    assert study["models"]["a"]["path"] == "checkpoints/A"  # a copy
+    assert cc.paths_from_workdir(study, "/repo", "/repo")["models"]["a"]["path"] == "checkpoints/A"
+    # check_study looks from the repository root, wherever the process runs (a cluster job: in the workdir)
+    (tmp_path / "checkpoints" / "A").mkdir(parents=True)
+    (tmp_path / "data" / "alf").mkdir(parents=True)
+    only_a = {**study, "models": {"a": study["models"]["a"]}}
+    cc.check_study(only_a, root=tmp_path)
+    with pytest.raises(cc.StudyError, match="models.a.path: 'checkpoints/A' does not exist"):
+        cc.check_study(only_a, root=tmp_path / "studies" / "p")
+
+
+def test_a_study_with_a_workdir_and_a_checkpoint_writes_cells_that_find_it(tmp_path):
+    """configs/companion-paper.yaml: repository-relative checkpoint and game paths, jobs in studies/companion-paper/.
+    The cell config rule runs for real; the paths in cell.yaml must resolve from the folder the job runs in."""
+    _require_snakemake()
+    repo = copy_repo(tmp_path / "repo")
+    (repo / "checkpoints" / "Qwen2.5-0.5B-Instruct").mkdir(parents=True)
+    (repo / "data" / "alfworld").mkdir(parents=True)
+    target = "results/cells/model=Qwen2.5-0.5B-Instruct/recipe=gigpo/optimizer=muon/seed=0/cell.yaml"
+    r = snakemake(repo, target, "--cores", "1", "--configfile", "configs/companion-paper.yaml")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    study = repo / "studies" / "companion-paper"
+    cell = yaml.safe_load((study / target).read_text())
+    assert (study / cell["model"]["path"]).resolve() == (repo / "checkpoints" / "Qwen2.5-0.5B-Instruct").resolve()
+    assert (study / cell["env"]["options"]["data_dir"]).resolve() == (repo / "data" / "alfworld").resolve()
+
+
 def test_dry_run_of_the_companion_study(scratch_repo):
     r = snakemake(scratch_repo, "-n", "--cores", "all", "--configfile", "configs/companion.yaml")
     assert r.returncode == 0, r.stderr[-3000:]

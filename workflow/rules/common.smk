@@ -29,7 +29,10 @@ os.environ.update(
 )
 
 validate(config, schema="../schemas/config.schema.yaml", set_default=True)
-study_tools.check_study(config)
+study_tools.check_study(config, root=workflow.basedir)
+# the study's paths are written from the repository root; its jobs run in its workdir
+config.update(study_tools.paths_from_workdir(config, workflow.basedir,
+                                             os.path.join(workflow.basedir, config["workdir"])))
 
 GRID = study_tools.grid_frame(config)
 PARAMSPACE = Paramspace(GRID, param_sep="=")

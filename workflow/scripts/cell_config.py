@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -65,14 +66,20 @@ class StudyError(ValueError):
     """A study config that passes the schema but breaks a cross-key rule; the message names the key."""
 
 
-def check_study(study: dict) -> None:
-    """Raise StudyError for what the schema cannot express. Relative paths are relative to the working dir."""
+PATH_OPTIONS = ("tasks_file", "data_dir")
+"""The `cell.env.options` keys that name local files or folders (besides `models.*.path`)."""
+
+
+def check_study(study: dict, root: str | Path = ".") -> None:
+    """Raise StudyError for what the schema cannot express. Relative paths are relative to `root` (the repository
+    root: the study files' paths are written from there, whatever the study's `workdir`)."""
+    root = Path(root)
     for name, entry in study["models"].items():
         has_preset, has_path = entry.get("preset") is not None, entry.get("path") is not None
         if has_preset == has_path:
             raise StudyError(f"models.{name}: give exactly one of `preset` (a tiny model the workflow "
                              f"warm-starts) or `path` (a local checkpoint), got {entry!r}")
-        if has_path and not Path(entry["path"]).exists():
+        if has_path and not (root / entry["path"]).exists():
             raise StudyError(f"models.{name}.path: {entry['path']!r} does not exist "
                              f"(paper scale needs the checkpoint on a local path)")
     for i, block in enumerate(study["grid"]):
@@ -81,8 +88,8 @@ def check_study(study: dict) -> None:
                 raise StudyError(f"grid[{i}].models: {model!r} is not a model of this study "
                                  f"(models: {sorted(study['models'])})")
     options = study.get("cell", {}).get("env", {}).get("options", {})
-    for key in ("tasks_file", "data_dir"):
-        if options.get(key) and not Path(options[key]).exists():
+    for key in PATH_OPTIONS:
+        if options.get(key) and not (root / options[key]).exists():
             raise StudyError(f"cell.env.options.{key}: {options[key]!r} does not exist (paper-scale tasks and "
                              f"games are read from local files; nothing is downloaded)")
     recipes = {r for block in study["grid"] for r in block["recipes"]}
@@ -139,6 +146,25 @@ def warm_start_config(study: dict, model: str, threads: int) -> dict:
     rollout = {k: v for k, v in shared.get("rollout", {}).items() if k in SFT_ROLLOUT_KEYS}
     return {"model": {"preset": study["models"][model]["preset"], **model_keys},
             "env": copy.deepcopy(shared.get("env", {})), "rollout": rollout, **options, "threads": int(threads)}
+
+
+def paths_from_workdir(study: dict, root: str | Path, workdir: str | Path) -> dict:
+    """The study with its relative local paths (`models.*.path`, `cell.env.options.tasks_file` / `data_dir`)
+    rewritten from the repository root to the study's workdir, where its jobs run: `checkpoints/M` becomes
+    `../../checkpoints/M` under `workdir: studies/x`. Still relative, so a moved checkout keeps its cells."""
+    out = copy.deepcopy(study)
+
+    def rebase(path):
+        return path if os.path.isabs(path) else os.path.relpath(os.path.join(root, path), workdir)
+
+    for entry in out["models"].values():
+        if entry.get("path") is not None:
+            entry["path"] = rebase(entry["path"])
+    options = out.get("cell", {}).get("env", {}).get("options", {})
+    for key in PATH_OPTIONS:
+        if options.get(key):
+            options[key] = rebase(options[key])
+    return out
 
 
 def yaml_text(data: dict, header: str = "") -> str:
