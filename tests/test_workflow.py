@@ -37,6 +37,8 @@ from trainer.policy.tiny import TINY_PRESETS
 REPO = Path(__file__).resolve().parents[1]
 COPIED = ["Snakefile", "config.yaml", "configs", "workflow", "envs", "slurm", "trainer"]
 """What a temporary copy of the repository needs to run the workflow from its root."""
+SMOKE = ["--configfile", "configs/smoke.yaml"]
+SMOKE_DIR = Path("studies/smoke")  # configs/smoke.yaml's workdir: targets and outputs are relative to it
 TIMING = ["rollout_s", "train_s", "wall_s"]
 
 
@@ -353,6 +355,10 @@ def _bad_study(edit) -> dict:
     pytest.param(lambda s: s.update(grdi=[]), "'grdi' was unexpected", id="top-level-typo"),
     pytest.param(lambda s: s["cell"]["run"].update(updates="ten"), "'ten' is not of type 'integer'", id="type"),
     pytest.param(lambda s: s["cell"]["rl"].update(tis_cap=3.0), "'tis_cap' was unexpected", id="recipe-key"),
+    pytest.param(lambda s: s["cell"]["env"]["options"].update(max_turnz=6),
+                 "cell.env.options: unknown key 'max_turnz' for minirepo", id="env-option-typo"),
+    pytest.param(lambda s: s["cell"]["env"]["options"].update(max_turns="six"),
+                 "cell.env.options: MiniRepoConfig.max_turns must be an int", id="env-option-value"),
 ])
 def test_bad_config_fails_before_any_job_with_the_key_named(scratch_repo, edit, named):
     study = scratch_repo / f"bad_{os.getpid()}_{time.monotonic_ns()}.yaml"
@@ -363,7 +369,7 @@ def test_bad_config_fails_before_any_job_with_the_key_named(scratch_repo, edit, 
         study.unlink()
     assert r.returncode != 0
     assert named in r.stdout + r.stderr
-    assert not (scratch_repo / "results").exists()  # no job started
+    assert not (scratch_repo / SMOKE_DIR / "results").exists() and not (scratch_repo / "results").exists()
 
 
 # -- (3) the users' commands, for real, on the smoke studies ----------------------------------------------------
@@ -393,8 +399,6 @@ def test_companion_smoke_study_writes_its_table_and_figures_in_its_own_folder(tm
     with zipfile.ZipFile(study / "report.zip") as z:  # relative to the study's workdir
         names = {Path(n).name for n in z.namelist()}
     assert {"report.html", "companion_curves.png", "companion_bars.pdf", "summary.md"} <= names
-SMOKE = ["--configfile", "configs/smoke.yaml"]
-SMOKE_DIR = Path("studies/smoke")  # configs/smoke.yaml's workdir: targets and outputs are relative to it
 
 
 def _cells(repo: Path) -> list[Path]:

@@ -56,6 +56,25 @@ def _options(cls, options: dict, family: str, prefix: str = "env.options"):
     return cls(**values)
 
 
+def family_config(name: str, options: dict):
+    """The family's config dataclass built from `env.options`, and nothing else: no task, no environment. An
+    unknown key or a value the family rejects raises ValueError, named. Light (no torch, no Docker, no ALFWorld):
+    the workflow calls it before any job starts, `make_suite` when one does."""
+    options = dict(options)
+    if name == "minirepo":
+        from trainer.environments.minirepo import MiniRepoConfig as config_class
+    elif name == "textgame":
+        from trainer.environments.textgame import TextGameConfig as config_class
+    elif name == "swe":
+        from trainer.environments.swe.env import SWEConfig as config_class
+        options.pop("tasks_file", None)  # the task source's, not the sandbox's
+    elif name == "alfworld":
+        from trainer.environments.alfworld_adapter import AlfworldConfig as config_class
+    else:
+        raise ValueError(f"env.name {name!r}: known families are 'minirepo', 'textgame', 'swe' and 'alfworld'")
+    return _options(config_class, options, name)
+
+
 def _no_tokenizer_corpus(family: str):
     def texts() -> list[str]:
         raise ValueError(f"env.name {family!r} has no corpus to build a tiny model's tokenizer from: give the "
@@ -66,9 +85,8 @@ def _no_tokenizer_corpus(family: str):
 def make_suite(env_cfg) -> EnvSuite:
     name, options = env_cfg.name, dict(env_cfg.options)
     if name == "minirepo":
-        from trainer.environments.minirepo import (MiniRepoConfig, MiniRepoEnv, MiniRepoTasks, expert_action,
-                                                   sample_texts)
-        config = _options(MiniRepoConfig, options, name)
+        from trainer.environments.minirepo import MiniRepoEnv, MiniRepoTasks, expert_action, sample_texts
+        config = family_config(name, options)
 
         def demonstrate(task, noise, rng):
             env = MiniRepoEnv(config)
@@ -81,9 +99,8 @@ def make_suite(env_cfg) -> EnvSuite:
         return EnvSuite(name, MiniRepoTasks(config), lambda: MiniRepoEnv(config),
                         lambda: sample_texts(config, n=300, noise=0.2, seed=0), demonstrate)
     if name == "textgame":
-        from trainer.environments.textgame import Expert, TextGameConfig, TextGameEnv, TextGameTasks, \
-            sample_transcripts
-        config = _options(TextGameConfig, options, name)
+        from trainer.environments.textgame import Expert, TextGameEnv, TextGameTasks, sample_transcripts
+        config = family_config(name, options)
 
         def demonstrate(task, noise, rng):
             env, expert = TextGameEnv(config), Expert(noise=noise, seed=rng.randrange(2 ** 31))
@@ -96,15 +113,15 @@ def make_suite(env_cfg) -> EnvSuite:
         return EnvSuite(name, TextGameTasks(config), lambda: TextGameEnv(config),
                         lambda: sample_transcripts(config, n=300, noise=0.3, seed=0), demonstrate)
     if name == "swe":
-        from trainer.environments.swe.env import SWEConfig, SWEEnv
+        from trainer.environments.swe.env import SWEEnv
         from trainer.environments.swe.tasks import SWETasks
         tasks_file = options.pop("tasks_file", None)
-        config = _options(SWEConfig, options, name)
+        config = family_config(name, options)
         tasks = SWETasks(tasks_file)
         return EnvSuite(name, tasks, lambda: SWEEnv(config),
                         lambda: [task.issue for task in tasks.tasks("train")])
     if name == "alfworld":
-        from trainer.environments.alfworld_adapter import AlfworldConfig, AlfworldEnv, AlfworldTasks
-        config = _options(AlfworldConfig, options, name)
+        from trainer.environments.alfworld_adapter import AlfworldEnv, AlfworldTasks
+        config = family_config(name, options)
         return EnvSuite(name, AlfworldTasks(config), lambda: AlfworldEnv(config), _no_tokenizer_corpus(name))
     raise ValueError(f"env.name {name!r}: known families are 'minirepo', 'textgame', 'swe' and 'alfworld'")

@@ -30,6 +30,7 @@ os.environ.update(
 
 validate(config, schema="../schemas/config.schema.yaml", set_default=True)
 study_tools.check_study(config, root=workflow.basedir)
+study_tools.check_env_options(config, root=workflow.basedir)
 # the study's paths are written from the repository root; its jobs run in its workdir
 config.update(study_tools.paths_from_workdir(config, workflow.basedir,
                                              os.path.join(workflow.basedir, config["workdir"])))

@@ -148,6 +148,25 @@ def warm_start_config(study: dict, model: str, threads: int) -> dict:
             "env": copy.deepcopy(shared.get("env", {})), "rollout": rollout, **options, "threads": int(threads)}
 
 
+def check_env_options(study: dict, root: str | Path) -> None:
+    """Raise StudyError for an unknown `cell.env.options` key or a value its environment family rejects.
+
+    The schema leaves that block free-form (each family owns its keys), so the family's own config dataclass
+    checks it, imported from the trainer at `root`: torch-free, so the DAG still needs no torch."""
+    import sys
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from trainer.environments.suite import family_config
+
+    env = study.get("cell", {}).get("env", {})
+    name = env.get("name", "minirepo")  # trainer.config.EnvConfig's default
+    try:
+        family_config(name, env.get("options", {}))
+    except (ValueError, TypeError) as e:
+        message = str(e)
+        raise StudyError(f"cell.{message}" if message.startswith("env.") else f"cell.env.options: {message}") from None
+
+
 def paths_from_workdir(study: dict, root: str | Path, workdir: str | Path) -> dict:
     """The study with its relative local paths (`models.*.path`, `cell.env.options.tasks_file` / `data_dir`)
     rewritten from the repository root to the study's workdir, where its jobs run: `checkpoints/M` becomes
