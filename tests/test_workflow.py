@@ -302,6 +302,12 @@ def test_paths_are_rebased_from_the_repository_root_to_the_studys_workdir(tmp_pa
     # check_study looks from the repository root, wherever the process runs (a cluster job: in the workdir)
     (tmp_path / "checkpoints" / "A").mkdir(parents=True)
     (tmp_path / "data" / "alf").mkdir(parents=True)
+    # a workdir behind a link (scratch storage): the path must resolve from where the job really runs
+    (tmp_path / "scratch" / "p").mkdir(parents=True)
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "studies" / "p").symlink_to(tmp_path / "scratch" / "p")
+    linked = cc.paths_from_workdir(study, tmp_path, tmp_path / "studies" / "p")["models"]["a"]["path"]
+    assert (tmp_path / "scratch" / "p" / linked).resolve() == (tmp_path / "checkpoints" / "A").resolve()
     only_a = {**study, "models": {"a": study["models"]["a"]}}
     cc.check_study(only_a, root=tmp_path)
     with pytest.raises(cc.StudyError, match="models.a.path: 'checkpoints/A' does not exist"):
@@ -359,6 +365,9 @@ def _bad_study(edit) -> dict:
                  "cell.env.options: unknown key 'max_turnz' for minirepo", id="env-option-typo"),
     pytest.param(lambda s: s["cell"]["env"]["options"].update(max_turns="six"),
                  "cell.env.options: MiniRepoConfig.max_turns must be an int", id="env-option-value"),
+    pytest.param(lambda s: s["cell"]["rl"].update(group_size=3),
+                 "rollout.batch_size 4 is not a multiple of rl.group_size 3", id="trainer-cross-key"),
+    pytest.param(lambda s: s.update(study="companion"), "recipes ['full', 'no_length',", id="companion-recipes"),
 ])
 def test_bad_config_fails_before_any_job_with_the_key_named(scratch_repo, edit, named):
     study = scratch_repo / f"bad_{os.getpid()}_{time.monotonic_ns()}.yaml"

@@ -36,6 +36,7 @@ config.update(study_tools.paths_from_workdir(config, workflow.basedir,
                                              os.path.join(workflow.basedir, config["workdir"])))
 
 GRID = study_tools.grid_frame(config)
+study_tools.check_cells(config, GRID, root=workflow.basedir, threads=config["resources"]["train"]["threads"])
 PARAMSPACE = Paramspace(GRID, param_sep="=")
 CELLS_DIR = "results/cells"
 CELL = f"{CELLS_DIR}/{PARAMSPACE.wildcard_pattern}"

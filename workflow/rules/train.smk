@@ -20,9 +20,12 @@ rule cell_config:
 
 
 # `--resume` continues a killed cell from its newest checkpoint (snakemake --rerun-incomplete, --retries).
-# The checkpoints carry a key (trainer version + hash of cell.yaml): checkpoints written under another key are
-# deleted first, and a finished cell deletes its own, so a forced rerun or a TRAINER_VERSION bump starts
-# from scratch. The trainer itself also refuses a checkpoint of a different config.
+# The checkpoints carry a key (trainer version + hash of cell.yaml + hash of the warm-started policy's report,
+# which a rebuilt warm start always changes): checkpoints written under another key are deleted first, and a
+# finished cell deletes its own, so a forced rerun, a TRAINER_VERSION bump or a new base policy starts from
+# scratch. The trainer itself also refuses a checkpoint of a different config.
+# `cpus_per_task`: on SLURM, Snakemake caps `threads` at the head's --cores, while run.threads in cell.yaml is
+# the study's value; the plugin takes this resource as given, so the job gets the CPUs the trainer will use.
 rule train:
     input:
         cell=f"{CELL}/cell.yaml",
@@ -37,6 +40,7 @@ rule train:
         f"{CELL}/train.log",
     threads: config["resources"]["train"]["threads"]
     resources:
+        cpus_per_task=config["resources"]["train"]["threads"],
         mem_mb=config["resources"]["train"]["mem_mb"],
         runtime=config["resources"]["train"]["runtime"],
         gpu=config["resources"]["train"]["gpu"],
@@ -44,7 +48,9 @@ rule train:
         TRAINER_ENV
     shell:
         """
-        key="{params.trainer_version} $(sha256sum < {input.cell} | cut -c1-64)"
+        policy=""
+        for p in {input.policy}; do policy="$(sha256sum < "$p/warm_start.json" | cut -c1-64)"; done
+        key="{params.trainer_version} $(sha256sum < {input.cell} | cut -c1-64) $policy"
         if [ "$(cat {params.out}/checkpoints/RESUME_KEY 2>/dev/null)" != "$key" ]; then
             rm -rf {params.out}/checkpoints
         fi

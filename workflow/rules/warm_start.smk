@@ -23,10 +23,12 @@ rule warm_start:
         directory("results/policies/{model}"),
     params:
         allow=out_of_band_flag,
+        trainer_version=TRAINER_VERSION,  # an environment or trainer change rebuilds the base policy too
     log:
         "results/logs/warm_start/{model}.log",
     threads: config["resources"]["warm_start"]["threads"]
     resources:
+        cpus_per_task=config["resources"]["warm_start"]["threads"],  # see rule train
         mem_mb=config["resources"]["warm_start"]["mem_mb"],
         runtime=config["resources"]["warm_start"]["runtime"],
         gpu=config["resources"]["warm_start"]["gpu"],

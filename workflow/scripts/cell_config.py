@@ -93,6 +93,9 @@ def check_study(study: dict, root: str | Path = ".") -> None:
             raise StudyError(f"cell.env.options.{key}: {options[key]!r} does not exist (paper-scale tasks and "
                              f"games are read from local files; nothing is downloaded)")
     recipes = {r for block in study["grid"] for r in block["recipes"]}
+    if study.get("study") == "companion" and recipes - set(GROUP_RECIPES):
+        raise StudyError(f"grid: the companion study's analysis compares the estimators {list(GROUP_RECIPES)}; "
+                         f"recipes {sorted(recipes - set(GROUP_RECIPES))} belong to the main study (study: main)")
     group_size = study.get("cell", {}).get("rl", {}).get("group_size", 1)
     if recipes & set(GROUP_RECIPES) and group_size < 2:
         raise StudyError(f"cell.rl.group_size: recipes {sorted(recipes & set(GROUP_RECIPES))} compare rollouts "
@@ -148,14 +151,35 @@ def warm_start_config(study: dict, model: str, threads: int) -> dict:
             "env": copy.deepcopy(shared.get("env", {})), "rollout": rollout, **options, "threads": int(threads)}
 
 
+def _import_from_trainer(root: str | Path):
+    """The trainer package at `root` on sys.path (its config and environment configs import no torch)."""
+    import sys
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+
+
+def check_cells(study: dict, grid: pd.DataFrame, root: str | Path, threads: int = 1) -> None:
+    """Raise StudyError for a cell the trainer would refuse (its cross-key rules: batch size a multiple of the
+    group size, vLLM with a checkpoint, ...), naming the cell, before any job starts. The model path is checked
+    by `check_study`; here it stands in as ".", since a warm-started policy does not exist yet."""
+    _import_from_trainer(root)
+    from trainer.config import ConfigError, config_from_dict
+
+    for row in grid.itertuples(index=False):
+        cell = cell_config(study, row.model, row.recipe, row.optimizer, int(row.seed), ".", threads=threads)
+        try:
+            config_from_dict(cell)
+        except ConfigError as e:
+            raise StudyError(f"cell (as {row.model} / {row.recipe} / {row.optimizer} / seed {row.seed} trains "
+                             f"it): {e}") from None
+
+
 def check_env_options(study: dict, root: str | Path) -> None:
     """Raise StudyError for an unknown `cell.env.options` key or a value its environment family rejects.
 
     The schema leaves that block free-form (each family owns its keys), so the family's own config dataclass
     checks it, imported from the trainer at `root`: torch-free, so the DAG still needs no torch."""
-    import sys
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
+    _import_from_trainer(root)
     from trainer.environments.suite import family_config
 
     env = study.get("cell", {}).get("env", {})
@@ -170,11 +194,15 @@ def check_env_options(study: dict, root: str | Path) -> None:
 def paths_from_workdir(study: dict, root: str | Path, workdir: str | Path) -> dict:
     """The study with its relative local paths (`models.*.path`, `cell.env.options.tasks_file` / `data_dir`)
     rewritten from the repository root to the study's workdir, where its jobs run: `checkpoints/M` becomes
-    `../../checkpoints/M` under `workdir: studies/x`. Still relative, so a moved checkout keeps its cells."""
+    `../../checkpoints/M` under `workdir: studies/x`. Still relative, so a moved checkout keeps its cells; taken
+    between real paths, because a job's working directory is the workdir's real path (`studies/` is often a
+    link to scratch storage on a cluster, and `..` climbs from where the link points)."""
     out = copy.deepcopy(study)
 
     def rebase(path):
-        return path if os.path.isabs(path) else os.path.relpath(os.path.join(root, path), workdir)
+        if os.path.isabs(path):
+            return path
+        return os.path.relpath(os.path.realpath(os.path.join(root, path)), os.path.realpath(workdir))
 
     for entry in out["models"].values():
         if entry.get("path") is not None:
