@@ -11,6 +11,7 @@ Outside CI the snakemake tests skip when Snakemake is missing; with CI=true that
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import itertools
 import os
@@ -525,6 +526,33 @@ def test_regenerate_only_the_figures(smoke_run):
     assert job_counts(r2.stdout + r2.stderr) == {"figures": 1, "all": 1}
     assert all(_stamp(p) == stamp for p, stamp in before.items())
     assert len(figures) == 10 and all(p.stat().st_mtime_ns > t for p, t in figures.items())
+
+
+@pytest.mark.slow
+def test_a_killed_cells_checkpoints_resume_only_under_the_same_base_policy(smoke_run):
+    """The train rule's resume key holds the warm-started policy's fingerprint: checkpoints a cell left under an
+    older base policy are deleted before it reruns; under the current one they are read (an unreadable one is
+    skipped with a warning in train.log, which is how this test sees that the trainer looked at it)."""
+    repo, r, _ = smoke_run
+    assert r.returncode == 0, "the smoke study did not finish"
+    out = repo / SMOKE_DIR
+    target = "results/cells/model=minicpm-tiny/recipe=no_tool/optimizer=muon/seed=0/metrics.parquet"
+    cell = (out / target).parent
+    sha = lambda path: hashlib.sha256(path.read_bytes()).hexdigest()  # noqa: E731
+    version, cell_hash = trainer.TRAINER_VERSION, sha(cell / "cell.yaml")
+    policy_hash = sha(out / "results" / "policies" / "minicpm-tiny" / "warm_start.json")
+
+    def rerun_with_checkpoints_keyed(key: str) -> str:
+        (cell / "checkpoints").mkdir(exist_ok=True)
+        (cell / "checkpoints" / "RESUME_KEY").write_text(key + "\n")
+        (cell / "checkpoints" / "ckpt-00000001.pt").write_bytes(b"left by a killed run")
+        r2 = snakemake(repo, target, "--cores", "1", *SMOKE, "--forcerun", target)
+        assert r2.returncode == 0, (r2.stdout + r2.stderr)[-3000:]
+        assert not (cell / "checkpoints").exists()
+        return (cell / "train.log").read_text()
+
+    assert "ckpt-00000001.pt" not in rerun_with_checkpoints_keyed(f"{version} {cell_hash} {'0' * 64}")
+    assert "ignoring unreadable checkpoint" in rerun_with_checkpoints_keyed(f"{version} {cell_hash} {policy_hash}")
 
 
 KILL_GRID = {"grid": [{"name": "kill_test", "models": ["minicpm-tiny"], "recipes": ["spo_adam", "spo_muon", "full"],
