@@ -64,6 +64,27 @@ def test_recipe_optimizers_mirror_the_trainer_recipes():
         assert RECIPES[recipe]["optim"]["name"] == optimizer
 
 
+def test_schema_collapse_columns_mirror_the_analysis():
+    from trainer.analysis.logs import NONFINITE_COLUMNS
+    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
+    nonfinite = schema["properties"]["analysis"]["properties"]["collapse"]["properties"]["nonfinite"]
+    assert nonfinite["items"]["enum"] == list(NONFINITE_COLUMNS)
+
+
+def test_a_companion_study_must_validate_and_compare_estimators():
+    study = _study("configs/companion-smoke.yaml")
+    cc.check_study(study)
+    for section, key in (("run", "eval_every"), ("env", "eval_tasks")):
+        bad = yaml.safe_load(yaml.safe_dump(study))
+        bad["cell"].setdefault(section, {})[key] = 0
+        with pytest.raises(cc.StudyError, match=f"cell.{section}.{key}: the companion study's headline"):
+            cc.check_study(bad)
+    bad = yaml.safe_load(yaml.safe_dump(study))
+    bad["grid"][0]["recipes"] = ["full"]
+    with pytest.raises(cc.StudyError, match=r"recipes \['full'\] belong to the main study"):
+        cc.check_study(bad)
+
+
 def test_schema_lists_exactly_the_trainer_fields():
     """Each trainer section of the schema = the dataclass fields minus the keys each cell sets itself."""
     schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
@@ -477,7 +498,7 @@ def test_smoke_study_writes_the_summary_and_every_figure(smoke_run):
 
 
 @pytest.mark.slow
-def test_trainer_version_bump_marks_every_cell_out_of_date(smoke_run):
+def test_trainer_version_bump_marks_every_cell_and_warm_start_out_of_date(smoke_run):
     repo, r, _ = smoke_run
     assert r.returncode == 0, "the smoke study did not finish"
     init = repo / "trainer" / "__init__.py"
@@ -489,7 +510,8 @@ def test_trainer_version_bump_marks_every_cell_out_of_date(smoke_run):
     finally:
         init.write_text(original)
     out = dry.stdout + dry.stderr
-    assert job_counts(out) == {"train": 28, "summarize": 1, "figures": 1, "all": 1}
+    # the base policies too: an environment or trainer change also changes the warm start's demos and its band
+    assert job_counts(out) == {"warm_start": 2, "train": 28, "summarize": 1, "figures": 1, "all": 1}
     assert "Params have changed since last execution" in out
 
 
@@ -553,6 +575,21 @@ def test_a_killed_cells_checkpoints_resume_only_under_the_same_base_policy(smoke
 
     assert "ckpt-00000001.pt" not in rerun_with_checkpoints_keyed(f"{version} {cell_hash} {'0' * 64}")
     assert "ignoring unreadable checkpoint" in rerun_with_checkpoints_keyed(f"{version} {cell_hash} {policy_hash}")
+
+
+@pytest.mark.slow
+def test_editing_the_papers_numbers_redraws_the_summary_and_figures(smoke_run):
+    repo, r, _ = smoke_run
+    assert r.returncode == 0, "the smoke study did not finish"
+    numbers = repo / "trainer" / "analysis" / "paper_numbers.csv"
+    original, stat = numbers.read_bytes(), numbers.stat()
+    numbers.write_bytes(original + b"\n")  # an edit (Snakemake compares contents, not only times)
+    try:
+        dry = snakemake(repo, "-n", "--cores", "all", *SMOKE)
+    finally:
+        numbers.write_bytes(original)
+        os.utime(numbers, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert job_counts(dry.stdout + dry.stderr) == {"summarize": 1, "figures": 1, "all": 1}
 
 
 KILL_GRID = {"grid": [{"name": "kill_test", "models": ["minicpm-tiny"], "recipes": ["spo_adam", "spo_muon", "full"],

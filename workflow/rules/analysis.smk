@@ -4,6 +4,7 @@
 rule summarize:
     input:
         metrics=metrics_files(),
+        paper_numbers=PAPER_NUMBERS,
     output:
         csv=report("results/summary.csv", caption="../report/summary.rst", category="Summary"),
         md=report("results/summary.md", caption="../report/summary.rst", category="Summary"),
@@ -22,6 +23,7 @@ rule summarize:
 rule figures:
     input:
         metrics=metrics_files(),
+        paper_numbers=PAPER_NUMBERS,
         runs="results/runs.parquet",
     output:
         report("figures/fig2.png", caption="../report/fig2.rst", category="Figure 2"),

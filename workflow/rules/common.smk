@@ -118,6 +118,13 @@ def out_of_band_flag(wildcards):
     return "--allow-out-of-band" if config["warm_start"]["allow_out_of_band"] else ""
 
 
+PAPER_NUMBERS = os.path.join(
+    workflow.basedir, "trainer", "analysis",
+    "companion_numbers.csv" if config["study"] == "companion" else "paper_numbers.csv",
+)
+"""The papers' numbers the summary and figures compare with: an input, so that editing them redraws both."""
+
+
 def cells_dir(wildcards):
     """The Hive base folder of the cells (a function, not a literal: it is a prefix of the inputs)."""
     return CELLS_DIR

@@ -6,6 +6,7 @@
 rule summarize:
     input:
         metrics=metrics_files(),
+        paper_numbers=PAPER_NUMBERS,
     output:
         csv=report("results/summary.csv", caption="../report/companion_summary.rst", category="Summary"),
         md=report("results/summary.md", caption="../report/companion_summary.rst", category="Summary"),
@@ -24,6 +25,7 @@ rule summarize:
 rule figures:
     input:
         metrics=metrics_files(),
+        paper_numbers=PAPER_NUMBERS,
         runs="results/runs.parquet",
     output:
         report("figures/companion_curves.png", caption="../report/companion_curves.rst", category="Curves"),

@@ -93,6 +93,11 @@ def check_study(study: dict, root: str | Path = ".") -> None:
             raise StudyError(f"cell.env.options.{key}: {options[key]!r} does not exist (paper-scale tasks and "
                              f"games are read from local files; nothing is downloaded)")
     recipes = {r for block in study["grid"] for r in block["recipes"]}
+    if study.get("study") == "companion":
+        for key, section in (("eval_every", "run"), ("eval_tasks", "env")):
+            if study.get("cell", {}).get(section, {}).get(key, 1) < 1:
+                raise StudyError(f"cell.{section}.{key}: the companion study's headline numbers are validation "
+                                 f"success, so it must validate (>= 1), got {study['cell'][section][key]}")
     if study.get("study") == "companion" and recipes - set(GROUP_RECIPES):
         raise StudyError(f"grid: the companion study's analysis compares the estimators {list(GROUP_RECIPES)}; "
                          f"recipes {sorted(recipes - set(GROUP_RECIPES))} belong to the main study (study: main)")
