@@ -84,9 +84,9 @@ def _no_tokenizer_corpus(family: str):
 
 def make_suite(env_cfg) -> EnvSuite:
     name, options = env_cfg.name, dict(env_cfg.options)
+    config = family_config(name, options)  # an unknown family, option or value raises here, named
     if name == "minirepo":
         from trainer.environments.minirepo import MiniRepoEnv, MiniRepoTasks, expert_action, sample_texts
-        config = family_config(name, options)
 
         def demonstrate(task, noise, rng):
             env = MiniRepoEnv(config)
@@ -100,7 +100,6 @@ def make_suite(env_cfg) -> EnvSuite:
                         lambda: sample_texts(config, n=300, noise=0.2, seed=0), demonstrate)
     if name == "textgame":
         from trainer.environments.textgame import Expert, TextGameEnv, TextGameTasks, sample_transcripts
-        config = family_config(name, options)
 
         def demonstrate(task, noise, rng):
             env, expert = TextGameEnv(config), Expert(noise=noise, seed=rng.randrange(2 ** 31))
@@ -115,13 +114,8 @@ def make_suite(env_cfg) -> EnvSuite:
     if name == "swe":
         from trainer.environments.swe.env import SWEEnv
         from trainer.environments.swe.tasks import SWETasks
-        tasks_file = options.pop("tasks_file", None)
-        config = family_config(name, options)
-        tasks = SWETasks(tasks_file)
+        tasks = SWETasks(options.get("tasks_file"))
         return EnvSuite(name, tasks, lambda: SWEEnv(config),
                         lambda: [task.issue for task in tasks.tasks("train")])
-    if name == "alfworld":
-        from trainer.environments.alfworld_adapter import AlfworldEnv, AlfworldTasks
-        config = family_config(name, options)
-        return EnvSuite(name, AlfworldTasks(config), lambda: AlfworldEnv(config), _no_tokenizer_corpus(name))
-    raise ValueError(f"env.name {name!r}: known families are 'minirepo', 'textgame', 'swe' and 'alfworld'")
+    from trainer.environments.alfworld_adapter import AlfworldEnv, AlfworldTasks  # family_config knows no other
+    return EnvSuite(name, AlfworldTasks(config), lambda: AlfworldEnv(config), _no_tokenizer_corpus(name))

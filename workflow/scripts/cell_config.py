@@ -19,8 +19,10 @@ directly and Snakemake only writes their results to disk. Design choices:
   (preset xor path, the path exists, a task file or game folder exists, a grid block names known models,
   group estimators have groups, band low <= high) are checked by
   `check_study`, which raises `StudyError` naming the key before any job starts.
-- **The recipe -> optimizer table** mirrors `trainer.config.RECIPES` (tests compare them) instead of importing
-  the trainer, so building the DAG needs neither torch nor the trainer's environment.
+- **The recipe -> optimizer table** mirrors `trainer.config.RECIPES` (tests compare them), so these helpers
+  import nothing of the trainer. The checks that need its rules (`check_cells`, `check_env_options`) import only
+  its torch-free parts (the typed config, the environment families' option dataclasses): building the DAG needs
+  the trainer package but not torch.
 """
 from __future__ import annotations
 
@@ -98,9 +100,9 @@ def check_study(study: dict, root: str | Path = ".") -> None:
             if study.get("cell", {}).get(section, {}).get(key, 1) < 1:
                 raise StudyError(f"cell.{section}.{key}: the companion study's headline numbers are validation "
                                  f"success, so it must validate (>= 1), got {study['cell'][section][key]}")
-    if study.get("study") == "companion" and recipes - set(GROUP_RECIPES):
-        raise StudyError(f"grid: the companion study's analysis compares the estimators {list(GROUP_RECIPES)}; "
-                         f"recipes {sorted(recipes - set(GROUP_RECIPES))} belong to the main study (study: main)")
+        if recipes - set(GROUP_RECIPES):
+                raise StudyError(f"grid: the companion study's analysis compares the estimators {list(GROUP_RECIPES)}; "
+                             f"recipes {sorted(recipes - set(GROUP_RECIPES))} belong to the main study (study: main)")
     group_size = study.get("cell", {}).get("rl", {}).get("group_size", 1)
     if recipes & set(GROUP_RECIPES) and group_size < 2:
         raise StudyError(f"cell.rl.group_size: recipes {sorted(recipes & set(GROUP_RECIPES))} compare rollouts "
