@@ -174,8 +174,8 @@ def test_warm_start_config_takes_the_cells_env_and_token_limits():
         "n_demos": 10, "band": [0.0, 1.0], "threads": 2}
 
 
-@pytest.mark.parametrize("study_file", ["config.yaml", "configs/smoke.yaml", "configs/paper.yaml",
-                                        "configs/companion.yaml", "configs/companion-smoke.yaml",
+@pytest.mark.parametrize("study_file", ["config.yaml", "configs/large.yaml", "configs/smoke.yaml",
+                                        "configs/paper.yaml", "configs/companion.yaml", "configs/companion-smoke.yaml",
                                         "configs/companion-paper.yaml"])
 def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_path):
     """What the workflow writes must pass the trainer's own validation (model.path: any existing dir)."""
