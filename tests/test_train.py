@@ -4,6 +4,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -170,3 +171,16 @@ def test_trainer_runs_on_the_swe_environment_with_the_local_backend(tmp_path):
     assert set(episodes["reward"]) <= {0.0, 1.0}
     df, _ = read_log(out / "metrics.parquet")
     assert df["loss"].notna().all() and df["tool_error_rate"].between(0, 1).all()
+
+
+
+def test_the_trainer_warns_about_bf16_weights(tmp_path):
+    """bf16 master weights lose small updates (tests/test_update.py shows it): the trainer says so at start."""
+    from trainer.config import config_from_dict
+    from trainer.train import Trainer
+    cell = {**CELL, "model": {"dtype": "bfloat16"}, "run": {**CELL["run"], "compute_dtype": "bfloat16"}}
+    with pytest.warns(UserWarning, match="model.dtype is bfloat16"):
+        Trainer(config_from_dict(cell), tmp_path / "bf16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        Trainer(config_from_dict({**cell, "model": {"dtype": "float32"}}), tmp_path / "fp32")

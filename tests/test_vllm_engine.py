@@ -672,3 +672,30 @@ def test_gpu_check_script_passes():
     assert lines, f"no JSON summary; stderr tail:\n{proc.stderr[-3000:]}"
     summary = json.loads(lines[-1])
     assert proc.returncode == 0 and summary["status"] == "PASS", summary
+
+
+def test_the_trainer_starts_vllm_in_its_compute_dtype(tmp_path, monkeypatch):
+    """fp32 master weights with bf16 compute (configs/paper.yaml): vLLM samples in bf16, as the trainer computes,
+    not in the master weights' fp32."""
+    import trainer.rollout.vllm_engine as vllm_engine
+    from trainer.config import config_from_dict
+    from trainer.policy.load import new_tiny_policy, save_policy
+    from trainer.train import Trainer
+
+    seen = {}
+
+    class RecordingEngine:
+        def __init__(self, model_path, fmt, **kw):
+            seen.update(kw, model_path=model_path)
+
+    monkeypatch.setattr(vllm_engine, "VLLMEngine", RecordingEngine)
+    model, fmt = new_tiny_policy("qwen-tiny", [f"task {i}: fix the bug in f{i}" for i in range(50)], vocab_size=300)
+    save_policy(model, fmt, tmp_path / "policy")
+    cfg = config_from_dict({"model": {"path": str(tmp_path / "policy"), "dtype": "float32"},
+                            "env": {"name": "minirepo", "options": {"max_depth": 0}, "eval_tasks": 1},
+                            "rollout": {"engine": "vllm", "batch_size": 2},
+                            "run": {"compute_dtype": "bfloat16", "updates": 1}})
+    trainer = Trainer(cfg, tmp_path / "out")
+    assert isinstance(trainer.engine, RecordingEngine)
+    assert seen["dtype"] == "bfloat16" and seen["model_path"] == str(tmp_path / "policy")
+    assert next(trainer.model.parameters()).dtype == torch.float32

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import random
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +77,11 @@ class Trainer:
                                                    max_positions=cfg.rollout.max_episode_tokens + 64)
             self.model.to(DTYPES[cfg.model.dtype])
         self.model.to(cfg.run.device)
+        if cfg.model.dtype == "bfloat16":
+            warnings.warn("model.dtype is bfloat16: the optimizer updates bf16 weights in place, and an update "
+                          "under half a bf16 step (0.2-0.4% of a weight) rounds away, so at small learning rates the "
+                          "model stops moving; keep float32 master weights with run.compute_dtype: bfloat16",
+                          stacklevel=2)
         self.optimizer = build_optimizer(self.model, cfg)
         names = [n for n, _ in route_parameters(self.model).muon]
         params = dict(self.model.named_parameters())
@@ -89,7 +95,7 @@ class Trainer:
 
         if cfg.rollout.engine == "vllm":
             from trainer.rollout.vllm_engine import VLLMEngine
-            self.engine = VLLMEngine(cfg.model.path, self.fmt, dtype=cfg.model.dtype, seed=cfg.run.seed,
+            self.engine = VLLMEngine(cfg.model.path, self.fmt, dtype=cfg.run.compute_dtype, seed=cfg.run.seed,
                                      gpu_memory_utilization=cfg.rollout.vllm_gpu_memory_utilization,
                                      max_model_len=cfg.rollout.max_episode_tokens)
         else:
