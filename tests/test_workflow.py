@@ -309,7 +309,7 @@ def test_paper_study_uses_checkpoints_instead_of_a_warm_start(scratch_repo):
     # the study file replaces config.yaml: no tiny models, no warm start
     assert job_counts(out) == {"cell_config": 60, "train": 60, "summarize": 1, "figures": 1, "all": 1}
     assert "model=Qwen3.5-4B/recipe=full/optimizer=muon/seed=2" in out and "tiny" not in out
-    assert "gpu=8" in out and "runtime=2880" in out
+    assert "gpu=1" in out and "runtime=2880" in out
 
 
 def test_paths_are_rebased_from_the_repository_root_to_the_studys_workdir(tmp_path):
