@@ -1,4 +1,5 @@
 """The trainer as a program: a smoke run through the CLI, bit-identical reruns, and SIGKILL + --resume."""
+import json
 import os
 import signal
 import subprocess
@@ -184,3 +185,19 @@ def test_the_trainer_warns_about_bf16_weights(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         Trainer(config_from_dict({**cell, "model": {"dtype": "float32"}}), tmp_path / "fp32")
+
+
+@pytest.mark.gpu
+def test_gpu_check_trainer_script_passes(tmp_path):
+    """benchmarks/gpu_check_trainer.py on a CUDA machine: the trainer's GPU path (it passed on one H200, with the
+    output in docs/results/gpu_check_h200.json; `--device cpu` dry-runs the same checks without a GPU)."""
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check_trainer.py"
+    out = tmp_path / "result.json"
+    proc = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True,
+                          timeout=900)
+    summary = json.loads(out.read_text()) if out.exists() else None
+    assert proc.returncode == 0 and summary is not None and summary["status"] == "PASS", (summary,
+                                                                                          proc.stderr[-3000:])
