@@ -124,18 +124,14 @@ def muon_checks(results: list) -> None:
 
 def write_checkpoint(directory: Path) -> int:
     """A Qwen3 model from a config (random bf16 weights) and a ChatML tokenizer; returns its parameter count."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    from trainer.environments.suite import make_suite
     from trainer.config import EnvConfig
+    from trainer.environments.suite import make_suite
+    from trainer.rollout.chat_format import build_tokenizer
 
     texts = make_suite(EnvConfig(**STUDY_CELL["env"])).sample_texts()
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=1024, special_tokens=SPECIALS, show_progress=False,
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe = build_tokenizer(texts, vocab_size=1024, min_frequency=1, special_tokens=SPECIALS)
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     tok.chat_template = CHATML
     tok.save_pretrained(directory)

@@ -464,6 +464,14 @@ def test_engine_rejects_models_it_cannot_serve(fmt):
 # ------------------------------------------------------------------------------------------- TinyFormat
 
 
+def test_build_tokenizer_takes_other_special_tokens_first():
+    chat = build_tokenizer(TEXTS, vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    assert [chat.token_to_id(t) for t in ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]] == [0, 1, 2]
+    assert all(chat.token_to_id(t) is None for t in SPECIAL_TOKENS)
+    with pytest.raises(ValueError, match="below the byte alphabet"):
+        build_tokenizer(TEXTS, vocab_size=257, special_tokens=["a", "b"])
+
+
 def test_build_tokenizer_is_deterministic_and_round_trips():
     a, b = build_tokenizer(TEXTS, vocab_size=300), build_tokenizer(list(TEXTS), vocab_size=300)
     assert a.to_str() == b.to_str()

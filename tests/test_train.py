@@ -174,7 +174,6 @@ def test_trainer_runs_on_the_swe_environment_with_the_local_backend(tmp_path):
     assert df["loss"].notna().all() and df["tool_error_rate"].between(0, 1).all()
 
 
-
 def test_the_trainer_warns_about_bf16_weights(tmp_path):
     """bf16 master weights lose small updates (tests/test_update.py shows it): the trainer says so at start."""
     from trainer.config import config_from_dict

@@ -48,8 +48,10 @@ SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<bos>", "<obs>", "<act>", "<eot>")
 """The tiny tokenizer's special tokens; `build_tokenizer` gives them ids 0..4 in this order."""
 
 
-def build_tokenizer(texts: Iterable[str], vocab_size: int = 512, min_frequency: int = 2) -> Tokenizer:
-    """Train a byte-level BPE tokenizer on sample texts, with `SPECIAL_TOKENS` as ids 0..4.
+def build_tokenizer(texts: Iterable[str], vocab_size: int = 512, min_frequency: int = 2,
+                    special_tokens: Iterable[str] = SPECIAL_TOKENS) -> Tokenizer:
+    """Train a byte-level BPE tokenizer on sample texts, with `special_tokens` (default `SPECIAL_TOKENS`, the
+    tiny format's) as ids 0..n-1.
 
     Deterministic: the same texts and sizes give the same tokenizer (`to_str()` identical), whatever the thread
     count. Every byte is in the base alphabet, so any text encodes without unknown tokens. Save with
@@ -57,7 +59,8 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = 512, min_frequency: 
     texts have few repeated pairs: size the model with `tokenizer.get_vocab_size()`.
     """
     alphabet = pre_tokenizers.ByteLevel.alphabet()
-    minimum = len(alphabet) + len(SPECIAL_TOKENS)
+    special_tokens = list(special_tokens)
+    minimum = len(alphabet) + len(special_tokens)
     if vocab_size < minimum:
         raise ValueError(f"vocab_size={vocab_size} is below the byte alphabet plus special tokens ({minimum})")
     if min_frequency < 1:
@@ -69,7 +72,7 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = 512, min_frequency: 
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
-                                  special_tokens=list(SPECIAL_TOKENS), initial_alphabet=alphabet)
+                                  special_tokens=special_tokens, initial_alphabet=alphabet)
     tokenizer.train_from_iterator(texts, trainer=trainer)
     return tokenizer
 
