@@ -5,8 +5,9 @@ factory of fresh environment instances (one per concurrent episode), texts to bu
 scripted expert for the supervised warm start. `swe` reads its tasks from `options.tasks_file` (a JSONL/Parquet
 task file, e.g. R2E-Gym's; default: the six shipped tasks) and takes SWEConfig's nested sections (`docker`,
 `local`, `tools`) as nested dicts; `alfworld` needs the `alfworld` package and its games on disk (its
-`data_dir` option) and, having no expert transcripts, a checkpoint rather than a tiny model. The families stay independent modules; this is the only place
-that knows all of them, a plain if/elif rather than a registry.
+`data_dir` option) and, having no expert transcripts, a checkpoint rather than a tiny model. The families stay
+independent modules; `family_config` and `make_suite` are the only places that know all of them, plain if/elif
+rather than a registry.
 """
 from __future__ import annotations
 
