@@ -14,7 +14,8 @@ def test_defaults_are_the_full_recipe_on_muon():
 def test_every_recipe_expands_and_runs_with_any_optimizer(recipe):
     groups = {"rl": {"group_size": 2}} if RECIPES[recipe]["rl"]["estimator"] in ("grpo", "gigpo", "graphgpo") else {}
     for opt in ("adam", "muon", "adam_high_lr"):
-        cfg = config_from_dict({"recipe": recipe, "optim": {"name": opt}, **groups})
+        optim = {"name": opt, **({"muon_lr": 1e-3} if opt == "adam_high_lr" else {})}
+        cfg = config_from_dict({"recipe": recipe, "optim": optim, **groups})
         assert cfg.optim.name == opt and cfg.recipe == recipe
         for k, v in RECIPES[recipe]["rl"].items():
             assert getattr(cfg.rl, k) == v
@@ -32,6 +33,11 @@ def test_recipe_table_matches_design():
     ({"rl": {"clip_hihg": 0.3}}, "rl.clip_hihg"),
     ({"recipe": "fulll"}, "fulll"),
     ({"run": {"seed": -1}}, "run.seed"),
+    ({"run": {"epochs": 0}}, "run.epochs"),
+    ({"run": {"minibatches": 17}, "rollout": {"batch_size": 16}}, "run.minibatches"),
+    ({"optim": {"name": "adam_high_lr"}}, "optim.muon_lr"),
+    ({"env": {"train_tasks": 0}}, "env.train_tasks"),
+    ({"rl": {"offline_stats": "no/such/file.json"}}, "rl.offline_stats"),
     ({"optim": {"lr": "fast"}}, "optim.lr"),
     ({"rollout": {"mode": "eventually"}}, "rollout.mode"),
     ({"model": {"path": "/no/such/checkpoint"}}, "model.path"),

@@ -42,7 +42,7 @@ DESIGN_METRICS = """update, policy_version, success_rate, reward_mean, n_traject
 turns_mean, tool_error_rate, overlong_rate, advantage_std, entropy, approx_kl, clip_frac_low, clip_frac_high,
 tis_weight_mean, tis_truncated_frac, staleness_mean, staleness_max, grad_norm, update_rms,
 update_spectral_norm, lr, loss, eval_success, rollout_s, train_s, wall_s"""  # copied from DESIGN.md, "Metrics"
-INT_METRICS = {"update", "policy_version", "n_trajectories", "gen_tokens"}
+INT_METRICS = {"update", "policy_version", "n_trajectories", "gen_tokens", "optimizer_steps", "skipped_steps"}
 
 
 def prov(config: dict | None = None) -> dict:
@@ -118,12 +118,14 @@ def test_provenance_rejects_non_json_config_naming_the_entry():
 
 def test_metric_columns_follow_design_in_order_with_dtypes():
     names = [n.strip() for n in DESIGN_METRICS.split(",")]
-    assert list(METRIC_COLUMNS) == [*names, "grad_snr"] and len(names) == 28  # DESIGN's, then the companion's
+    # DESIGN's, then the companion's gradient SNR, the optimizer steps taken and skipped, SPO's informed baselines
+    assert list(METRIC_COLUMNS) == [*names, "grad_snr", "optimizer_steps", "skipped_steps",
+                                    "baseline_informed_frac"] and len(names) == 28
     for name, dtype in METRIC_COLUMNS.items():
         assert dtype == (pa.int64() if name in INT_METRICS else pa.float64()), name
     assert list(EPISODE_COLUMNS) == ["update", "task_id", "reward", "success", "n_turns", "gen_tokens", "length",
                                      "truncated", "staleness", "policy_version", "tool_errors", "overlong_turns",
-                                     "split"]
+                                     "split", "baseline_informed"]
     assert EPISODE_COLUMNS["task_id"] == pa.string() and EPISODE_COLUMNS["success"] == pa.bool_()
 
 

@@ -222,3 +222,50 @@ def test_bf16_weights_round_an_rl_learning_rate_step_away_fp32_master_weights_ke
         moved[dtype] = changed / sum(q.numel() for q in before)
     assert moved[torch.float32] > 0.9  # every weight with a gradient moves
     assert moved[torch.bfloat16] < 0.05  # only weights near zero (|w| < ~3e-4) move
+
+
+def test_epochs_and_minibatches_take_that_many_steps_and_the_clip_binds(model):
+    """PPO as verl runs it: epochs x minibatches optimizer steps, all against the pre-update log-probs, so after
+    the first step the ratio leaves 1 and, at a large enough step, tokens are clipped (they never are with one)."""
+    eps = _episodes(8, seed=6)
+    b = pad_episodes(eps, pad_id=0)
+    adv = torch.where(torch.arange(8).unsqueeze(1) % 2 == 0, 1.0, -1.0).expand_as(b.loss_mask) * b.loss_mask
+    calls = []
+
+    def run(minibatches, epochs):
+        m = copy.deepcopy(model)
+        opt = torch.optim.AdamW(m.parameters(), lr=3e-2)
+        original = opt.step
+        opt.step = lambda *a, **k: (calls.append(1), original(*a, **k))[1]
+        calls.clear()
+        out = policy_update(m, opt, b, adv, LossSettings(), minibatches=minibatches, epochs=epochs)
+        return out, len(calls)
+
+    out, steps = run(1, 1)
+    assert steps == out["steps"] == 1 and out["approx_kl"] == 0 and out["clip_frac_low"] == out["clip_frac_high"] == 0
+    out, steps = run(4, 2)
+    assert steps == out["steps"] == 8 and out["skipped_steps"] == 0
+    assert out["approx_kl"] != 0 and out["clip_frac_low"] + out["clip_frac_high"] > 0
+
+
+def test_a_minibatch_without_signal_skips_its_step(model):
+    """All-zero advantages: a zero gradient, yet Adam's momentum from an earlier step would still move the
+    weights; `skip_no_signal` skips the step (counted), and the statistics of a fully skipped update are None."""
+    eps = _episodes(4, seed=7)
+    b = pad_episodes(eps, pad_id=0)
+    signal = torch.ones_like(b.loss_mask) * b.loss_mask
+    m = copy.deepcopy(model)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
+    policy_update(m, opt, b, signal, LossSettings())  # momentum from a real step
+    before = [p.detach().clone() for p in m.parameters()]
+    zero = torch.zeros_like(b.loss_mask)
+    out = policy_update(m, opt, b, zero, LossSettings(), minibatches=2, skip_no_signal=True)
+    assert out["steps"] == 0 and out["skipped_steps"] == 2
+    assert out["loss"] is None and out["grad_norm"] is None and out["update_rms"] is None
+    assert all(torch.equal(p, q) for p, q in zip(m.parameters(), before))
+    out = policy_update(m, opt, b, zero, LossSettings(), minibatches=2, skip_no_signal=False)
+    assert out["steps"] == 2 and not all(torch.equal(p, q) for p, q in zip(m.parameters(), before))
+    # only the half without signal is skipped
+    half = torch.where(torch.arange(4).unsqueeze(1) % 2 == 0, 1.0, 0.0).expand_as(b.loss_mask) * b.loss_mask
+    out = policy_update(m, opt, b, half, LossSettings(), minibatches=2, skip_no_signal=True)
+    assert out["steps"] == 1 and out["skipped_steps"] == 1

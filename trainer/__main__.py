@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 import yaml
 
 from trainer.config import ConfigError, load_config, load_sft_config
+
+
+_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def _overrides(pairs: list[str]) -> dict:
@@ -28,7 +32,10 @@ def _overrides(pairs: list[str]) -> dict:
         parts = key.split(".")
         for p in parts[:-1]:
             node = node.setdefault(p, {})
-        node[parts[-1]] = yaml.safe_load(value)
+        parsed = yaml.safe_load(value)
+        if isinstance(parsed, str) and _EXPONENT.fullmatch(parsed):
+            parsed = float(parsed)  # YAML 1.1 reads `1e-3` (no dot) as a string
+        node[parts[-1]] = parsed
     return out
 
 

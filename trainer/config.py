@@ -33,13 +33,17 @@ class ModelConfig:
 
 @dataclass
 class EnvConfig:
-    name: Literal["minirepo", "textgame", "swe", "alfworld"] = "minirepo"
-    """Environment family."""
+    name: Literal["minirepo", "textgame", "swe", "alfworld", "recall"] = "minirepo"
+    """Environment family ("recall": the trivially learnable check of tests/test_learning_sanity.py)."""
     options: dict = field(default_factory=dict)
     """Fields of that family's own config dataclass (task seed, split sizes, difficulty, turn limit), validated
     by it; for example `{seed: 0, max_depth: 2}` for minirepo."""
     eval_tasks: int = 64
     """Held-out tasks played at each evaluation (the first N of the held-out split)."""
+    train_tasks: int | None = None
+    """The RL pool: the first N tasks of the training split (None: all of it). A warm start draws its
+    demonstrations from the rest of the split, so the base policy never saw the solution of a task it is then
+    trained on, and its starting training success is its held-out success (the band), not a memorised one."""
 
 
 @dataclass
@@ -48,9 +52,12 @@ class OptimConfig:
     """"muon": Muon on hidden matrices + AdamW on the rest. "adam": AdamW on everything. "adam_high_lr": AdamW on
     everything at `muon_lr`, the companion paper's control (is Muon's gain only its larger step size?)."""
     lr: float = 1e-3
-    """AdamW learning rate (all parameters under "adam"; embeddings, head, norms under "muon")."""
-    muon_lr: float = 0.02
-    """Muon learning rate of hidden matrices (before the shape rule of `adjust_lr_fn`); AdamW's under "adam_high_lr"."""
+    """The cell's learning rate: AdamW's on every parameter under "adam"; under "muon", AdamW's on embeddings, head
+    and norms and, unless `muon_lr` is set, Muon's on the hidden matrices, whose updates `adjust_lr_fn` scales to
+    AdamW's RMS, so the same number means a step of the same size under both optimizers."""
+    muon_lr: float | None = None
+    """Muon's learning rate on the hidden matrices when it differs from `lr` (None: `lr`, Moonlight's rule); the
+    AdamW learning rate of "adam_high_lr", which needs it."""
     weight_decay: float = 0.0
     """AdamW decoupled weight decay."""
     muon_weight_decay: float = 0.0
@@ -60,7 +67,12 @@ class OptimConfig:
     nesterov: bool = True
     ns_coefficients: str = "jordan"
     """"jordan" (torch's default) or "polar_express"."""
-    adjust_lr_fn: Literal["original", "match_rms_adamw", "spectral"] = "original"
+    adjust_lr_fn: Literal["original", "match_rms_adamw", "spectral"] = "match_rms_adamw"
+    """How Muon scales its orthogonalised update by the matrix shape. "match_rms_adamw" (Moonlight): RMS 0.2 x lr,
+    AdamW's typical update RMS, so one lr means the same step size under both optimizers: the project's rule at
+    every scale. "original" (torch's default): lr x sqrt(max(1, rows/cols)), an RMS of about lr/sqrt(cols), which
+    makes Muon's steps at a given lr several times smaller than AdamW's; "spectral": spectral norm lr x
+    sqrt(rows/cols)."""
     grad_clip: float | None = 1.0
     """Clip the global norm of the raw gradients (never Muon's orthogonalised update); None: off."""
 
@@ -93,6 +105,10 @@ class RLConfig:
     gigpo_omega: float = 1.0
     gamma: float = 0.95
     graph_convention: Literal["reference", "paper"] = "reference"
+    offline_stats: str | None = None
+    """SPO's offline initialisation: a JSON file {task_id: [samples, successes]} from playing the training tasks
+    with the base policy (the warm start writes `offline_stats.json` beside the policy); each task's Beta prior
+    starts from it, as the recipe's offline pass does. None: every task starts at the uninformed prior 0.5."""
 
 
 @dataclass
@@ -121,11 +137,23 @@ class RunConfig:
     updates: int = 100
     seed: int = 0
     minibatches: int = 1
-    """Optimizer steps per update (PPO mini-batches over the update's trajectories)."""
+    """PPO mini-batches: each pass over the update's trajectories takes this many optimizer steps (verl's
+    train batch / ppo_mini_batch_size; its SPO recipe: 8). With 1 step per batch the PPO ratio is exactly 1 and
+    the clip never binds."""
+    epochs: int = 1
+    """PPO epochs: passes over the update's trajectories (verl's ppo_epochs); `epochs x minibatches` optimizer
+    steps per update, all against the log-probs taken before the first."""
+    skip_no_signal: bool = True
+    """Skip the optimizer step of a mini-batch whose advantages are all zero (an all-fail batch under plain SPO
+    with equal baselines): its gradient is zero and only momentum would move the weights. Counted in the
+    `skipped_steps` column."""
     micro_batch_tokens: int = 16384
-    """Token budget of one forward/backward micro-batch (padded tokens)."""
+    """Token budget of one forward/backward micro-batch (padded tokens); an episode longer than it is a micro-batch
+    of its own, so 1 means one episode per micro-batch: no padding, which on CPU makes a tiny model's update
+    about three times faster than padded micro-batches (the gradient is the same)."""
     eval_every: int = 10
-    """Evaluate on held-out tasks every N updates (0: never); also after the last update."""
+    """Evaluate on held-out tasks every N updates (0: never); also after the first update (nearly the base
+    policy, the point later evaluations are compared with) and after the last."""
     checkpoint_every: int = 25
     keep_checkpoints: int = 2
     threads: int = 1
@@ -185,6 +213,9 @@ class SFTConfig:
     eval_tasks: int = 64
     band: tuple[float, float] = (0.2, 0.35)
     """Stop at the first evaluation whose held-out success lies in [low, high]: the papers' starting points."""
+    offline_samples: int = 0
+    """SPO's offline pass: play every training task this many times with the chosen base policy (sampling as the
+    rollouts do) and write the successes to `offline_stats.json` beside it, for `rl.offline_stats`. 0: none."""
     seed: int = 0
     threads: int = 1
 
@@ -312,7 +343,8 @@ def config_from_dict(data: dict) -> TrainConfig:
 def _check_ranges(cfg: TrainConfig) -> None:
     checks = [
         ("run.updates", cfg.run.updates >= 1), ("run.seed", cfg.run.seed >= 0),
-        ("run.minibatches", cfg.run.minibatches >= 1), ("run.micro_batch_tokens", cfg.run.micro_batch_tokens >= 1),
+        ("run.minibatches", cfg.run.minibatches >= 1), ("run.epochs", cfg.run.epochs >= 1),
+        ("run.micro_batch_tokens", cfg.run.micro_batch_tokens >= 1),
         ("run.eval_every", cfg.run.eval_every >= 0), ("run.checkpoint_every", cfg.run.checkpoint_every >= 0),
         ("run.keep_checkpoints", cfg.run.keep_checkpoints >= 1), ("run.threads", cfg.run.threads >= 1),
         ("rollout.batch_size", cfg.rollout.batch_size >= 1), ("rollout.lag", cfg.rollout.lag >= 0),
@@ -323,14 +355,22 @@ def _check_ranges(cfg: TrainConfig) -> None:
         ("rl.group_size", cfg.rl.group_size >= 1),
         ("rl.clip_low", 0 <= cfg.rl.clip_low < 1), ("rl.clip_high", cfg.rl.clip_high >= 0),
         ("rl.tis_cap", cfg.rl.tis_cap is None or cfg.rl.tis_cap > 0),
-        ("optim.lr", cfg.optim.lr >= 0), ("optim.muon_lr", cfg.optim.muon_lr >= 0),
+        ("optim.lr", cfg.optim.lr >= 0), ("optim.muon_lr", cfg.optim.muon_lr is None or cfg.optim.muon_lr >= 0),
         ("optim.grad_clip", cfg.optim.grad_clip is None or cfg.optim.grad_clip > 0),
         ("env.eval_tasks", cfg.env.eval_tasks >= 0),
+        ("env.train_tasks", cfg.env.train_tasks is None or cfg.env.train_tasks >= 1),
     ]
     for key, ok in checks:
         if not ok:
             section, name = key.split(".")
             raise ConfigError(f"{key}: bad value {getattr(getattr(cfg, section), name)!r}")
+    if cfg.optim.name == "adam_high_lr" and cfg.optim.muon_lr is None:
+        raise ConfigError("optim.muon_lr: 'adam_high_lr' runs AdamW at Muon's learning rate; set optim.muon_lr")
+    if cfg.run.minibatches > cfg.rollout.batch_size:
+        raise ConfigError(f"run.minibatches {cfg.run.minibatches} exceeds rollout.batch_size "
+                          f"{cfg.rollout.batch_size}: a mini-batch needs at least one trajectory")
+    if cfg.rl.offline_stats is not None and not Path(cfg.rl.offline_stats).is_file():
+        raise ConfigError(f"rl.offline_stats: {cfg.rl.offline_stats!r} is not a file")
     if cfg.rollout.batch_size % cfg.rl.group_size:
         raise ConfigError(f"rollout.batch_size {cfg.rollout.batch_size} is not a multiple of rl.group_size "
                           f"{cfg.rl.group_size}")
@@ -372,6 +412,8 @@ def load_sft_config(path: str | Path, overrides: dict | None = None) -> SFTConfi
     for key in ("n_demos", "vocab_size", "batch_size", "max_steps", "eval_every", "threads"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"{key}: must be >= 1, got {getattr(cfg, key)}")
+    if cfg.offline_samples < 0:
+        raise ConfigError(f"offline_samples: must be >= 0, got {cfg.offline_samples}")
     if not 0 <= cfg.noise <= 1:
         raise ConfigError(f"noise: must be in [0, 1], got {cfg.noise}")
     return cfg

@@ -27,8 +27,8 @@ from trainer.policy.load import DTYPES, load_policy, new_tiny_policy
 from trainer.rl.advantages import AdvantageConfig, compute_advantages
 from trainer.rl.group_advantages import GiGPOConfig, GraphGPOConfig
 from trainer.rl.shaping import ShapingConfig, overlong_flags
-from trainer.rl.spo import (BetaTracker, SPOPlusPlusConfig, TrackerConfig, logprob_divergence, spo_update_tracker,
-                            update_tracker_in_arrival_order)
+from trainer.rl.spo import (BetaTracker, SPOPlusPlusConfig, TrackerConfig, logprob_divergence, read_offline_stats,
+                            spo_update_tracker, update_tracker_in_arrival_order)
 from trainer.rollout.driver import DriverConfig, RolloutDriver, TaskSampler
 from trainer.rollout.hf_engine import HFEngine, SamplingParams
 from trainer.update import LossSettings, pad_episodes, policy_update, token_logprobs
@@ -41,7 +41,8 @@ def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
     if o.name in ("adam", "adam_high_lr"):
         return torch.optim.AdamW(model.parameters(), lr=o.lr if o.name == "adam" else o.muon_lr, betas=o.betas,
                                  weight_decay=o.weight_decay, foreach=True)
-    return build_muon_adamw(model, muon_lr=o.muon_lr, muon_weight_decay=o.muon_weight_decay, adamw_lr=o.lr,
+    return build_muon_adamw(model, muon_lr=o.lr if o.muon_lr is None else o.muon_lr,
+                            muon_weight_decay=o.muon_weight_decay, adamw_lr=o.lr,
                             adamw_weight_decay=o.weight_decay, betas=o.betas, momentum=o.momentum,
                             nesterov=o.nesterov, ns_coefficients=o.ns_coefficients, adjust_lr_fn=o.adjust_lr_fn)
 
@@ -88,8 +89,10 @@ class Trainer:
         self.hidden = [params[n] for n in names]
 
         self.adv_cfg = advantage_config(cfg)
-        self.tracker = (BetaTracker(TrackerConfig(rho_mode=cfg.rl.rho_mode))
-                        if cfg.rl.estimator in ("spo", "spo++") else None)
+        self.tracker = None
+        if cfg.rl.estimator in ("spo", "spo++"):
+            stats = read_offline_stats(cfg.rl.offline_stats) if cfg.rl.offline_stats else {}
+            self.tracker = BetaTracker.from_offline(stats, TrackerConfig(rho_mode=cfg.rl.rho_mode))
         self.last_visit: dict[str, tuple[list[int], list[float], list[float]]] = {}
         """SPO's KL-adaptive rho: per task, the previous visit's tokens, loss mask and trainer log-probs."""
 
@@ -107,7 +110,8 @@ class Trainer:
         self.eval_sampling = SamplingParams(temperature=r.eval_temperature, top_p=1.0,
                                             max_turn_tokens=r.max_turn_tokens,
                                             max_episode_tokens=r.max_episode_tokens)
-        sampler = TaskSampler(self.suite.tasks.tasks("train"), self.tracker, cfg.rl.prioritised_sampling,
+        sampler = TaskSampler(self.suite.tasks.tasks("train", cfg.env.train_tasks), self.tracker,
+                              cfg.rl.prioritised_sampling,
                               seed=cfg.run.seed)
         self.driver = RolloutDriver(self.engine, self.suite.make_env, sampler,
                                     DriverConfig(mode=r.mode, lag=r.lag, max_staleness=r.max_staleness,
@@ -199,12 +203,14 @@ class Trainer:
         episodes = self.driver.next_batch(trainer_version=u)
         t1 = time.perf_counter()
         trajs = [e.trajectory() for e in episodes]
+        informed = [self.tracker is not None and t.task_id in self.tracker for t in trajs]
         batch = pad_episodes(episodes, self.fmt.pad_id)
         adv_tokens, adv_stats = compute_advantages(trajs, self.adv_cfg, self.tracker, width=batch.width + 1)
         adv = adv_tokens[:, 1:] * batch.loss_mask
         rhos = self._rhos(episodes) if self.tracker is not None else {}
         out = policy_update(self.model, self.optimizer, batch, adv, self.loss_cfg,
-                            minibatches=self.cfg.run.minibatches, micro_batch_tokens=self.cfg.run.micro_batch_tokens,
+                            minibatches=self.cfg.run.minibatches, epochs=self.cfg.run.epochs,
+                            skip_no_signal=self.cfg.run.skip_no_signal, micro_batch_tokens=self.cfg.run.micro_batch_tokens,
                             grad_clip=self.cfg.optim.grad_clip, autocast_dtype=self.autocast,
                             stat_matrices=self.hidden, grad_parts=self._grad_parts(episodes),
                             return_old_logp=self.tracker is not None and self.cfg.rl.rho_mode == "kl_adaptive")
@@ -231,18 +237,21 @@ class Trainer:
                "tool_error_rate": adv_stats["tool_error_rate"], "overlong_rate": adv_stats["overlong_rate"],
                "advantage_std": adv_stats["advantage_std"], "staleness_mean": float(np.mean(staleness)),
                "staleness_max": float(max(staleness)), "lr": float(self.optimizer.param_groups[0]["lr"]),
+               "optimizer_steps": out["steps"], "skipped_steps": out["skipped_steps"],
+               "baseline_informed_frac": float(np.mean(informed)) if self.tracker is not None else None,
                "rollout_s": t1 - t0, "train_s": t2 - t1, "wall_s": self._wall()}
         for k in ("entropy", "approx_kl", "clip_frac_low", "clip_frac_high", "tis_weight_mean", "tis_truncated_frac",
                   "grad_norm", "update_rms", "update_spectral_norm", "loss"):
-            row[k] = out[k]
+            row[k] = out.get(k)  # None (null) when every step was skipped
         if "grad_snr" in out:
             row["grad_snr"] = out["grad_snr"]
-        for e, t, s in zip(episodes, trajs, staleness):
+        for e, t, s, known in zip(episodes, trajs, staleness, informed):
             self.episodes.append({"update": u, "task_id": e.task_id, "reward": e.reward, "success": t.success,
                                   "n_turns": len(t.turns), "gen_tokens": e.n_generated, "length": e.length,
                                   "truncated": e.truncated, "staleness": s, "policy_version": e.oldest_version,
                                   "tool_errors": sum(turn.tool_error for turn in t.turns),
-                                  "overlong_turns": int(overlong_flags(t.turns, shaping).sum()), "split": "train"})
+                                  "overlong_turns": int(overlong_flags(t.turns, shaping).sum()), "split": "train",
+                                  "baseline_informed": known})
         return row
 
     def evaluate(self) -> float:
@@ -288,7 +297,9 @@ class Trainer:
             while self.update < cfg.updates:
                 row = self.train_step()
                 last = self.update == cfg.updates
-                if cfg.eval_every and (self.update % cfg.eval_every == 0 or last):
+                # also after the first update: the held-out success of (nearly) the base policy, which later
+                # evaluations are compared with
+                if cfg.eval_every and (self.update % cfg.eval_every == 0 or self.update == 1 or last):
                     row["eval_success"] = self.evaluate()
                 self.metrics.append(row)
                 bar.update(1)

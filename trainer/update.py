@@ -9,6 +9,12 @@ Why it is shaped this way:
 * Gradient clipping acts on the raw gradients, before the optimizer; Muon then orthogonalises the momentum, so the
   clip never touches (or pins) the orthogonalised update.
 * A non-finite loss or gradient skips the step and is logged, since a NaN is itself a collapse signal.
+* A mini-batch whose advantages are all zero carries no signal: its policy gradient is exactly zero, yet
+  momentum (Muon's, Adam's first moment) would still move the weights. With `skip_no_signal` such a step is
+  skipped and counted, so an all-fail batch leaves the policy where it was.
+* PPO as verl runs it: `epochs` passes over the batch, each split into `minibatches` optimizer steps, against
+  old log-probs taken once before the first step; the ratio moves away from 1 after the first step, so the clip
+  binds.
 """
 from __future__ import annotations
 
@@ -76,8 +82,11 @@ def token_logprobs(model: nn.Module, batch: PaddedBatch, temperature: float = 1.
     """log pi(token_t | tokens_<t) for t >= 1, [B, T-1] fp32 (and the per-token entropy if asked)."""
     ctx = (torch.autocast(batch.input_ids.device.type, dtype=autocast_dtype) if autocast_dtype is not None
            else contextlib.nullcontext())
+    # without padding the mask says nothing, and leaving it out lets attention take the causal kernel (on CPU the
+    # masked path is several times slower)
+    mask = None if bool(batch.attention_mask.all()) else batch.attention_mask
     with ctx:
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1]
+        logits = model(input_ids=batch.input_ids, attention_mask=mask).logits[:, :-1]
     logits = logits.float()
     if temperature not in (0.0, 1.0):
         logits = logits / temperature
@@ -139,11 +148,13 @@ def hidden_matrices(model: nn.Module, names: list[str]) -> list[torch.Tensor]:
 
 
 def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: PaddedBatch, advantages: torch.Tensor,
-                  loss_cfg: LossSettings, *, minibatches: int = 1, micro_batch_tokens: int = 16384,
+                  loss_cfg: LossSettings, *, minibatches: int = 1, epochs: int = 1, micro_batch_tokens: int = 16384,
                   grad_clip: float | None = 1.0, autocast_dtype: torch.dtype | None = None,
                   stat_matrices: list[torch.Tensor] | None = None, return_old_logp: bool = False,
-                  grad_parts: list[list[int]] | None = None) -> dict:
-    """Run `minibatches` optimizer steps over the batch; returns metrics averaged over steps (token-weighted).
+                  grad_parts: list[list[int]] | None = None, skip_no_signal: bool = False) -> dict:
+    """Run `epochs` x `minibatches` optimizer steps over the batch; returns metrics averaged over steps
+    (token-weighted), "steps" (optimizer steps taken) and "skipped_steps" (steps skipped: no signal, or a
+    non-finite loss or gradient).
 
     With `return_old_logp`, also "old_logp_rows": each episode's pre-update trainer log-probs (a list per row),
     which SPO's KL-adaptive forgetting compares against at the task's next visit.
@@ -162,7 +173,7 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
     # minibatch the update's own forward pass runs on exactly those weights, so its detached log-probs are the old
     # ones and the separate pass (a third of the update's compute) is skipped.
     old_logp = torch.zeros_like(batch.rollout_logp)
-    reuse_forward = minibatches == 1
+    reuse_forward = minibatches == 1 and epochs == 1
     if not reuse_forward:
         with torch.no_grad():
             for rows in micro_batches(batch, list(range(B)), micro_batch_tokens):
@@ -171,14 +182,17 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
 
     sums: dict[str, float] = {}
     weight_total = 0.0
-    losses, grad_norms, skipped = [], [], 0
+    losses, grad_norms, skipped, steps = [], [], 0, 0
     deltas_sq, delta_count, spec_max = 0.0, 0, 0.0
     snrs: list[float] = []
     splits = [list(range(B))[i::minibatches] for i in range(minibatches)] if minibatches > 1 else [list(range(B))]
-    for rows_mb in splits:
+    for rows_mb in [rows for _ in range(epochs) for rows in splits]:
         if not rows_mb:
             continue
         sub = slice_batch(batch, rows_mb)
+        if skip_no_signal and not bool((advantages[rows_mb] * batch.loss_mask[rows_mb]).any()):
+            skipped += 1
+            continue
         totals = {"tokens": float(sub.loss_mask.sum()), "rows": float(len(rows_mb)),
                   "nonempty_rows": float((sub.loss_mask.sum(1) > 0).sum())}
         global_width = float(sub.width)
@@ -227,6 +241,7 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
             continue
         before = [m.detach().clone() for m in stat_matrices] if stat_matrices else []
         optimizer.step()
+        steps += 1
         for m, b in zip(stat_matrices or [], before):
             d = (m.detach() - b).float()
             rms, spec = matrix_update_stats(d.reshape(1, d.shape[0], -1))
@@ -237,10 +252,12 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
     if return_old_logp:
         lengths = batch.attention_mask.sum(1).tolist()
         out["old_logp_rows"] = [old_logp[i, :n - 1].tolist() for i, n in enumerate(lengths)]
-    out.update(loss=sum(losses) / len(losses), grad_norm=sum(grad_norms) / len(grad_norms),
-               skipped_steps=float(skipped),
-               update_rms=math.sqrt(deltas_sq / delta_count) if delta_count else float("nan"),
-               update_spectral_norm=spec_max if delta_count else float("nan"))
+    # None (logged as null: not measured) where no step was computed, so a batch without signal is not mistaken
+    # for a diverged one (NaN), which the collapse rule flags
+    out.update(loss=sum(losses) / len(losses) if losses else None,
+               grad_norm=sum(grad_norms) / len(grad_norms) if grad_norms else None, steps=steps, skipped_steps=skipped,
+               update_rms=math.sqrt(deltas_sq / delta_count) if delta_count else None,
+               update_spectral_norm=spec_max if delta_count else None)
     if snrs:
         out["grad_snr"] = sum(snrs) / len(snrs)
     return out

@@ -45,21 +45,26 @@ if TYPE_CHECKING:
 PROVENANCE_KEY = b"harness.provenance"
 CONFIG_KEY = b"harness.config"
 
-_INT = ("update", "policy_version", "n_trajectories", "gen_tokens")
+_INT = ("update", "policy_version", "n_trajectories", "gen_tokens", "optimizer_steps", "skipped_steps")
 _FLOAT = ("success_rate", "reward_mean", "response_len_mean", "turns_mean", "tool_error_rate", "overlong_rate",
           "advantage_std", "entropy", "approx_kl", "clip_frac_low", "clip_frac_high", "tis_weight_mean",
           "tis_truncated_frac", "staleness_mean", "staleness_max", "grad_norm", "update_rms",
-          "update_spectral_norm", "grad_snr", "lr", "loss", "eval_success", "rollout_s", "train_s", "wall_s")
+          "update_spectral_norm", "grad_snr", "lr", "loss", "eval_success", "rollout_s", "train_s", "wall_s",
+          "baseline_informed_frac")
 _METRIC_ORDER = ("update", "policy_version", "success_rate", "reward_mean", "n_trajectories", "gen_tokens",
                  "response_len_mean", "turns_mean", "tool_error_rate", "overlong_rate", "advantage_std", "entropy",
                  "approx_kl", "clip_frac_low", "clip_frac_high", "tis_weight_mean", "tis_truncated_frac",
                  "staleness_mean", "staleness_max", "grad_norm", "update_rms", "update_spectral_norm", "lr",
-                 "loss", "eval_success", "rollout_s", "train_s", "wall_s", "grad_snr")
+                 "loss", "eval_success", "rollout_s", "train_s", "wall_s", "grad_snr", "optimizer_steps", "skipped_steps",
+                 "baseline_informed_frac")
 
 METRIC_COLUMNS: dict[str, pa.DataType] = {
     name: pa.int64() if name in _INT else pa.float64() for name in _METRIC_ORDER}
 """One row per update: DESIGN.md's columns in its order, then grad_snr (the companion study's gradient
-signal-to-noise proxy, null unless run.grad_snr). Every column may be null (eval_success is, where not evaluated)."""
+signal-to-noise proxy, null unless run.grad_snr), the optimizer steps taken and skipped (no signal, or non-finite),
+and the share of the batch's episodes whose SPO baseline was informed (offline pass or an earlier visit; null
+without a tracker). Every column may be null (eval_success is, where not evaluated; the loss, gradient and update
+statistics are, when every step of the update was skipped)."""
 
 EPISODE_COLUMNS: dict[str, pa.DataType] = {
     "update": pa.int64(),          # the update whose batch consumed the episode
@@ -75,6 +80,7 @@ EPISODE_COLUMNS: dict[str, pa.DataType] = {
     "tool_errors": pa.int64(),     # turns with an invalid action or an execution error
     "overlong_turns": pa.int64(),  # turns longer than the length-penalty threshold
     "split": pa.string(),          # "train" or "eval"
+    "baseline_informed": pa.bool_(),  # SPO's baseline for the task came from data (offline pass or a visit)
 }
 """One row per finished episode."""
 

@@ -26,8 +26,12 @@ from trainer.config import SFTConfig, config_to_dict
 from trainer.environments.suite import make_suite
 from trainer.optim.hybrid import build_muon_adamw
 from trainer.policy.load import DTYPES, new_tiny_policy, save_policy
+from trainer.rl.spo import write_offline_stats
 from trainer.rollout.episode import Episode
 from trainer.update import pad_episodes, token_logprobs
+
+
+OFFLINE_STATS_FILE = "offline_stats.json"
 
 
 def demonstration_episode(demo, fmt, task_id: str) -> Episode:
@@ -43,21 +47,41 @@ def demonstration_episode(demo, fmt, task_id: str) -> Episode:
     return e
 
 
-def evaluate_policy(model, fmt, suite, tasks, sampling, seed: int, transcripts: list | None = None) -> float:
-    """Held-out success; with `transcripts` (a list), also appends each episode's text to it."""
+def play_tasks(model, fmt, suite, tasks, sampling, seed: int, chunk: int = 64) -> list:
+    """One episode per task, played `chunk` at a time (deterministic in `seed`)."""
     from trainer.rollout.hf_engine import HFEngine
 
-    envs = [suite.make_env() for _ in tasks]
+    engine, generator, episodes = HFEngine(model, fmt), torch.Generator().manual_seed(seed), []
     model.eval()
     try:
-        with torch.no_grad():
-            episodes = HFEngine(model, fmt).play(envs, tasks, sampling=sampling, policy_version=0,
-                                                 generator=torch.Generator().manual_seed(seed),
-                                                 task_ids=[t.task_id for t in tasks])
+        for start in range(0, len(tasks), chunk):
+            part = tasks[start:start + chunk]
+            envs = [suite.make_env() for _ in part]
+            try:
+                with torch.no_grad():
+                    episodes += engine.play(envs, part, sampling=sampling, policy_version=0, generator=generator,
+                                            task_ids=[t.task_id for t in part])
+            finally:
+                for env in envs:
+                    env.close()
     finally:
-        for env in envs:
-            env.close()
-    model.train()
+        model.train()
+    return episodes
+
+
+def offline_stats(model, fmt, suite, tasks, sampling, samples: int, seed: int) -> dict[str, tuple[int, int]]:
+    """SPO's offline pass: {task_id: (samples, successes)} from playing each task `samples` times."""
+    episodes = play_tasks(model, fmt, suite, [t for t in tasks for _ in range(samples)], sampling, seed)
+    stats: dict[str, tuple[int, int]] = {}
+    for e in episodes:
+        n, s = stats.get(e.task_id, (0, 0))
+        stats[e.task_id] = (n + 1, s + int(e.reward > 0.5))
+    return stats
+
+
+def evaluate_policy(model, fmt, suite, tasks, sampling, seed: int, transcripts: list | None = None) -> float:
+    """Held-out success; with `transcripts` (a list), also appends each episode's text to it."""
+    episodes = play_tasks(model, fmt, suite, tasks, sampling, seed, chunk=max(len(tasks), 1))
     if transcripts is not None:
         for e in episodes:
             lines = [f"# {e.task_id} reward={e.reward} truncated={e.truncated}"]
@@ -88,9 +112,14 @@ def warm_start(cfg: SFTConfig, out_dir: str | Path, progress: bool | None = None
 
     rng = random.Random(cfg.seed)
     train_tasks = suite.tasks.tasks("train")
+    pool = train_tasks[:cfg.env.train_tasks]  # the cells' RL pool (all of the split when train_tasks is None)
+    demo_tasks = train_tasks[cfg.env.train_tasks:] if cfg.env.train_tasks is not None else train_tasks
+    if not demo_tasks:
+        raise ValueError(f"env.train_tasks={cfg.env.train_tasks} leaves no training task for demonstrations; "
+                         f"raise the family's training split size above it")
     demos = []
     for i in range(cfg.n_demos):
-        task = train_tasks[i % len(train_tasks)]
+        task = demo_tasks[i % len(demo_tasks)]
         e = demonstration_episode(suite.demonstrate(task, cfg.noise, rng), fmt, task.task_id)
         if e.length <= cfg.rollout.max_episode_tokens:
             demos.append(e)
@@ -139,7 +168,13 @@ def warm_start(cfg: SFTConfig, out_dir: str | Path, progress: bool | None = None
     report = {"in_band": low <= best_success <= high, "heldout_success": best_success, "step": best_step,
               "band": [low, high], "n_demos": len(demos), "eval_tasks": len(eval_tasks),
               "n_parameters": sum(p.numel() for p in model.parameters()), "history": history,
-              "seconds": time.perf_counter() - t0, "config": config_to_dict(cfg)}
+              "config": config_to_dict(cfg)}
+    if cfg.offline_samples:
+        stats = offline_stats(model, fmt, suite, pool, sampling, cfg.offline_samples, seed=cfg.seed + 1)
+        report["offline_success"] = sum(s for _, s in stats.values()) / max(sum(n for n, _ in stats.values()), 1)
+    report["seconds"] = time.perf_counter() - t0
     save_policy(model, fmt, out, extra={"warm_start": {k: v for k, v in report.items() if k != "config"}})
+    if cfg.offline_samples:
+        write_offline_stats(out / OFFLINE_STATS_FILE, stats)
     (out / "warm_start.json").write_text(json.dumps(report, indent=2, default=str))
     return report

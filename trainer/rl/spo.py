@@ -105,6 +105,37 @@ def logprob_divergence(logp_then: torch.Tensor, logp_now: torch.Tensor, mask: to
 
 
 # ----------------------------------------------------------------------------------------------------------
+# The offline pass's statistics (the recipe plays each training prompt n0 times with the base policy)
+
+
+def write_offline_stats(path, stats: Mapping[str, tuple[int, int]]) -> None:
+    """Write {task_id: [samples, successes]} as JSON, atomically."""
+    import json
+
+    from trainer.logs.atomic import atomic_path
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps({k: [int(n), int(s)] for k, (n, s) in sorted(stats.items())}, indent=0))
+
+
+def read_offline_stats(path) -> dict[str, tuple[int, int]]:
+    """{task_id: (samples, successes)} from `write_offline_stats`'s file; a malformed file raises ValueError
+    naming it."""
+    import json
+    from pathlib import Path
+
+    try:
+        raw = json.loads(Path(path).read_text())
+        stats = {str(k): (int(v[0]), int(v[1])) for k, v in raw.items()}
+    except (OSError, ValueError, TypeError, IndexError, AttributeError) as e:
+        raise ValueError(f"offline stats {str(path)!r}: expected a JSON object {{task_id: [samples, successes]}} "
+                         f"({e})") from None
+    bad = [k for k, (n, s) in stats.items() if not 0 <= s <= n]
+    if bad:
+        raise ValueError(f"offline stats {str(path)!r}: task {bad[0]!r} has successes outside [0, samples]")
+    return stats
+
+
+# ----------------------------------------------------------------------------------------------------------
 # The per-task Beta tracker
 
 
