@@ -5,6 +5,7 @@ are checked against an independent re-evaluation of their tests with the interpr
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
 
@@ -142,7 +143,8 @@ def test_ls_open_search():
     ("edit m1 x ret x", "invalid : usage edit FILE LINE TEXT", "edit", True, False),
     ("run f1", "invalid : usage run FUNC INT", "run", True, False),
     ("run f1 a 1", "invalid : usage run FUNC INT", "run", True, False),
-    ("test all", "invalid : usage test", "test", True, False),
+    ("test f1 f2", "invalid : usage test FUNC", "test", True, False),
+    ("test all", "error : no tests for all", "test", False, True),
     ("submit now", "invalid : usage submit", "submit", True, False),
     ("open m9", "error : no such file", "open", False, True),
     ("open m0 5", "error : m0 has 4 lines", "open", False, True),
@@ -367,6 +369,60 @@ def test_expert_on_hand_task_and_horizon_formula(source):
     assert max(everything) >= 2 * min(everything) and len(set(everything)) >= 6
 
 
+# a depth-0 task whose fix is the last one-token edit the searching expert tries:
+# 1 def f1 x          gold `ret a * 2`: f1 1 = 8, f1 2 = 10; buggy `ret a + 2`: 6, 7
+# 2 a = x + 3         candidates in order: line 2 `- 3`, `* 3`; line 3 `ret a - 2`, `ret a * 2`
+# 3 ret a + 2
+LAST = MiniRepoTask(
+    task_id="hand-1", split="train", instruction="issue : f1 1 returns 6 , expected 8",
+    files=(("m0", ("def f1 x", "a = x + 3", "ret a + 2")),),
+    tests=(TestCase("f1", (1,), 8, True), TestCase("f1", (2,), 10, True)),
+    bugs=(Bug("m0", 3, "ret a + 2", "ret a * 2", "op", (("f1", "m0", 1, 3),)),))
+
+
+def test_test_command_for_one_function_and_verdicts():
+    env = hand_env()
+    assert env.step("test f3").observation == "pass 1 fail 0"
+    assert env.step("test f1").observation == "pass 1 fail 1\nfail : f1 4 1 returns 16 , expected 12"
+    env.step("edit m1 2 ret x - y")
+    assert env.step("test f1").observation == "pass 2 fail 0"
+    assert env.verdicts == {frozenset(): {"f3": True, "f1": False}, frozenset({("m1", 2, "ret x - y")}): {"f1": True}}
+
+
+def test_search_expert_tries_fixes_in_order_and_puts_lines_back():
+    config = MiniRepoConfig(view_lines=3, max_turns=20, expert="search", bug_kinds=("op",))
+    run = play_expert(HAND, config)
+    assert run.actions == ["search def f1", "open m0 1", "search def f2", "open m1 1", "edit m1 2 ret x - y",
+                           "test f1", "submit"] and run.reward == 1.0
+    run = play_expert(LAST, config)
+    assert run.actions == ["search def f1", "open m0 1", "edit m0 2 a = x - 3", "test f1", "edit m0 2 a = x * 3",
+                           "test f1", "edit m0 2 a = x + 3", "edit m0 3 ret a - 2", "test f1", "edit m0 3 ret a * 2",
+                           "test f1", "submit"] and run.reward == 1.0
+
+
+def test_search_expert_does_not_know_the_fix():
+    """Its episodes are the same when the recorded gold fix (line and text) is replaced by nonsense."""
+    config = MiniRepoConfig(max_depth=0, bug_kinds=("op",), max_turns=60, expert="search", max_bugs=2)
+    source = MiniRepoTasks(config)
+    for task in source.tasks("train", 40):
+        blind = dataclasses.replace(task, bugs=tuple(
+            dataclasses.replace(b, line=b.chain[-1][2] + 1, fixed="ret 0",
+                                chain=b.chain[:-1] + ((*b.chain[-1][:3], b.chain[-1][2] + 1),)) for b in task.bugs))
+        assert play_expert(task, config).text() == play_expert(blind, config).text()
+
+
+def test_search_expert_solves_everything_and_horizon_grows_with_bugs():
+    turns = {}
+    for bugs in (1, 2, 4):
+        config = MiniRepoConfig(max_depth=0, bug_kinds=("op",), max_turns=200, expert="search", min_files=4,
+                                max_body_lines=2, min_bugs=bugs, max_bugs=bugs)
+        runs = [play_expert(t, config) for t in MiniRepoTasks(config).tasks("heldout", 60)]
+        assert all(r.reward == 1.0 for r in runs)
+        assert all(a.startswith("test ") for r in runs for a, b in zip(r.actions, r.actions[1:]) if b == "submit")
+        turns[bugs] = statistics.mean(len(r.actions) for r in runs)
+    assert 6 < turns[1] < 10 and 1.6 < turns[2] / turns[1] < 2.2 and 1.6 < turns[4] / turns[2] < 2.2
+
+
 def test_observations_are_deterministic(source):
     for task in source.tasks("train", 20):
         a = play_expert(task, source.config, 0.3, random.Random(7))
@@ -379,6 +435,7 @@ def test_vocabulary_covers_every_text():
     texts = sample_texts(MiniRepoConfig(), n=60, noise=0.3)
     env = hand_env(max_turns=50)
     bad_actions = ["", "cat", "ls m0", "open m9", "open m0 9", "run f9 1", "run f1 1", "edit m1 2 ret x -", "test",
+                   "test f9", "test f1 f2",
                    "edit m1 3 def f1 x", "edit m1 2 ret z", "test", "run f1 1 1"]
     texts += [env.step(a).observation for a in bad_actions]
     words = {w for text in texts for w in text.split()}

@@ -3,8 +3,8 @@
 The environment keeps the working copy in memory (a dict of line lists), re-parses only edited files, and
 evaluates hidden tests with the package's interpreter, so a step costs microseconds (no subprocess, no disk).
 Besides the protocol it records what observations have revealed (`seen` lines, `known_defs`, `edited` lines,
-`tested` since the last edit); the scripted expert reads these to act like an agent that only knows what it
-has been shown, and nothing in the observations depends on them.
+`tested` since the last edit, and each test run's verdict per function in `verdicts`); the scripted experts read
+these to act like an agent that only knows what it has been shown, and nothing in the observations depends on them.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from trainer.environments.protocol import StepInfo, StepResult
 
 COMMANDS = ("ls", "open", "search", "edit", "run", "test", "submit")
 USAGE = {"ls": "ls", "open": "open FILE LINE", "search": "search WORDS", "edit": "edit FILE LINE TEXT",
-         "run": "run FUNC INT", "test": "test", "submit": "submit"}
+         "run": "run FUNC INT", "test": "test FUNC", "submit": "submit"}
 
 
 class MiniRepoEnv:
@@ -37,6 +37,7 @@ class MiniRepoEnv:
         self.seen: set = set()  # (file, line) pairs some observation showed
         self.edited: set = set()  # (file, line) pairs the agent replaced
         self.tested = False  # `test` ran since the last edit (whatever it printed)
+        self.verdicts: dict = {}  # {changed lines: {func: all its tests passed}}, from every test run shown
         return task.instruction
 
     def close(self) -> None:
@@ -77,8 +78,10 @@ class MiniRepoEnv:
     @staticmethod
     def _well_formed(toks: list[str]) -> bool:
         cmd, args = toks[0], toks[1:]
-        if cmd in ("ls", "test", "submit"):
+        if cmd in ("ls", "submit"):
             return not args
+        if cmd == "test":
+            return len(args) <= 1
         if cmd == "open":
             return len(args) == 1 or (len(args) == 2 and bool(INT.match(args[1])))
         if cmd == "search":
@@ -154,25 +157,40 @@ class MiniRepoEnv:
                 program[func] = entry
         return program
 
-    def _run_tests(self):
-        """Per test, the value it returned (None on a runtime error); raises ProgramError / EvalTimeout."""
+    def _run_tests(self, tests=None):
+        """Per test (default: all), the value it returned (None on a runtime error); raises ProgramError /
+        EvalTimeout."""
         program, budget, got = self._program(), [self.config.eval_budget], []
-        for test in self.task.tests:
+        for test in self.task.tests if tests is None else tests:
             try:
                 got.append(call(program, test.func, test.args, budget))
             except EvalError:
                 got.append(None)
         return got
 
+    def changes(self) -> frozenset:
+        """The lines that differ from the task's repository, as (file, line, text)."""
+        original = dict(self.task.files)
+        return frozenset((f, i, text) for f in sorted(self.files) for i, text in enumerate(self.files[f], 1)
+                         if text != original[f][i - 1])
+
     def _do_test(self, args):
         self.tested = True  # whatever it prints, the agent has now seen the tests run on this code
+        tests = [t for t in self.task.tests if not args or t.func == args[0]]
+        if not tests:
+            return f"error : no tests for {args[0]}", True, False
+        verdict = self.verdicts.setdefault(self.changes(), {})
         try:
-            got = self._run_tests()
+            got = self._run_tests(tests)
         except ProgramError as err:
+            verdict.update({t.func: False for t in tests})
             return f"error : {err}", True, False
         except EvalTimeout:
+            verdict.update({t.func: False for t in tests})
             return "error : timeout", True, True
-        fails = [(t, g) for t, g in zip(self.task.tests, got) if g != t.want]
+        fails = [(t, g) for t, g in zip(tests, got) if g != t.want]
+        failing = {t.func for t, _ in fails}
+        verdict.update({t.func: t.func not in failing for t in tests})
         lines = [f"pass {len(got) - len(fails)} fail {len(fails)}"]
         for test, value in fails[:self.config.max_fail_lines]:
             outcome = "raises error" if value is None else f"returns {value}"

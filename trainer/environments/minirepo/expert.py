@@ -50,6 +50,75 @@ def _correct_action(env: MiniRepoEnv) -> str:
     return "submit" if env.tested else "test"
 
 
+def _body(task: MiniRepoTask, name: str, def_line: int) -> range:
+    """Line numbers of the body of the function whose `def` is line `def_line` of file `name` (through `ret`)."""
+    lines = dict(task.files)[name]
+    end = next(i for i in range(def_line + 1, len(lines) + 1) if lines[i - 1].startswith("ret "))
+    return range(def_line + 1, end + 1)
+
+
+def candidate_edits(task: MiniRepoTask, config: MiniRepoConfig, name: str, def_line: int) -> list[tuple]:
+    """Every one-token fix a careful agent might try in a function, in a fixed order: its lines top to bottom,
+    per line the configured bug kinds in order, per kind the alternatives in `_mutations`' order (`+ - *`)."""
+    lines = dict(task.files)[name]
+    out = []
+    for i in _body(task, name, def_line):
+        toks, scope = lines[i - 1].split(), _scope(lines, def_line, i)
+        out += [(name, i, text) for kind in config.bug_kinds for text in _mutations(toks, scope, kind)]
+    return out
+
+
+def _search_action(env: MiniRepoEnv) -> str:
+    """What a careful agent that does not know the fix does next: it finds the buggy function as the oracle does
+    (at depth 0 that is the issue's own function), reads all of it, then tries `candidate_edits` one by one,
+    each followed by `test FUNC` on the issue's function, putting a refuted line back before it moves to the
+    next line; it submits once every issue's function passes its tests."""
+    task, files, original = env.task, env.files, dict(env.task.files)
+    changed = env.changes()
+    owned = set()
+    for bug in task.bugs:
+        issue_func = bug.chain[0][0]
+        func, name, def_line, _ = bug.chain[-1]
+        body = _body(task, name, def_line)
+        owned |= {(name, i) for i in body}
+        mine = frozenset(c for c in changed if c[0] == name and c[1] in body)
+        if mine and _verdict(env, issue_func, name, body, mine):
+            continue  # fixed, as a test showed
+        for chain_func, chain_file, chain_def, need in bug.chain:  # navigation, as the oracle
+            if chain_func not in env.known_defs:
+                return f"search def {chain_func}"
+            last = need if chain_func != func else body[-1]
+            if (chain_file, last) not in env.seen:
+                start, view = chain_def, env.config.view_lines
+                while last >= start + view and all((chain_file, i) in env.seen for i in range(start, start + view)):
+                    start += view
+                return f"open {chain_file} {start}"
+        if mine and _verdict(env, issue_func, name, body, mine) is None:
+            return f"test {issue_func}"
+        refuted = {c for c in candidate_edits(task, env.config, name, def_line)
+                   if _verdict(env, issue_func, name, body, frozenset([c])) is False}
+        todo = [c for c in candidate_edits(task, env.config, name, def_line) if c not in refuted]
+        if not todo:
+            break  # nothing left to try: give up on this issue
+        for f, i, _ in sorted(mine):
+            if i != todo[0][1]:
+                return f"edit {f} {i} {original[f][i - 1]}"  # put a refuted line back first
+        return f"edit {todo[0][0]} {todo[0][1]} {todo[0][2]}"
+    stray = sorted((f, i) for f, i, _ in changed if (f, i) not in owned)
+    if stray:  # an edit outside the functions under repair (a slip): undo it
+        f, i = stray[0]
+        return f"edit {f} {i} {original[f][i - 1]}"
+    return "submit"
+
+
+def _verdict(env: MiniRepoEnv, issue_func: str, name: str, body: range, lines: frozenset) -> bool | None:
+    """Whether a test run showed `issue_func` passing (True) or failing (False) with exactly `lines` changed in
+    the function's body (whatever else was changed), None if no run showed it."""
+    seen = [v[issue_func] for changed, v in env.verdicts.items() if issue_func in v
+            and frozenset(c for c in changed if c[0] == name and c[1] in body) == lines]
+    return None if not seen else any(seen)
+
+
 def _mistake(env: MiniRepoEnv, correct: str, rng: random.Random) -> str:
     """A plausible wrong action in place of `correct`: wrong file, wrong search, wrong edit, or an untested submit."""
     kinds = ["open", "search", "edit"] + (["submit"] if correct == "test" else [])
@@ -80,12 +149,13 @@ def _mistake(env: MiniRepoEnv, correct: str, rng: random.Random) -> str:
 
 
 def expert_action(env: MiniRepoEnv, rng: random.Random, noise: float = 0.0) -> str:
-    """The scripted expert's next command for `env`'s current episode; with probability `noise` a mistake."""
+    """The scripted expert's next command for `env`'s current episode (`env.config.expert` says which expert);
+    with probability `noise` a mistake."""
     if env.task is None or env.done:
         raise RuntimeError("expert_action needs an environment in the middle of an episode")
     if not 0.0 <= noise <= 1.0:
         raise ValueError(f"noise must be in [0, 1], got {noise}")
-    action = _correct_action(env)
+    action = _search_action(env) if env.config.expert == "search" else _correct_action(env)
     return _mistake(env, action, rng) if noise > 0.0 and rng.random() < noise else action
 
 
@@ -122,7 +192,8 @@ def play_expert(task: MiniRepoTask, config: MiniRepoConfig | None = None, noise:
 def sample_texts(config: MiniRepoConfig | None = None, n: int = 200, noise: float = 0.1, seed: int = 0) -> list:
     """Texts of `n` expert episodes on train tasks, to build or test a tokenizer."""
     source, rng = MiniRepoTasks(config), random.Random(seed)
-    return [play_expert(t, source.config, noise, rng).text() for t in source.tasks("train", n)]
+    return [play_expert(t, source.config, noise, rng).text()
+            for t in source.tasks("train", min(n, source.config.n_train))]
 
 
 def vocabulary() -> list[str]:
@@ -132,5 +203,5 @@ def vocabulary() -> list[str]:
              *" ".join(USAGE.values()).split(), *map(str, range(10)),
              *("issue returns expected raises error pass fail invalid one per turn unknown command usage edited eof no "
                "match more submitted limit syntax duplicate timeout such file has lines name args depth "
-               "overflow").split()}
+               "overflow tests for").split()}
     return sorted(words)

@@ -65,6 +65,11 @@ class MiniRepoConfig:
     """Failing tests listed by one `test`."""
     max_turns: int = 24
     """Steps per episode; the episode ends with reward 0 when they run out without a submit."""
+    expert: str = "oracle"
+    """The scripted expert of the demonstrations. "oracle" knows the fix and makes it (edit, test, submit);
+    "search" knows only which function is broken and tries one-token fixes in a fixed order, testing each (see
+    `expert.candidate_edits`): its episodes are as long as the search, and a policy cloned from it can fail
+    at every step of it, which is what RL can sharpen."""
     eval_budget: int = 20_000
     """Interpreter steps per `test` or `run` command before it times out."""
     n_train: int = 2000
@@ -110,6 +115,8 @@ class MiniRepoConfig:
         if not self.bug_kinds or any(k not in BUG_KINDS for k in self.bug_kinds):
             raise ValueError(f"MiniRepoConfig.bug_kinds must be a non-empty subset of {BUG_KINDS}, "
                              f"got {self.bug_kinds!r}")
+        if self.expert not in ("oracle", "search"):
+            raise ValueError(f"MiniRepoConfig.expert must be 'oracle' or 'search', got {self.expert!r}")
         if not 0.0 <= self.call_prob <= 1.0:
             raise ValueError(f"MiniRepoConfig.call_prob must be in [0, 1], got {self.call_prob}")
         if not 0.0 < self.heldout_fraction < 1.0:
