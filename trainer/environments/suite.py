@@ -71,8 +71,11 @@ def family_config(name: str, options: dict):
         options.pop("tasks_file", None)  # the task source's, not the sandbox's
     elif name == "alfworld":
         from trainer.environments.alfworld_adapter import AlfworldConfig as config_class
+    elif name == "recall":
+        from trainer.environments.recall import RecallConfig as config_class
     else:
-        raise ValueError(f"env.name {name!r}: known families are 'minirepo', 'textgame', 'swe' and 'alfworld'")
+        raise ValueError(f"env.name {name!r}: known families are 'minirepo', 'textgame', 'swe', 'alfworld' and "
+                         "'recall'")
     return _options(config_class, options, name)
 
 
@@ -112,6 +115,19 @@ def make_suite(env_cfg) -> EnvSuite:
 
         return EnvSuite(name, TextGameTasks(config), lambda: TextGameEnv(config),
                         lambda: sample_transcripts(config, n=300, noise=0.3, seed=0), demonstrate)
+    if name == "recall":
+        from trainer.environments.recall import RecallEnv, RecallTasks, expert_action, sample_texts
+
+        def demonstrate(task, noise, rng):
+            env = RecallEnv(config)
+            demo = Demonstration(env.reset(task), [])
+            while not env.done:
+                action = expert_action(env, rng, noise)
+                demo.steps.append((action, env.step(action)))
+            return demo
+
+        return EnvSuite(name, RecallTasks(config), lambda: RecallEnv(config),
+                        lambda: sample_texts(config, n=200, noise=0.3, seed=0), demonstrate)
     if name == "swe":
         from trainer.environments.swe.env import SWEEnv
         from trainer.environments.swe.tasks import SWETasks
