@@ -20,6 +20,10 @@ a non-finite value before a success drop before the entropy floor):
 Defaults: warm-up 10 updates (the first tenth of the paper's 100), drop to under half the peak, a peak of at
 least 10% success, patience 5 updates (one EMA span). All are `CollapseCriterion` fields, set from the
 workflow config; the verdict, its update and the reason go into the per-run table and the summary.
+With few episodes per update, binomial noise alone makes a run of constant success "collapse" often at these
+defaults, so a study should set them for its batch size and run length: `calibration.py` measures the rule's
+false-positive rate and power by simulation (`benchmarks/calibrate_collapse.py` picks settings), and the
+summary states the rate for the study's own settings.
 
 Updates are the logged `update` values (0-based in the trainer), and "from t to the end" is over the rows the
 run logged: a run that stops early is judged on what it logged.
