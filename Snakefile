@@ -5,7 +5,7 @@
 #   snakemake --cores all --profile slurm                  the same on a SLURM cluster (slurm/profile.yaml)
 #
 # DAG: warm start per tiny model family -> cell config -> train (one job per cell) -> summarize -> figures.
-# `study: companion` (configs/companion.yaml) swaps the analysis rules for the companion paper's.
+# `study:` picks the analysis (main, companion, stability, horizon); a study file may name a `base` study.
 # Rules: workflow/rules/*.smk; helpers and the results layout: workflow/rules/common.smk.
 import os
 
@@ -31,16 +31,8 @@ workdir: os.path.join(workflow.basedir, config["workdir"])
 
 include: "workflow/rules/warm_start.smk"
 include: "workflow/rules/train.smk"
-
-
-# The analysis differs by paper: the main study's Figures 2-5, or the companion study's curves and bars.
-if STUDY == "companion":
-
-    include: "workflow/rules/companion.smk"
-
-else:
-
-    include: "workflow/rules/analysis.smk"
+# The analysis differs by study (`study:` main, companion, stability, horizon); one pair of rules serves them all.
+include: "workflow/rules/analysis.smk"
 
 
 

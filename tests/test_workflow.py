@@ -54,7 +54,14 @@ cc = _load_cell_config_module()
 
 
 def _study(name: str) -> dict:
-    return yaml.safe_load((REPO / name).read_text())
+    """A study file as the workflow reads it: with its `base` study merged under it."""
+    return cc.resolve_base(yaml.safe_load((REPO / name).read_text()), root=REPO, source=REPO / name)
+
+
+STUDY_FILES = ["config.yaml", "configs/large.yaml", "configs/smoke.yaml", "configs/paper.yaml",
+               "configs/companion.yaml", "configs/companion-smoke.yaml", "configs/companion-paper.yaml",
+               "configs/stability.yaml", "configs/stability-smoke.yaml", "configs/horizon.yaml",
+               "configs/horizon-smoke.yaml"]
 
 
 # -- (1) pure helpers ------------------------------------------------------------------------------------------
@@ -89,8 +96,9 @@ def test_schema_lists_exactly_the_trainer_fields():
     """Each trainer section of the schema = the dataclass fields minus the keys each cell sets itself."""
     schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
     cell = schema["properties"]["cell"]["properties"]
+    recipe_keys = {"estimator", "length_penalty", "tool_penalty", "agg", "tis_cap"}
     per_cell = {"model": {"preset", "path"}, "optim": {"name"}, "run": {"seed", "threads"},
-                "rl": {"estimator", "length_penalty", "tool_penalty", "agg", "tis_cap"}}
+                "rl": recipe_keys | {"offline_stats"}}
     sections = {"model": ModelConfig, "env": EnvConfig, "optim": OptimConfig, "rl": RLConfig,
                 "rollout": RolloutConfig, "run": RunConfig}
     for name, cls in sections.items():
@@ -98,7 +106,7 @@ def test_schema_lists_exactly_the_trainer_fields():
         assert set(cell[name]["properties"]) == fields - per_cell.get(name, set()), name
         assert cell[name]["additionalProperties"] is False
     # the recipe-defining keys really are the recipes' keys
-    assert per_cell["rl"] == set().union(*(r["rl"] for r in RECIPES.values()))
+    assert recipe_keys == set().union(*(r["rl"] for r in RECIPES.values()))
     warm = schema["properties"]["warm_start"]["properties"]
     sft_fields = {f.name for f in dataclasses.fields(SFTConfig)} - {"model", "env", "rollout", "threads"}
     assert set(warm) == sft_fields | {"allow_out_of_band"}
@@ -174,17 +182,19 @@ def test_warm_start_config_takes_the_cells_env_and_token_limits():
         "n_demos": 10, "band": [0.0, 1.0], "threads": 2}
 
 
-@pytest.mark.parametrize("study_file", ["config.yaml", "configs/large.yaml", "configs/smoke.yaml",
-                                        "configs/paper.yaml", "configs/companion.yaml", "configs/companion-smoke.yaml",
-                                        "configs/companion-paper.yaml"])
+@pytest.mark.parametrize("study_file", STUDY_FILES)
 def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_path):
-    """What the workflow writes must pass the trainer's own validation (model.path: any existing dir)."""
+    """What the workflow writes must pass the trainer's own validation (model.path: any existing dir, with the
+    offline statistics a warm start writes there)."""
     study = _study(study_file)
+    (tmp_path / cc.OFFLINE_STATS_FILE).write_text("{}")
     grid = cc.grid_frame(study)
     for row in grid.itertuples(index=False):
+        lr = float(row.lr) if "lr" in grid.columns else None
         cfg = config_from_dict(cc.cell_config(study, row.model, row.recipe, row.optimizer, row.seed,
-                                              str(tmp_path), threads=1))
+                                              str(tmp_path), threads=1, lr=lr))
         assert (cfg.recipe, cfg.optim.name, cfg.run.seed) == (row.recipe, row.optimizer, row.seed)
+        assert lr is None or cfg.optim.lr == lr
     for model in cc.warm_started_models(study, grid):
         path = tmp_path / f"{model}.yaml"
         cc.write_yaml(cc.warm_start_config(study, model, threads=1), path, header="test")
@@ -234,6 +244,174 @@ def test_trainer_version_is_read_without_importing(tmp_path):
     (tmp_path / "init.py").write_text('"""doc"""\nOTHER = 1\n')
     with pytest.raises(cc.StudyError, match="TRAINER_VERSION"):
         cc.read_trainer_version(tmp_path / "init.py")
+
+
+# -- the lr axis, per-optimizer lrs, per-model env options, offline statistics, base studies ----------------------
+def _tiny(**extra) -> dict:
+    return {"models": {"a": {"preset": "minicpm-tiny"}, "b": {"preset": "qwen-tiny"}},
+            "grid": [{"recipes": ["spo_adam", "spo_muon"], "seeds": [0]}], **extra}
+
+
+def test_a_grid_without_lrs_keeps_the_four_key_layout():
+    from snakemake.utils import Paramspace
+    grid = cc.grid_frame(_tiny())
+    assert list(grid.columns) == cc.GRID_COLUMNS and not cc.has_lr_axis(_tiny())
+    assert next(Paramspace(grid, param_sep="=").instance_patterns) == "model=a/recipe=spo_adam/optimizer=adam/seed=0"
+
+
+def test_a_grid_with_lrs_gets_an_lr_column_and_folder():
+    from snakemake.utils import Paramspace
+    study = _tiny(study="stability")
+    study["grid"][0]["lrs"] = [1.0e-4, 3.0e-4, 0.0003]  # 3.0e-4 and 0.0003 are one lr: one cell
+    grid = cc.grid_frame(study)
+    assert list(grid.columns) == cc.LR_GRID_COLUMNS == ["model", "recipe", "optimizer", "lr", "seed"]
+    assert len(grid) == 2 * 2 * 2 and sorted(set(grid["lr"])) == ["1e-04", "3e-04"]
+    space = Paramspace(grid, param_sep="=")
+    assert space.wildcard_pattern == "model={model}/recipe={recipe}/optimizer={optimizer}/lr={lr}/seed={seed}"
+    assert "model=b/recipe=spo_muon/optimizer=muon/lr=3e-04/seed=0" in set(space.instance_patterns)
+    cc.check_study(study)
+
+
+@pytest.mark.parametrize("lr", [1e-4, 3e-4, 2.5e-4, 1e-2, 0.1, 1.0, 1.234567e-5, 7e-7])
+def test_the_lr_folder_name_mirrors_the_analysis_and_reads_back_exactly(lr):
+    from trainer.analysis.logs import lr_label
+    assert cc.lr_label(lr) == lr_label(lr) and float(cc.lr_label(lr)) == lr
+
+
+def test_per_optimizer_lrs_and_adam_high_lr():
+    study = _tiny(lr={"adam": 3.0e-4, "muon": 1.0e-3}, cell={"optim": {"weight_decay": 0.1}})
+    cell = lambda optimizer, lr=None: cc.cell_config(study, "a", "full", optimizer, 0, "p", 1, lr=lr)["optim"]
+    assert cell("adam") == {"weight_decay": 0.1, "name": "adam", "lr": 3.0e-4}
+    assert cell("muon") == {"weight_decay": 0.1, "name": "muon", "lr": 1.0e-3}  # Muon's hidden matrices too
+    assert cell("adam_high_lr") == {"weight_decay": 0.1, "name": "adam_high_lr", "muon_lr": 1.0e-3}
+    assert cell("adam", lr=1e-2)["lr"] == 1e-2  # a grid lr wins over the table
+    for optimizer, lr, muon_lr in (("adam", 3e-4, None), ("muon", 1e-3, None), ("adam_high_lr", 1e-3, 1e-3)):
+        cfg = config_from_dict(cc.cell_config(study, "a", "full", optimizer, 0, str(REPO), 1))
+        assert (cfg.optim.lr if optimizer != "adam_high_lr" else cfg.optim.muon_lr, cfg.optim.muon_lr) == (lr, muon_lr)
+    # no table, no grid lr: the shared block's rates, untouched
+    plain = _tiny(cell={"optim": {"lr": 5e-4, "muon_lr": 2e-3}})
+    assert cc.cell_config(plain, "a", "full", "muon", 0, "p", 1)["optim"] == {"lr": 5e-4, "muon_lr": 2e-3,
+                                                                              "name": "muon"}
+
+
+@pytest.mark.parametrize("edit, named", [
+    pytest.param(lambda s: s["grid"][0].update(lrs=[1e-3, 0]), r"grid\[0\].lrs: learning rates must be numbers > 0",
+                 id="lrs-positive"),
+    pytest.param(lambda s: s.update(lr={"adam_high_lr": 1e-3}), r"lr.adam_high_lr: the lr table names", id="lr-key"),
+    pytest.param(lambda s: s.update(lr={"adam": -1}), r"lr.adam: a learning rate must be a number > 0",
+                 id="lr-positive"),
+    pytest.param(lambda s: s.update(study="main"), r"grid\[0\].lrs: only a `study: stability` has an lr axis",
+                 id="lrs-outside-stability"),
+    pytest.param(lambda s: s["grid"][0].pop("lrs"), "grid: a stability study sweeps learning rates",
+                 id="stability-without-lrs"),
+    pytest.param(lambda s: s["grid"].append({"recipes": ["full"], "seeds": [0]}), r"grid\[1\].lrs: missing",
+                 id="block-without-lrs"),
+    pytest.param(lambda s: s["grid"][0].update(optimizer="adam_high_lr"), r"grid\[0\].lrs: adam_high_lr runs",
+                 id="lrs-on-adam-high-lr"),
+    pytest.param(lambda s: s.update(cell={"optim": {"muon_lr": 2e-3}}), "cell.optim.muon_lr: the study sets",
+                 id="shared-muon-lr"),
+])
+def test_check_study_names_the_broken_lr_key(edit, named):
+    study = _tiny(study="stability")
+    study["grid"][0]["lrs"] = [1e-4, 1e-3]
+    cc.check_study(study)
+    edit(study)
+    with pytest.raises(cc.StudyError, match=named):
+        cc.check_study(study)
+    # a shared muon_lr is fine where no Muon cell gets its lr from the study
+    cc.check_study(_tiny(cell={"optim": {"muon_lr": 2e-3}}, lr={"adam": 1e-4}))
+
+
+def test_env_options_of_a_model_merge_into_its_cells_and_warm_start():
+    study = {"models": {"h1": {"preset": "qwen-tiny", "horizon": 1},
+                        "h4": {"preset": "qwen-tiny", "horizon": 4,
+                               "env_options": {"min_bugs": 4, "max_bugs": 4, "max_turns": 18}}},
+             "grid": [{"recipes": ["full"], "seeds": [0]}],
+             "cell": {"env": {"name": "minirepo", "options": {"max_depth": 0, "max_turns": 8, "min_files": 4},
+                              "eval_tasks": 4}}}
+    h4 = cc.cell_config(study, "h4", "full", "muon", 0, "p", 1)["env"]
+    assert h4 == {"name": "minirepo", "options": {"max_depth": 0, "max_turns": 18, "min_files": 4, "min_bugs": 4,
+                                                  "max_bugs": 4}, "eval_tasks": 4}
+    assert cc.cell_config(study, "h1", "full", "muon", 0, "p", 1)["env"] == study["cell"]["env"]
+    assert cc.warm_start_config(study, "h4", threads=1)["env"] == h4
+    assert study["cell"]["env"]["options"]["max_turns"] == 8  # the study is not modified
+    cc.check_env_options(study, REPO)
+    study["models"]["h4"]["env_options"]["min_files"] = 1  # 4 bugs no longer fit the smallest repository
+    with pytest.raises(cc.StudyError, match=r"cell.env.options with models.h4.env_options: MiniRepoConfig: max_bugs"):
+        cc.check_env_options(study, REPO)
+
+
+def test_a_horizon_study_labels_every_model_of_its_grid():
+    study = {"study": "horizon", "models": {"h1": {"preset": "qwen-tiny", "horizon": 1, "paper_name": "Q"},
+                                            "h2": {"preset": "qwen-tiny", "horizon": 2, "paper_name": "Q"},
+                                            "unused": {"preset": "qwen-tiny"}},
+             "grid": [{"models": ["h1", "h2"], "recipes": ["spo_adam"], "seeds": [0]}]}
+    cc.check_study(study)  # a model the grid leaves out needs no label
+    assert cc.horizons(study) == {"h1": 1, "h2": 2}
+    study["grid"][0]["models"].append("unused")
+    with pytest.raises(cc.StudyError, match="models.unused.horizon: a horizon study labels every model"):
+        cc.check_study(study)
+    study["models"]["unused"].update(horizon=2, paper_name="Q")
+    with pytest.raises(cc.StudyError, match="models.unused.horizon: h2 has the same paper_name and horizon 2"):
+        cc.check_study(study)
+
+
+def test_offline_stats_path_in_the_cells_of_warm_started_models(tmp_path):
+    from trainer.policy.sft import OFFLINE_STATS_FILE
+    assert cc.OFFLINE_STATS_FILE == OFFLINE_STATS_FILE
+    (tmp_path / "ckpt").mkdir()
+    study = _tiny(warm_start={"offline_samples": 2})
+    study["models"]["c"] = {"path": str(tmp_path / "ckpt")}
+    cell = cc.cell_config(study, "a", "spo_muon", "muon", 0, "results/policies/a", 1)
+    assert cell["rl"] == {"offline_stats": "results/policies/a/offline_stats.json"}  # relative as model.path is
+    assert "rl" not in cc.cell_config(study, "c", "spo_muon", "muon", 0, str(tmp_path / "ckpt"), 1)  # a checkpoint
+    assert "rl" not in cc.cell_config(_tiny(), "a", "spo_muon", "muon", 0, "results/policies/a", 1)
+    # before any policy exists, the cells pass the trainer's checks (its file check would fail on ".")
+    cc.check_cells(study, cc.grid_frame(study), root=REPO)
+
+
+def test_deep_merge_merges_mappings_and_replaces_lists_and_scalars():
+    base = {"models": {"a": {"preset": "x"}}, "grid": [{"recipes": ["full"]}], "cell": {"env": {"name": "m",
+            "options": {"seed": 0, "max_turns": 8}}, "run": {"updates": 100}}, "workdir": "."}
+    over = {"models": {"b": {"preset": "y"}}, "grid": [{"recipes": ["spo_adam"]}],
+            "cell": {"env": {"options": {"max_turns": 6}}}, "workdir": "studies/x"}
+    assert cc.deep_merge(base, over) == {
+        "models": {"a": {"preset": "x"}, "b": {"preset": "y"}}, "grid": [{"recipes": ["spo_adam"]}],
+        "cell": {"env": {"name": "m", "options": {"seed": 0, "max_turns": 6}}, "run": {"updates": 100}},
+        "workdir": "studies/x"}
+    assert base["cell"]["env"]["options"]["max_turns"] == 8  # a copy
+
+
+def test_a_study_file_may_name_a_base_study(tmp_path):
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "root.yaml").write_text("models: {a: {preset: qwen-tiny}}\ncell: {run: {updates: 10, eval_every: 5}}\n")
+    (tmp_path / "configs" / "mid.yaml").write_text("base: root.yaml\ncell: {run: {updates: 3}}\nworkdir: mid\n")
+    study = {"base": "configs/mid.yaml", "workdir": "top", "grid": [{"recipes": ["full"], "seeds": [0]}]}
+    assert cc.resolve_base(study, tmp_path, tmp_path / "top.yaml") == {
+        "models": {"a": {"preset": "qwen-tiny"}}, "cell": {"run": {"updates": 3, "eval_every": 5}}, "workdir": "top",
+        "grid": [{"recipes": ["full"], "seeds": [0]}]}
+    assert cc.resolve_base({"workdir": "x"}, tmp_path) == {"workdir": "x"}  # no base: the study as is
+    with pytest.raises(cc.StudyError, match=r"top.yaml: base: 'configs/nope.yaml' is not a study file"):
+        cc.resolve_base({"base": "configs/nope.yaml"}, tmp_path, "top.yaml")
+    (tmp_path / "self.yaml").write_text("base: self.yaml\n")
+    with pytest.raises(cc.StudyError, match=r"base: 'self.yaml' loops back"):
+        cc.resolve_base({"base": "self.yaml"}, tmp_path, tmp_path / "self.yaml")
+    (tmp_path / "x.yaml").write_text("base: y.yaml\n")
+    (tmp_path / "y.yaml").write_text("base: x.yaml\n")
+    with pytest.raises(cc.StudyError, match=r"y.yaml: base: 'x.yaml' loops back .*x.yaml -> y.yaml"):
+        cc.resolve_base({"base": "x.yaml"}, tmp_path, tmp_path / "top.yaml")
+
+
+@pytest.mark.parametrize("study_file", ["configs/stability.yaml", "configs/stability-smoke.yaml",
+                                        "configs/horizon.yaml", "configs/horizon-smoke.yaml"])
+def test_the_new_studies_hold_only_their_differences_and_pass_every_check(study_file):
+    raw = yaml.safe_load((REPO / study_file).read_text())
+    assert raw["base"] in ("config.yaml", "configs/smoke.yaml") and "resources" not in raw and "analysis" not in raw
+    study = _study(study_file)
+    cc.check_study(study, root=REPO)
+    cc.check_env_options(study, root=REPO)
+    cc.check_cells(study, cc.grid_frame(study), root=REPO)
+    assert study["workdir"] == "studies/" + Path(study_file).stem
 
 
 # -- (2) snakemake on a copy of the repository -----------------------------------------------------------------
@@ -362,6 +540,25 @@ def test_dry_run_of_the_companion_study(scratch_repo):
     assert "figures/companion_bars.pdf" in out and "fig2" not in out
 
 
+def test_dry_run_of_the_stability_and_horizon_studies(scratch_repo):
+    r = snakemake(scratch_repo, "-n", "--cores", "all", "--configfile", "configs/stability.yaml")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    # 2 models x 2 optimizers x 5 lrs x 2 seeds; config.yaml's models, warm starts and settings (its `base`)
+    assert job_counts(out) == {"warm_start_config": 2, "warm_start": 2, "cell_config": 40, "train": 40,
+                               "summarize": 1, "figures": 1, "all": 1}
+    assert "results/cells/model=qwen-tiny/recipe=spo_muon/optimizer=muon/lr=1e-02/seed=1/metrics.parquet" in out
+    assert "results/selected_lr.yaml" in out and "figures/stability.pdf" in out and "fig2" not in out
+    r = snakemake(scratch_repo, "-n", "--cores", "all", "--configfile", "configs/horizon.yaml")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    # 4 horizons (one warm-started model each) x 3 recipes x 3 seeds; config.yaml's own models are not run
+    assert job_counts(out) == {"warm_start_config": 4, "warm_start": 4, "cell_config": 36, "train": 36,
+                               "summarize": 1, "figures": 1, "all": 1}
+    assert "results/cells/model=qwen-h8/recipe=full/optimizer=muon/seed=2/metrics.parquet" in out
+    assert "figures/horizon.png" in out and "lr=" not in out and "minicpm-tiny" not in out
+
+
 def test_lint_passes(scratch_repo):
     r = snakemake(scratch_repo, "--lint")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -390,6 +587,13 @@ def _bad_study(edit) -> dict:
     pytest.param(lambda s: s["cell"]["rl"].update(group_size=3),
                  "rollout.batch_size 4 is not a multiple of rl.group_size 3", id="trainer-cross-key"),
     pytest.param(lambda s: s.update(study="companion"), "recipes ['full', 'no_length',", id="companion-recipes"),
+    pytest.param(lambda s: s.update(base="configs/nope.yaml"), "base: 'configs/nope.yaml' is not a study file",
+                 id="missing-base"),
+    pytest.param(lambda s: s.update(lr={"adma": 1e-3}), "'adma' was unexpected", id="lr-table-typo"),
+    pytest.param(lambda s: s["grid"][0].update(lrs=[1e-3]), "grid[0].lrs: only a `study: stability` has an lr axis",
+                 id="lr-axis-in-main"),
+    pytest.param(lambda s: s["models"]["qwen-tiny"].update(env_options={"max_bugs": 9}),
+                 "cell.env.options with models.qwen-tiny.env_options: MiniRepoConfig", id="model-env-options"),
 ])
 def test_bad_config_fails_before_any_job_with_the_key_named(scratch_repo, edit, named):
     study = scratch_repo / f"bad_{os.getpid()}_{time.monotonic_ns()}.yaml"
@@ -430,6 +634,57 @@ def test_companion_smoke_study_writes_its_table_and_figures_in_its_own_folder(tm
     with zipfile.ZipFile(study / "report.zip") as z:  # relative to the study's workdir
         names = {Path(n).name for n in z.namelist()}
     assert {"report.html", "companion_curves.png", "companion_bars.pdf", "summary.md"} <= names
+
+
+@pytest.mark.slow
+def test_stability_smoke_study_sweeps_lrs_and_writes_the_selected_lrs(tmp_path):
+    """`snakemake --cores all --configfile configs/stability-smoke.yaml`: 8 cells (2 optimizers x 2 lrs x 2 seeds)
+    in lr= folders, each trained at its folder's lr, then the stability table, selected lrs and figure."""
+    _require_snakemake()
+    repo = copy_repo(tmp_path / "repo")
+    r = snakemake(repo, "--cores", "all", "--configfile", "configs/stability-smoke.yaml")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    study = repo / "studies" / "stability-smoke"
+    cells = sorted((study / "results" / "cells").glob("model=*/recipe=*/optimizer=*/lr=*/seed=*/metrics.parquet"))
+    assert len(cells) == 8
+    for path in cells:
+        lr = float(path.parent.parent.name.removeprefix("lr="))
+        optim = yaml.safe_load((path.parent / "cell.yaml").read_text())["optim"]
+        assert optim["lr"] == lr and optim.get("muon_lr") is None
+    summary = pd.read_csv(study / "results" / "summary.csv")
+    assert len(summary) == 4 and set(summary["lr"]) == {1e-4, 1e-3} and (summary["n_seeds"] == 2).all()
+    selected = yaml.safe_load((study / "results" / "selected_lr.yaml").read_text())
+    assert set(selected) == {"qwen-tiny"} and set(selected["qwen-tiny"]) == {"adam", "muon"}
+    assert set(selected["qwen-tiny"].values()) <= {1e-4, 1e-3}
+    assert "## Selected learning rates" in (study / "results" / "summary.md").read_text()
+    for ext in ("png", "pdf"):
+        assert (study / "figures" / f"stability.{ext}").stat().st_size > 0
+    assert not (repo / "results").exists() and not (repo / "studies" / "smoke").exists()
+
+
+@pytest.mark.slow
+def test_horizon_smoke_study_trains_one_family_per_horizon_with_offline_stats(tmp_path):
+    """`snakemake --cores all --configfile configs/horizon-smoke.yaml`: two warm starts (1 and 2 bugs per task),
+    each writing SPO's offline statistics, which every cell of that model reads; then the horizon table and figure."""
+    _require_snakemake()
+    repo = copy_repo(tmp_path / "repo")
+    r = snakemake(repo, "--cores", "all", "--configfile", "configs/horizon-smoke.yaml")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    study = repo / "studies" / "horizon-smoke"
+    cells = sorted((study / "results" / "cells").glob("model=*/recipe=*/optimizer=*/seed=*/metrics.parquet"))
+    assert len(cells) == 4
+    for path in cells:
+        model = path.parts[-5].removeprefix("model=")
+        cell = yaml.safe_load((path.parent / "cell.yaml").read_text())
+        assert cell["rl"]["offline_stats"] == f"results/policies/{model}/offline_stats.json"
+        assert (study / cell["rl"]["offline_stats"]).is_file()  # from where the job ran
+        bugs = {"qwen-h1": 1, "qwen-h2": 2}[model]
+        assert cell["env"]["options"]["min_bugs"] == cell["env"]["options"]["max_bugs"] == bugs
+    summary = pd.read_csv(study / "results" / "summary.csv")
+    assert len(summary) == 4 and sorted(set(summary["horizon"])) == [1.0, 2.0]
+    for ext in ("png", "pdf"):
+        assert (study / "figures" / f"horizon.{ext}").stat().st_size > 0
+    assert not (repo / "results").exists()
 
 
 def _cells(repo: Path) -> list[Path]:

@@ -78,7 +78,7 @@ from trainer.analysis.figures import (ADAM, COLLAPSE, COLLAPSE_HANDLE, DIAGNOSTI
                                       PLAIN, STYLE, _curve_axes, _empty, _grid, _label_outer, _legend, _lines,
                                       _mark_collapses, check_same_runs, family_title, outputs_by_figure,
                                       save_figure)
-from trainer.analysis.logs import RUN_KEYS, load_metrics
+from trainer.analysis.logs import RUN_KEYS, check_no_lr_axis, load_metrics
 from trainer.analysis.summary import (CELL_KEYS, _pct, bootstrap_interval, ordered, run_bounds, run_table,
                                       window_size, write_tables)
 
@@ -558,6 +558,7 @@ def summarize_companion(metrics_paths: Sequence[str | os.PathLike], base_dir: st
     models = dict(COMPANION_MODELS if models is None else models)
     criterion = CollapseCriterion.from_dict(collapse)
     metrics = load_metrics(metrics_paths, base_dir, COMPANION_COLUMNS)
+    check_no_lr_axis(metrics, "companion")
     runs = companion_run_table(metrics, criterion, window_fraction, models)
     numbers = load_companion_numbers()
     summary = companion_summary_table(runs, numbers, bootstrap_seed, models)
@@ -573,5 +574,6 @@ def plot_companion(metrics_paths: Sequence[str | os.PathLike], base_dir: str | o
     """Read the logs and `summarize_companion`'s per-run table, draw and write exactly `outputs`; log notes."""
     models = dict(COMPANION_MODELS if models is None else models)
     metrics = load_metrics(metrics_paths, base_dir, COMPANION_COLUMNS)
+    check_no_lr_axis(metrics, "companion")
     runs = pd.read_parquet(runs_path)
     return write_companion_figures(outputs, metrics, runs, models, bootstrap_seed)

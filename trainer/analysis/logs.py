@@ -1,6 +1,7 @@
 """Read many cells' metrics logs into one long table: one row per (model, recipe, optimizer, seed, update).
 
-Each training cell writes `<base_dir>/model=M/recipe=R/optimizer=O/seed=S/metrics.parquet` (Hive-style folders).
+Each training cell writes `<base_dir>/model=M/recipe=R/optimizer=O/seed=S/metrics.parquet` (Hive-style folders);
+a study with a learning-rate axis (the stability study) adds `lr=L` before the seed, L written by `lr_label`.
 Choices and why:
 
 * **`pyarrow.dataset` over the explicit list of files, never a glob.** Snakemake hands the aggregate rule the
@@ -9,8 +10,11 @@ Choices and why:
 * **The Hive keys are checked by us before Arrow parses them.** Arrow skips partition parsing for a path outside
   `partition_base_dir` and fills null for a missing key, which would become a silently unlabelled run. We
   demand every path lies under `base_dir` and names all four keys (any folder order), else ValueError naming
-  the path. The partition types are fixed (strings, and an int64 seed) instead of inferred, so a model called
-  "123" stays a string.
+  the path. The partition types are fixed (strings, an int64 seed, a float64 lr) instead of inferred, so a model
+  called "123" stays a string.
+* **The optional `lr` key.** `RUN_KEYS` stay the four keys every study has, so the main and companion analyses
+  read exactly what they always did. A read whose folders name `lr` (all of them, or none: a mix is a
+  ValueError) gets an `lr` column too, and `LR_RUN_KEYS` are then the five keys that name one run.
 * **The reading schema is the trainer's `METRIC_COLUMNS`.** A file that lacks a column (an older log) reads it
   as null; an extra column is ignored. `update` must be present and non-null, and (run, update) unique.
 * **Null is not NaN.** The trainer writes NaN for a measured-but-broken value (a diverged loss) and null for
@@ -35,10 +39,32 @@ import pyarrow.dataset as ds
 from trainer.logs.parquet_log import METRIC_COLUMNS
 
 RUN_KEYS: tuple[str, ...] = ("model", "recipe", "optimizer", "seed")
-"""The Hive keys of a cell's folder, which together name one run."""
+"""The Hive keys of every cell's folder, which together name one run (with `lr` where the folders have it)."""
+
+OPTIONAL_KEYS: tuple[str, ...] = ("lr",)
+"""Hive keys a study may add to `RUN_KEYS`: `lr`, the learning-rate axis of a stability study."""
+LR_RUN_KEYS: tuple[str, ...] = ("model", "recipe", "optimizer", "lr", "seed")
+"""The keys that name one run of a study with an lr axis, in folder order."""
 
 PARTITION_SCHEMA = pa.schema([("model", pa.string()), ("recipe", pa.string()), ("optimizer", pa.string()),
                               ("seed", pa.int64())])
+LR_FIELD = pa.field("lr", pa.float64())
+
+
+def lr_label(lr: float) -> str:
+    """A learning rate as a cell folder writes it: the shortest scientific form that reads back as the same
+    float ("3e-04", "2.5e-04", "1e-02"). workflow/scripts/cell_config.py writes the folders with its copy."""
+    lr = float(lr)
+    return next(text for text in (f"{lr:.{p}e}" for p in range(17)) if float(text) == lr)
+
+
+def check_no_lr_axis(metrics: pd.DataFrame, analysis: str) -> None:
+    """ValueError if `metrics` (read without the logged `lr` metric) has the folders' lr key: an analysis keyed
+    by `RUN_KEYS` alone would pool the runs of different learning rates."""
+    if "lr" in metrics.columns:
+        raise ValueError(f"the {analysis} analysis has no learning-rate axis, but these cells' folders name lr=...: "
+                         f"analyse a grid with `lrs` as `study: stability`")
+
 
 NONFINITE_COLUMNS: tuple[str, ...] = ("loss", "grad_norm")
 """Metric columns for which `load_metrics` adds a `nonfinite_<col>` flag (NaN or +-inf, not null)."""
@@ -53,14 +79,15 @@ def paper_model(model: str, models: Mapping[str, str] | None = None) -> str:
     return models.get(model, model)
 
 
-def _check_paths(paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike) -> list[str]:
-    """Absolute paths, each checked to lie under `base_dir` and to name every Hive key once."""
+def _check_paths(paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike) -> tuple[list[str], bool]:
+    """Absolute paths, each checked to lie under `base_dir` and to name every Hive key once, and whether they
+    name the optional `lr` key (all of them, or none)."""
     if isinstance(paths, (str, os.PathLike)):
         raise TypeError(f"paths must be a list of metrics files, got a single path {paths!r}")
     if len(paths) == 0:
         raise ValueError("no metrics files given (an empty input list)")
     base = Path(os.path.abspath(base_dir))
-    checked, seen = [], set()
+    checked, seen, with_lr = [], set(), set()
     for path in paths:
         absolute = Path(os.path.abspath(path))
         try:
@@ -69,6 +96,7 @@ def _check_paths(paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike
             raise ValueError(f"metrics file {str(path)!r} is not under base_dir {str(base_dir)!r}") from None
         keys = [part.split("=", 1)[0] for part in parts if "=" in part]
         missing = [key for key in RUN_KEYS if keys.count(key) != 1]
+        missing += [key for key in OPTIONAL_KEYS if keys.count(key) > 1]
         if missing:
             raise ValueError(f"metrics file {str(path)!r}: its folders below {str(base_dir)!r} must name each of "
                              f"{list(RUN_KEYS)} once as key=value; bad or missing: {missing}")
@@ -78,27 +106,36 @@ def _check_paths(paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike
             raise ValueError(f"metrics file {str(path)!r} is listed twice")
         seen.add(absolute)
         checked.append(str(absolute))
-    return checked
+        with_lr.add("lr" in keys)
+    if len(with_lr) > 1:
+        raise ValueError(f"metrics files under {str(base_dir)!r}: some name an lr=... folder and some do not; "
+                         f"one read takes the cells of one study")
+    return checked, with_lr == {True}
 
 
 def load_metrics(paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
                  columns: Sequence[str] | None = None) -> pd.DataFrame:
     """All rows of the given metrics files, with the run keys as columns, sorted by run and update.
 
-    Columns: `RUN_KEYS`, the `METRIC_COLUMNS` named in `columns` (default: all; `update` always) as float64
-    (int64 where the whole column is non-null), and `nonfinite_<col>` booleans for those of `NONFINITE_COLUMNS`
-    read. Reading only the columns a step needs makes a 1,000-file read faster.
+    Columns: `RUN_KEYS` (and `lr`, a float, where the folders name it: it then replaces the logged `lr` metric,
+    the optimizer's first parameter group's rate), the `METRIC_COLUMNS` named in `columns` (default: all;
+    `update` always) as float64 (int64 where the whole column is non-null), and `nonfinite_<col>`
+    booleans for those of `NONFINITE_COLUMNS` read. Reading only the columns a step needs makes a 1,000-file read
+    faster.
     """
-    files = _check_paths(paths, base_dir)
+    files, has_lr = _check_paths(paths, base_dir)
+    partitions = pa.schema([*PARTITION_SCHEMA, LR_FIELD]) if has_lr else PARTITION_SCHEMA
     wanted = list(METRIC_COLUMNS) if columns is None else ["update", *(c for c in columns if c != "update")]
     unknown = [c for c in wanted if c not in METRIC_COLUMNS]
     if unknown:
         raise ValueError(f"load_metrics: unknown metric column(s) {unknown}; known: {list(METRIC_COLUMNS)}")
-    schema = pa.schema([*((c, METRIC_COLUMNS[c]) for c in dict.fromkeys(wanted)), *PARTITION_SCHEMA])
+    if has_lr:  # the folder's lr (the cell's configured rate) is the `lr` column, not the logged metric
+        wanted = [c for c in wanted if c != "lr"]
+    schema = pa.schema([*((c, METRIC_COLUMNS[c]) for c in dict.fromkeys(wanted)), *partitions])
     dataset = ds.dataset(files, format="parquet", schema=schema, partition_base_dir=os.path.abspath(base_dir),
-                         partitioning=ds.partitioning(PARTITION_SCHEMA, flavor="hive"))
+                         partitioning=ds.partitioning(partitions, flavor="hive"))
     table = dataset.to_table()
-    for key in RUN_KEYS:
+    for key in partitions.names:
         if table[key].null_count:
             raise ValueError(f"Hive key {key!r} could not be read from some of the paths under {str(base_dir)!r}")
     if table["update"].null_count:
@@ -109,9 +146,10 @@ def load_metrics(paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike
     frame = table.to_pandas()
     for key in RUN_KEYS[:3]:
         frame[key] = frame[key].astype(object)
-    frame = frame.sort_values([*RUN_KEYS, "update"], kind="stable", ignore_index=True)
-    duplicated = frame.duplicated([*RUN_KEYS, "update"])
+    keys = list(LR_RUN_KEYS if has_lr else RUN_KEYS)
+    frame = frame.sort_values([*keys, "update"], kind="stable", ignore_index=True)
+    duplicated = frame.duplicated([*keys, "update"])
     if duplicated.any():
-        row = frame.loc[duplicated.idxmax(), [*RUN_KEYS, "update"]].to_dict()
+        row = frame.loc[duplicated.idxmax(), [*keys, "update"]].to_dict()
         raise ValueError(f"update logged twice for one run: {row}")
     return frame

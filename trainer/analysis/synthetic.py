@@ -7,7 +7,8 @@ so a detector has a known answer. Diagnostics have plausible scales: Adam's grad
 Muon's update RMS is flat. Files are written with the trainer's `METRIC_COLUMNS` schema and a provenance
 record marked synthetic, in the Hive layout the workflow uses.
 `companion_grid` writes the companion study's shape: estimators as the recipe key, the three optimizers,
-and the gradient SNR column (or, to test older logs, none).
+and the gradient SNR column (or, to test older logs, none). `stability_grid` writes an lr sweep (lr=... folders)
+whose best and collapsing lrs are known; `horizon_grid` one model per horizon, success falling with it.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from trainer.analysis.logs import lr_label
 from trainer.logs.parquet_log import CONFIG_KEY, METRIC_COLUMNS, PROVENANCE_KEY
 
 
@@ -89,10 +91,14 @@ def write_metrics(path: str | os.PathLike, columns: dict[str, Sequence], config:
     return path
 
 
-def cell_path(base_dir: str | os.PathLike, model: str, recipe: str, optimizer: str, seed: int) -> Path:
-    """`<base_dir>/model=M/recipe=R/optimizer=O/seed=S/metrics.parquet`, the workflow's layout."""
-    return Path(base_dir) / f"model={model}" / f"recipe={recipe}" / f"optimizer={optimizer}" / f"seed={seed}" / \
-        "metrics.parquet"
+def cell_path(base_dir: str | os.PathLike, model: str, recipe: str, optimizer: str, seed: int,
+              lr: float | None = None) -> Path:
+    """`<base_dir>/model=M/recipe=R/optimizer=O/seed=S/metrics.parquet`, the workflow's layout; with `lr`,
+    `.../optimizer=O/lr=L/seed=S/...` (L as `lr_label` writes it)."""
+    folder = Path(base_dir) / f"model={model}" / f"recipe={recipe}" / f"optimizer={optimizer}"
+    if lr is not None:
+        folder = folder / f"lr={lr_label(lr)}"
+    return folder / f"seed={seed}" / "metrics.parquet"
 
 
 def synthetic_grid(base_dir: str | os.PathLike, models: Sequence[str], recipes: Sequence[str],
@@ -153,4 +159,54 @@ def companion_grid(base_dir: str | os.PathLike, model: str, estimators: Sequence
                     columns["grad_snr"] = level * np.exp(rng.normal(0, 0.3, n_updates))
                 paths.append(write_metrics(cell_path(base_dir, model, estimator, optimizer, s), columns,
                                            {"model": model, "recipe": estimator, "optimizer": optimizer, "seed": s}))
+    return paths
+
+
+STABILITY_BEST_LR: dict[str, float] = {"adam": 3e-4, "muon": 1e-3}
+"""The lr at which each optimizer's synthetic runs rise highest (and evaluate best) in `stability_grid`."""
+
+
+def stability_grid(base_dir: str | os.PathLike, models: Sequence[str], recipes: dict[str, str],
+                   lrs: Sequence[float], seeds: Sequence[int], n_updates: int = 60, seed: int = 0,
+                   eval_every: int = 10, collapse_factor: float = 10.0) -> list[Path]:
+    """An lr sweep in the workflow's lr layout: per model, optimizer (`recipes` maps it to its recipe), lr and
+    seed. Success rises to a level that peaks at `STABILITY_BEST_LR[optimizer]` and falls with the log-distance
+    from it; every run at `collapse_factor` x that lr or above collapses at 60% of its updates. So the selected
+    lr is the best one and the stable range is the lrs below the collapsing ones. Paths returned."""
+    rng = np.random.default_rng(seed)
+    paths = []
+    for model in models:
+        for optimizer, recipe in recipes.items():
+            best = STABILITY_BEST_LR.get(optimizer, 1e-3)
+            for lr in lrs:
+                target = 0.15 + 0.55 * np.exp(-np.log10(lr / best) ** 2)
+                collapse_at = int(0.6 * n_updates) if lr >= collapse_factor * best * (1 - 1e-9) else None
+                for s in seeds:
+                    columns = synthetic_metrics(n_updates, target, rng, collapse_at=collapse_at, eval_every=eval_every,
+                                                optimizer="adam" if optimizer != "muon" else "muon")
+                    paths.append(write_metrics(cell_path(base_dir, model, recipe, optimizer, s, lr=lr), columns,
+                                               {"model": model, "recipe": recipe, "optimizer": optimizer,
+                                                "seed": s, "lr": lr}))
+    return paths
+
+
+def horizon_grid(base_dir: str | os.PathLike, family: str, horizons: Sequence[int], recipes: Sequence[str],
+                 seeds: Sequence[int], n_updates: int = 60, seed: int = 0, eval_every: int = 10,
+                 adam_collapse_from: int = 8) -> list[Path]:
+    """One model per horizon, named `{family}-h{K}`, each recipe on its own optimizer: success rises to 0.7 / K**0.5
+    (Muon recipes 0.05 higher) from 0.05; every Adam run at horizon >= `adam_collapse_from` collapses at 60% of
+    its updates. Paths returned (model names as the horizon study's, e.g. qwen-h4)."""
+    rng = np.random.default_rng(seed)
+    paths = []
+    for k in horizons:
+        model = f"{family}-h{k}"
+        for recipe in recipes:
+            optimizer = "adam" if recipe in ("spo_adam", "grpo", "gigpo", "graphgpo") else "muon"
+            target = 0.7 / np.sqrt(k) + (0.05 if optimizer == "muon" else 0.0)
+            collapse_at = int(0.6 * n_updates) if optimizer == "adam" and k >= adam_collapse_from else None
+            for s in seeds:
+                columns = synthetic_metrics(n_updates, target, rng, collapse_at=collapse_at, eval_every=eval_every,
+                                            optimizer=optimizer)
+                paths.append(write_metrics(cell_path(base_dir, model, recipe, optimizer, s), columns,
+                                           {"model": model, "recipe": recipe, "optimizer": optimizer, "seed": s}))
     return paths

@@ -1,14 +1,19 @@
-# From the cells' Parquet logs to the summary table and the papers' figures (scripts by trainer/analysis).
+# From the cells' Parquet logs to the study's summary table and figures (scripts by trainer/analysis). One pair of
+# rules for every kind of study: `params.study` picks the analysis in the scripts (main: Figures 2-5 and the
+# Figure-2 table; companion: its validation table and three figures; stability: the lr sweep and the selected
+# lrs; horizon: success and collapses per task length), and FIGURES / SUMMARY_CAPTION / EXTRA_SUMMARY_OUTPUTS
+# (common.smk) name its files, so the users' commands (`snakemake figures`, `snakemake summarize`) are the same.
 
 
 rule summarize:
     input:
         metrics=metrics_files(),
-        paper_numbers=PAPER_NUMBERS,
+        **PAPER_NUMBERS,
     output:
-        csv=report("results/summary.csv", caption="../report/summary.rst", category="Summary"),
-        md=report("results/summary.md", caption="../report/summary.rst", category="Summary"),
+        csv=summary_report("results/summary.csv"),
+        md=summary_report("results/summary.md"),
         runs="results/runs.parquet",
+        **EXTRA_SUMMARY_OUTPUTS,
     params:
         base_dir=cells_dir,
         **analysis_params(),
@@ -23,23 +28,13 @@ rule summarize:
 rule figures:
     input:
         metrics=metrics_files(),
-        paper_numbers=PAPER_NUMBERS,
         runs="results/runs.parquet",
+        **PAPER_NUMBERS,
     output:
-        report("figures/fig2.png", caption="../report/fig2.rst", category="Figure 2"),
-        report("figures/fig2.pdf", caption="../report/fig2.rst", category="Figure 2"),
-        report("figures/fig3.png", caption="../report/fig3.rst", category="Figure 3"),
-        report("figures/fig3.pdf", caption="../report/fig3.rst", category="Figure 3"),
-        report("figures/fig4.png", caption="../report/fig4.rst", category="Figure 4"),
-        report("figures/fig4.pdf", caption="../report/fig4.rst", category="Figure 4"),
-        report("figures/fig5.png", caption="../report/fig5.rst", category="Figure 5"),
-        report("figures/fig5.pdf", caption="../report/fig5.rst", category="Figure 5"),
-        report("figures/diagnostics.png", caption="../report/diagnostics.rst", category="Diagnostics"),
-        report("figures/diagnostics.pdf", caption="../report/diagnostics.rst", category="Diagnostics"),
+        *figure_reports(),
     params:
         base_dir=cells_dir,
-        ema_span=config["analysis"]["ema_span"],
-        **analysis_params(),
+        **figure_params(),
     log:
         "results/logs/figures.log",
     conda:

@@ -4,9 +4,10 @@
 #
 # Results layout:
 #   results/policies/{model}/                     warm-started base policy of a tiny family (+ {model}.yaml config)
-#   results/cells/model=M/recipe=R/optimizer=O/seed=S/
+#   results/cells/model=M/recipe=R/optimizer=O/seed=S/          (with an lr axis: .../optimizer=O/lr=L/seed=S/)
 #       cell.yaml  metrics.parquet  episodes.parquet  train.log   (checkpoints/ only while the cell is unfinished)
 #   results/summary.csv, summary.md, runs.parquet, results/logs/   figures/*.png, *.pdf
+#   results/selected_lr.yaml                      (stability study: the selected lr per model and optimizer)
 import os
 import re
 import sys
@@ -28,6 +29,11 @@ os.environ.update(
     PYTHONPATH=os.pathsep.join(filter(None, [workflow.basedir, os.environ.get("PYTHONPATH")])),
 )
 
+# A study file may name a `base` study: merged under it here, before validation (the study file named in errors).
+STUDY_FILE = str((workflow.overwrite_configfiles or ["config.yaml"])[-1])
+_resolved = study_tools.resolve_base(config, root=workflow.basedir, source=STUDY_FILE)
+config.clear()
+config.update(_resolved)
 validate(config, schema="../schemas/config.schema.yaml", set_default=True)
 study_tools.check_study(config, root=workflow.basedir)
 study_tools.check_env_options(config, root=workflow.basedir)
@@ -48,17 +54,26 @@ TRAINER_ENV = (
     else "../../envs/trainer-cpu.yaml"
 )
 STUDY = config["study"]
-FIGURES = (
-    ["companion_curves", "companion_bars", "companion_diagnostics"]
-    if STUDY == "companion"
-    else ["fig2", "fig3", "fig4", "fig5", "diagnostics"]
-)
+FIGURES = {
+    "main": {"fig2": "Figure 2", "fig3": "Figure 3", "fig4": "Figure 4", "fig5": "Figure 5",
+             "diagnostics": "Diagnostics"},
+    "companion": {"companion_curves": "Curves", "companion_bars": "Bars", "companion_diagnostics": "Diagnostics"},
+    "stability": {"stability": "Stability"},
+    "horizon": {"horizon": "Horizon"},
+}[STUDY]
+"""The study's figures (figures/NAME.png and .pdf): name -> report category; caption workflow/report/NAME.rst."""
+SUMMARY_CAPTION = {"main": "summary", "companion": "companion_summary", "stability": "stability_summary",
+                   "horizon": "horizon_summary"}[STUDY]
+"""The summary table's caption, workflow/report/NAME.rst."""
+EXTRA_SUMMARY_OUTPUTS = {"selected": "results/selected_lr.yaml"} if STUDY == "stability" else {}
+"""What `summarize` writes beyond the table and runs.parquet (the stability study: its selected lrs)."""
 
 
 wildcard_constraints:
     model="|".join(re.escape(m) for m in config["models"]),
     recipe="|".join(study_tools.RECIPE_OPTIMIZER),
     optimizer="|".join(study_tools.OPTIMIZERS),
+    lr=r"[0-9.]+e[+-][0-9]+",
     seed=r"\d+",
 
 
@@ -73,7 +88,19 @@ def figure_files():
 
 def final_outputs():
     """What a plain `snakemake` builds: the summary table and every figure (they pull in every cell)."""
-    return ["results/summary.csv", "results/summary.md", "results/runs.parquet", *figure_files()]
+    return ["results/summary.csv", "results/summary.md", "results/runs.parquet",
+            *EXTRA_SUMMARY_OUTPUTS.values(), *figure_files()]
+
+
+def summary_report(path):
+    """A summary file for the Snakemake report, with the study's caption."""
+    return report(path, caption=f"../report/{SUMMARY_CAPTION}.rst", category="Summary")
+
+
+def figure_reports():
+    """The figures rule's outputs, each with its caption and category for the Snakemake report."""
+    return [report(path, caption=f"../report/{Path(path).stem}.rst", category=FIGURES[Path(path).stem])
+            for path in figure_files()]
 
 
 def model_path(model):
@@ -105,6 +132,7 @@ def cell_params(wildcards):
         seed=int(wildcards.seed),
         model_path=model_path(wildcards.model),
         threads=config["resources"]["train"]["threads"],
+        lr=float(wildcards.lr) if "lr" in GRID.columns else None,
     )
 
 
@@ -118,11 +146,12 @@ def out_of_band_flag(wildcards):
     return "--allow-out-of-band" if config["warm_start"]["allow_out_of_band"] else ""
 
 
-PAPER_NUMBERS = os.path.join(
-    workflow.basedir, "trainer", "analysis",
-    "companion_numbers.csv" if config["study"] == "companion" else "paper_numbers.csv",
-)
-"""The papers' numbers the summary and figures compare with: an input, so that editing them redraws both."""
+PAPER_NUMBERS = {
+    "main": {"paper_numbers": os.path.join(workflow.basedir, "trainer", "analysis", "paper_numbers.csv")},
+    "companion": {"paper_numbers": os.path.join(workflow.basedir, "trainer", "analysis", "companion_numbers.csv")},
+}.get(STUDY, {})
+"""The papers' numbers the summary and figures compare with: an input, so that editing them redraws both (the
+stability and horizon studies compare with none)."""
 
 
 def cells_dir(wildcards):
@@ -131,7 +160,8 @@ def cells_dir(wildcards):
 
 
 def analysis_params():
-    """Parameters shared by summarize.py and plot_figures.py (`study` picks the main or the companion analysis)."""
+    """Parameters shared by summarize.py and plot_figures.py (`study` picks the analysis; the horizon study's
+    also get each model's horizon label)."""
     a = config["analysis"]
     return dict(
         study=STUDY,
@@ -139,4 +169,10 @@ def analysis_params():
         models=study_tools.paper_names(config),
         window_fraction=a["window_fraction"],
         bootstrap_seed=a["bootstrap_seed"],
+        **({"horizons": study_tools.horizons(config)} if STUDY == "horizon" else {}),
     )
+
+
+def figure_params():
+    """analysis_params, and the main study's EMA span of its curves."""
+    return dict(**analysis_params(), **({"ema_span": config["analysis"]["ema_span"]} if STUDY == "main" else {}))

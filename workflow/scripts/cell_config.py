@@ -8,17 +8,24 @@ directly and Snakemake only writes their results to disk. Design choices:
   `muon` or `adam_high_lr` runs every listed recipe on that optimizer (the Adam versions of Figures 4-5, the
   companion's three optimizers). Blocks are
   concatenated and exact duplicates dropped, so a study reads like the papers' figure list.
-- **A cell config is the study's shared `cell` block plus four per-cell keys**: `recipe`, `optim.name`,
-  `run.seed` and `model.path`. The schema forbids those keys (and the recipe-defining `rl` keys) in the shared
-  block, because an explicit key overrides the recipe in the trainer (`trainer/config.py`): a shared
-  `rl.tis_cap` would silently turn TIS on for the no-TIS recipes.
+- **An lr axis** (the stability study): a block's `lrs` adds a learning rate to each of its cells, and the grid
+  gets an `lr` column (folders `.../optimizer=O/lr=L/seed=S/`, L written by `lr_label`). Then every block gives
+  `lrs`; a study without them keeps the four-key layout.
+- **A cell config is the study's shared `cell` block plus the per-cell keys**: `recipe`, `optim.name`,
+  `run.seed` and `model.path`, the model's `env_options` over `cell.env.options`, the cell's learning rate
+  (`optim_lrs`: the grid's lr, else the study's `lr:` entry for its optimizer) and, when the warm start writes
+  SPO's offline statistics, `rl.offline_stats`. The schema forbids those keys (and the recipe-defining `rl` keys)
+  in the shared block, because an explicit key overrides the recipe in the trainer (`trainer/config.py`): a
+  shared `rl.tis_cap` would silently turn TIS on for the no-TIS recipes.
+- **A study file may name a `base` study** (`resolve_base`): its keys are deep-merged over the base's, so a new
+  study holds only its differences.
 - **`run.threads` comes from the rule's threads** (`resources.train.threads`), so the trainer uses exactly the
   cores the scheduler gave it.
 - **Models**: a `preset` model is warm-started by the workflow and its cells load the warm-started policy; a
   `path` model is a local checkpoint used as is (paper scale). Cross-key rules the JSON schema cannot state
   (preset xor path, the path exists, a task file or game folder exists, a grid block names known models,
-  group estimators have groups, band low <= high) are checked by
-  `check_study`, which raises `StudyError` naming the key before any job starts.
+  group estimators have groups, band low <= high, the lr keys (`check_lrs`), a horizon study's `horizon`
+  labels) are checked by `check_study`, which raises `StudyError` naming the key before any job starts.
 - **The recipe -> optimizer table** mirrors `trainer.config.RECIPES` (tests compare them), so these helpers
   import nothing of the trainer. The checks that need its rules (`check_cells`, `check_env_options`) import only
   its torch-free parts (the typed config, the environment families' option dataclasses): building the DAG needs
@@ -58,6 +65,15 @@ GROUP_RECIPES = ("grpo", "gigpo", "graphgpo")
 
 GRID_COLUMNS = ["model", "recipe", "optimizer", "seed"]
 """Columns of the grid, in the order of the Hive folders results/cells/model=../recipe=../optimizer=../seed=../."""
+LR_GRID_COLUMNS = ["model", "recipe", "optimizer", "lr", "seed"]
+"""The grid's columns in a study with an lr axis (a block with `lrs`): .../optimizer=../lr=../seed=../."""
+
+STUDY_LR_OPTIMIZERS = ("adam", "muon")
+"""Keys of a study's `lr:` table. adam_high_lr cells run AdamW at Muon's rate: the table's `muon` entry."""
+
+OFFLINE_STATS_FILE = "offline_stats.json"
+"""What the warm start writes beside the policy when `warm_start.offline_samples > 0` (mirrors
+trainer/policy/sft.py; tests compare them): each cell of the model reads it as `rl.offline_stats`."""
 
 SFT_ROLLOUT_KEYS = ("max_turn_tokens", "max_episode_tokens", "temperature", "top_p")
 """The rollout settings the warm start uses (it measures its band by sampling as the RL rollouts do); the rest
@@ -66,6 +82,52 @@ would only make an unrelated rollout change retrain the base policy."""
 
 class StudyError(ValueError):
     """A study config that passes the schema but breaks a cross-key rule; the message names the key."""
+
+
+def lr_label(lr: float) -> str:
+    """A learning rate as its cell folder spells it: the shortest scientific form that reads back as the same
+    float ("3e-04", "2.5e-04", "1e-02"). Mirrors trainer/analysis/logs.py `lr_label` (tests compare them)."""
+    lr = float(lr)
+    return next(text for text in (f"{lr:.{p}e}" for p in range(17)) if float(text) == lr)
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    """`over` merged into a copy of `base`: mappings merged key by key, lists and scalars replaced."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def resolve_base(study: dict, root: str | Path = ".", source: str | Path | None = None) -> dict:
+    """The study with its `base` study (a path relative to the repository root `root`) deep-merged under it,
+    bases of bases first; `base` itself dropped. `source` is the study's own file, for messages and to catch a
+    study that is its own base. StudyError naming the file when a base does not exist or the chain loops."""
+    seen = [os.path.realpath(source)] if source is not None else []
+
+    def resolve(data: dict, where: str) -> dict:
+        if "base" not in data:
+            return copy.deepcopy(data)
+        name = data["base"]
+        path = Path(root) / str(name)
+        if not isinstance(name, str) or not path.is_file():
+            raise StudyError(f"{where}: base: {name!r} is not a study file (a path relative to the repository "
+                             f"root {str(root)!r})")
+        if os.path.realpath(path) in seen:
+            raise StudyError(f"{where}: base: {name!r} loops back to a study already in the chain "
+                             f"({' -> '.join(str(s) for s in [source or '(study)', *chain])})")
+        seen.append(os.path.realpath(path))
+        chain.append(name)
+        base = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(base, dict):
+            raise StudyError(f"{where}: base: {name!r} is not a mapping of study keys")
+        return deep_merge(resolve(base, name), {k: v for k, v in data.items() if k != "base"})
+
+    chain: list[str] = []
+    return resolve(study, str(source) if source is not None else "study")
 
 
 PATH_OPTIONS = ("tasks_file", "data_dir")
@@ -110,19 +172,86 @@ def check_study(study: dict, root: str | Path = ".") -> None:
     band = study.get("warm_start", {}).get("band")
     if band is not None and band[0] > band[1]:
         raise StudyError(f"warm_start.band: low {band[0]} is above high {band[1]}")
+    check_lrs(study)
+    grid_models = list(dict.fromkeys(m for block in study["grid"] for m in block.get("models") or study["models"]))
+    for model in grid_models:
+        options = model_env_options(study, model)
+        for key in PATH_OPTIONS:
+            if key in study["models"][model].get("env_options", {}) and not (root / options[key]).exists():
+                raise StudyError(f"models.{model}.env_options.{key}: {options[key]!r} does not exist")
+    if study.get("study") == "horizon":
+        families: dict[tuple, str] = {}
+        for model in grid_models:
+            horizon = study["models"][model].get("horizon")
+            if horizon is None:
+                raise StudyError(f"models.{model}.horizon: a horizon study labels every model of its grid with "
+                                 f"its horizon (a number, e.g. the task's bug count)")
+            family = (paper_names(study)[model], horizon)
+            if family in families:
+                raise StudyError(f"models.{model}.horizon: {families[family]} has the same paper_name and horizon "
+                                 f"{horizon}; the horizon figure joins a family's models into one line")
+            families[family] = model
+
+
+def check_lrs(study: dict) -> None:
+    """The learning-rate keys: `lrs` positive, on every block or none, only in a stability study, never on
+    adam_high_lr; the `lr:` table names adam or muon; a shared `cell.optim.muon_lr` cannot stand beside them."""
+    blocks = study["grid"]
+    table = study.get("lr") or {}
+    for name, value in table.items():
+        if name not in STUDY_LR_OPTIMIZERS:
+            raise StudyError(f"lr.{name}: the lr table names {list(STUDY_LR_OPTIMIZERS)} (adam_high_lr cells run "
+                             f"at the `muon` entry)")
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+            raise StudyError(f"lr.{name}: a learning rate must be a number > 0, got {value!r}")
+    with_lrs = [i for i, block in enumerate(blocks) if "lrs" in block]
+    for i in with_lrs:
+        for value in blocks[i]["lrs"]:
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+                raise StudyError(f"grid[{i}].lrs: learning rates must be numbers > 0, got {value!r}")
+        if blocks[i].get("optimizer") == "adam_high_lr":
+            raise StudyError(f"grid[{i}].lrs: adam_high_lr runs AdamW at Muon's learning rate; an lr sweep of "
+                             f"AdamW is `optimizer: adam`")
+    kind = study.get("study", "main")
+    if with_lrs and kind != "stability":
+        raise StudyError(f"grid[{with_lrs[0]}].lrs: only a `study: stability` has an lr axis (the {kind} analysis "
+                         f"has none); set one lr per optimizer with the top-level `lr:` table")
+    if kind == "stability" and not with_lrs:
+        raise StudyError("grid: a stability study sweeps learning rates: give `lrs` in every block")
+    if with_lrs and len(with_lrs) < len(blocks):
+        i = next(i for i in range(len(blocks)) if i not in with_lrs)
+        raise StudyError(f"grid[{i}].lrs: missing; grid[{with_lrs[0]}] gives `lrs`, so the study has an lr axis "
+                         f"and every block must give its learning rates")
+    sets_muon = "muon" in table or any(block.get("optimizer") == "muon" or (
+        block.get("optimizer", "recipe") == "recipe" and any(RECIPE_OPTIMIZER[r] == "muon" for r in block["recipes"]))
+        for block in (blocks[i] for i in with_lrs))
+    if sets_muon and study.get("cell", {}).get("optim", {}).get("muon_lr") is not None:
+        raise StudyError("cell.optim.muon_lr: the study sets the lr of its Muon cells (`lrs` or `lr.muon`), which "
+                         "is the lr of Muon's hidden matrices too (match_rms_adamw); a shared muon_lr would override "
+                         "it: remove it or set it to null")
+
+
+def has_lr_axis(study: dict) -> bool:
+    """Whether a block of the study gives `lrs` (then the grid has an `lr` column)."""
+    return any("lrs" in block for block in study["grid"])
 
 
 def grid_frame(study: dict) -> pd.DataFrame:
-    """One row per cell (model, recipe, optimizer, seed), blocks in order, exact duplicates dropped."""
+    """One row per cell (model, recipe, optimizer, seed), blocks in order, exact duplicates dropped. With an lr
+    axis, also `lr` before `seed`: the folder's spelling (`lr_label`, a string; float() reads it back exactly)."""
+    with_lr = has_lr_axis(study)
     rows = []
     for block in study["grid"]:
         for model in block.get("models") or list(study["models"]):
             for recipe in block["recipes"]:
                 optimizer = block.get("optimizer", "recipe")
                 optimizer = RECIPE_OPTIMIZER[recipe] if optimizer == "recipe" else optimizer
-                for seed in block["seeds"]:
-                    rows.append((model, recipe, optimizer, int(seed)))
-    return pd.DataFrame(rows, columns=GRID_COLUMNS).drop_duplicates(ignore_index=True)
+                for lr in block.get("lrs", [None]):
+                    for seed in block["seeds"]:
+                        lr_key = (lr_label(lr),) if with_lr else ()
+                        rows.append((model, recipe, optimizer, *lr_key, int(seed)))
+    columns = LR_GRID_COLUMNS if with_lr else GRID_COLUMNS
+    return pd.DataFrame(rows, columns=columns).drop_duplicates(ignore_index=True)
 
 
 def warm_started_models(study: dict, grid: pd.DataFrame) -> list[str]:
@@ -135,27 +264,70 @@ def paper_names(study: dict) -> dict[str, str]:
     return {name: entry.get("paper_name") or name for name, entry in study["models"].items()}
 
 
+def horizons(study: dict) -> dict[str, float]:
+    """Model name -> its `horizon` label, for the models that have one (the horizon study's x axis)."""
+    return {name: entry["horizon"] for name, entry in study["models"].items() if entry.get("horizon") is not None}
+
+
+def optim_lrs(study: dict, optimizer: str, lr: float | None = None) -> dict:
+    """The optim keys a cell's learning rate sets: `lr` = the grid's lr, else the study's `lr:` entry for the
+    optimizer (Muon's covers its hidden matrices and the AdamW rest: trainer optim.muon_lr defaults to optim.lr);
+    an adam_high_lr cell gets `muon_lr` = the `lr.muon` entry, the rate the trainer runs it at. {} if neither."""
+    table = study.get("lr") or {}
+    if optimizer == "adam_high_lr":
+        return {"muon_lr": table["muon"]} if "muon" in table else {}
+    value = lr if lr is not None else table.get(optimizer)
+    return {} if value is None else {"lr": float(value)}
+
+
+def model_env_options(study: dict, model: str) -> dict:
+    """`cell.env.options` with the model's own `env_options` merged over it (key by key)."""
+    shared = study.get("cell", {}).get("env", {}).get("options", {})
+    return copy.deepcopy({**shared, **study["models"][model].get("env_options", {})})
+
+
+def model_env(study: dict, model: str) -> dict:
+    """The `env` section of the model's cells and warm start: the shared one with `model_env_options`."""
+    env = copy.deepcopy(study.get("cell", {}).get("env", {}))
+    options = model_env_options(study, model)
+    return {**env, "options": options} if options or "options" in env else env
+
+
+def offline_stats_path(study: dict, model: str, model_path: str) -> str | None:
+    """Where a cell of `model` reads SPO's offline statistics: beside its warm-started policy when the warm start
+    writes them (`warm_start.offline_samples > 0`), relative as `model_path` is; None otherwise."""
+    if study.get("warm_start", {}).get("offline_samples", 0) > 0 and study["models"][model].get("preset"):
+        return f"{model_path}/{OFFLINE_STATS_FILE}"
+    return None
+
+
 def cell_config(study: dict, model: str, recipe: str, optimizer: str, seed: int, model_path: str,
-                threads: int) -> dict:
-    """The trainer config of one cell: the shared `cell` block plus the cell's own keys."""
+                threads: int, lr: float | None = None) -> dict:
+    """The trainer config of one cell: the shared `cell` block plus the cell's own keys (`lr`: its grid lr)."""
     shared = copy.deepcopy(study.get("cell", {}))
     cell = {"recipe": recipe}
     cell["model"] = {**shared.pop("model", {}), "path": model_path}
-    cell["optim"] = {**shared.pop("optim", {}), "name": optimizer}
+    cell["optim"] = {**shared.pop("optim", {}), "name": optimizer, **optim_lrs(study, optimizer, lr)}
     run = {**shared.pop("run", {}), "seed": int(seed), "threads": int(threads)}
+    if "env" in shared or study["models"][model].get("env_options"):
+        shared["env"] = model_env(study, model)  # in place: a cell.yaml without env_options reads as before
+    offline = offline_stats_path(study, model, model_path)
+    if offline is not None:
+        shared["rl"] = {**shared.get("rl", {}), "offline_stats": offline}
     cell.update(shared)  # env, rl, rollout as given
     cell["run"] = run
     return cell
 
 
 def warm_start_config(study: dict, model: str, threads: int) -> dict:
-    """The `python -m trainer sft` config of one model family: its preset, the cells' env and token limits."""
+    """The `python -m trainer sft` config of one model family: its preset, the cells' env (with the model's
+    env_options) and token limits."""
     shared = study.get("cell", {})
     options = {k: v for k, v in study.get("warm_start", {}).items() if k != "allow_out_of_band"}
     model_keys = {k: v for k, v in shared.get("model", {}).items() if k in ("dtype", "init_seed")}
     rollout = {k: v for k, v in shared.get("rollout", {}).items() if k in SFT_ROLLOUT_KEYS}
     return {"model": {"preset": study["models"][model]["preset"], **model_keys},
-            "env": copy.deepcopy(shared.get("env", {})), "rollout": rollout, **options, "threads": int(threads)}
+            "env": model_env(study, model), "rollout": rollout, **options, "threads": int(threads)}
 
 
 def _import_from_trainer(root: str | Path):
@@ -168,21 +340,26 @@ def _import_from_trainer(root: str | Path):
 def check_cells(study: dict, grid: pd.DataFrame, root: str | Path, threads: int = 1) -> None:
     """Raise StudyError for a cell the trainer would refuse (its cross-key rules: batch size a multiple of the
     group size, vLLM with a checkpoint, ...), naming the cell, before any job starts. The model path is checked
-    by `check_study`; here it stands in as ".", since a warm-started policy does not exist yet."""
+    by `check_study`; here it stands in as ".", since a warm-started policy does not exist yet, and so the
+    offline statistics the warm start will write beside it are left out."""
     _import_from_trainer(root)
     from trainer.config import ConfigError, config_from_dict
 
     for row in grid.itertuples(index=False):
-        cell = cell_config(study, row.model, row.recipe, row.optimizer, int(row.seed), ".", threads=threads)
+        lr = float(row.lr) if "lr" in grid.columns else None
+        cell = cell_config(study, row.model, row.recipe, row.optimizer, int(row.seed), ".", threads=threads, lr=lr)
+        cell.get("rl", {}).pop("offline_stats", None)
         try:
             config_from_dict(cell)
         except ConfigError as e:
-            raise StudyError(f"cell (as {row.model} / {row.recipe} / {row.optimizer} / seed {row.seed} trains "
+            at = "" if lr is None else f" / lr {row.lr}"
+            raise StudyError(f"cell (as {row.model} / {row.recipe} / {row.optimizer}{at} / seed {row.seed} trains "
                              f"it): {e}") from None
 
 
 def check_env_options(study: dict, root: str | Path) -> None:
-    """Raise StudyError for an unknown `cell.env.options` key or a value its environment family rejects.
+    """Raise StudyError for an unknown `cell.env.options` key or a value its environment family rejects, as
+    merged with each model's `env_options`.
 
     The schema leaves that block free-form (each family owns its keys), so the family's own config dataclass
     checks it, imported from the trainer at `root`: torch-free, so the DAG still needs no torch."""
@@ -191,11 +368,13 @@ def check_env_options(study: dict, root: str | Path) -> None:
 
     env = study.get("cell", {}).get("env", {})
     name = env.get("name", "minirepo")  # trainer.config.EnvConfig's default
-    try:
-        family_config(name, env.get("options", {}))
-    except (ValueError, TypeError) as e:
-        message = str(e)
-        raise StudyError(f"cell.{message}" if message.startswith("env.") else f"cell.env.options: {message}") from None
+    for model, entry in study["models"].items():
+        try:
+            family_config(name, model_env_options(study, model))
+        except (ValueError, TypeError) as e:
+            message = str(e)
+            where = "cell.env.options" + (f" with models.{model}.env_options" if entry.get("env_options") else "")
+            raise StudyError(f"cell.{message}" if message.startswith("env.") else f"{where}: {message}") from None
 
 
 def paths_from_workdir(study: dict, root: str | Path, workdir: str | Path) -> dict:
@@ -214,10 +393,11 @@ def paths_from_workdir(study: dict, root: str | Path, workdir: str | Path) -> di
     for entry in out["models"].values():
         if entry.get("path") is not None:
             entry["path"] = rebase(entry["path"])
-    options = out.get("cell", {}).get("env", {}).get("options", {})
-    for key in PATH_OPTIONS:
-        if options.get(key):
-            options[key] = rebase(options[key])
+    for options in [out.get("cell", {}).get("env", {}).get("options", {}),
+                    *(entry.get("env_options", {}) for entry in out["models"].values())]:
+        for key in PATH_OPTIONS:
+            if options.get(key):
+                options[key] = rebase(options[key])
     return out
 
 

@@ -1,0 +1,223 @@
+"""The horizon study: how training success and collapses change with the task's length.
+
+Each model of the grid is one task length of a family: a warm-started tiny model whose environment options set
+the length (e.g. `qwen-h4`: minirepo tasks with 4 bugs), labelled with its `horizon` in the study
+(`models.NAME.horizon`, passed here as `horizons`). Models with the same paper name form one family across
+horizons. The grid is model (= horizon) x recipe x optimizer x seed, in the main study's Hive layout.
+
+Per run everything comes from the stability study's `sweep_run_table` (itself the main study's `run_table`:
+final window, its mean training success, last evaluation, collapse verdict), plus:
+
+* **Success gained**: the final window's mean training success minus the first window's (the first updates, as
+  many as the final window holds): what RL added at this horizon, whatever the warm start began at.
+* **Held-out AUC**: the mean of every held-out evaluation (see `stability`).
+
+Per (family, horizon, recipe, optimizer) the summary gives, in percent, the final training success and the
+success gained (mean over seeds with a 95% bootstrap interval, as the main summary), the held-out AUC and last
+evaluation, and the collapsed seeds out of the seeds run.
+
+The figure (`horizon`) has one row per family and two panels: final training success against horizon (log2
+axis), one line per recipe and optimizer with the bootstrap interval as error bars; and the number of collapsed
+seeds against horizon, the same lines.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import matplotlib
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FixedLocator, MaxNLocator, NullLocator
+
+from trainer.analysis.collapse import CollapseCriterion
+from trainer.analysis.figures import (MUTED, SELECTED_COLORS, STYLE, _empty, _grid, _legend, outputs_by_figure,
+                                      recipe_label, save_figure)
+from trainer.analysis.logs import RUN_KEYS, check_no_lr_axis, load_metrics, paper_model
+from trainer.analysis.stability import (STABILITY_COLUMNS, _ci, _seed_stats, check_same_sweep_runs,
+                                        evaluation_notes, sweep_run_table)
+from trainer.analysis.summary import _pct, native_optimizer, ordered, write_tables
+from trainer.config import FIGURE2_RECIPES
+
+HORIZON_FIGURES: tuple[str, ...] = ("horizon",)
+
+
+def horizon_run_table(metrics: pd.DataFrame, horizons: Mapping[str, float],
+                      criterion: CollapseCriterion | None = None, window_fraction: float = 0.1,
+                      models: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """`sweep_run_table` with each run's `horizon` (from `horizons`, by model) and `success_gain` (fractions).
+    ValueError naming a model of the logs that has no horizon."""
+    unlabelled = sorted(set(metrics["model"]) - set(horizons))
+    if unlabelled:
+        raise ValueError(f"horizon analysis: model(s) {unlabelled} have no `horizon` label (models.NAME.horizon)")
+    runs = sweep_run_table(metrics, criterion, window_fraction, models)
+    runs.insert(runs.columns.get_loc("seed") + 1, "horizon", runs["model"].map(horizons).astype(float))
+    runs["success_gain"] = runs["window_success"] - runs["first_window_success"]
+    return runs
+
+
+def sort_horizon(frame: pd.DataFrame, models: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """Rows in reading order: families as in `models`, recipes in Figure 2 order, optimizers, then horizon."""
+    families = ordered(frame["paper_model"], [paper_model(m, models) for m in (models or {})])
+    recipes = ordered(frame["recipe"], list(FIGURE2_RECIPES))
+    key = pd.DataFrame({"_f": frame["paper_model"].map({f: i for i, f in enumerate(families)}),
+                        "_r": frame["recipe"].map({r: i for i, r in enumerate(recipes)}),
+                        "_o": frame["optimizer"], "_h": frame["horizon"]}, index=frame.index)
+    return frame.loc[key.sort_values(list(key.columns), kind="stable").index].reset_index(drop=True)
+
+
+def horizon_summary_table(runs: pd.DataFrame, bootstrap_seed: int = 0, models: Mapping[str, str] | None = None,
+                          level: float = 0.95) -> pd.DataFrame:
+    """One row per model (= family and horizon) x recipe x optimizer, in percent: final training success and
+    success gained (mean, bootstrap interval), held-out AUC and last evaluation, seeds and collapsed seeds."""
+    rows = []
+    for (model, recipe, optimizer), cell in runs.groupby(["model", "recipe", "optimizer"], sort=False):
+        cell = cell.sort_values("seed")
+        final, final_low, final_high = _seed_stats(cell, "window_success", bootstrap_seed, level)
+        gain, gain_low, gain_high = _seed_stats(cell, "success_gain", bootstrap_seed, level)
+        collapsed = cell["collapsed"].astype(bool)
+        rows.append({"paper_model": paper_model(model, models), "horizon": float(cell["horizon"].iloc[0]),
+                     "model": model, "recipe": recipe, "optimizer": optimizer, "n_seeds": len(cell),
+                     "seeds": ",".join(str(s) for s in cell["seed"]),
+                     "final_pct_mean": final, "final_pct_ci_low": final_low, "final_pct_ci_high": final_high,
+                     "gain_pp_mean": gain, "gain_pp_ci_low": gain_low, "gain_pp_ci_high": gain_high,
+                     "auc_pct_mean": _seed_stats(cell, "heldout_auc", bootstrap_seed, level)[0],
+                     "heldout_last_pct_mean": _seed_stats(cell, "eval_success", bootstrap_seed, level)[0],
+                     "n_collapsed": int(collapsed.sum()),
+                     "collapsed_seeds": ",".join(str(s) for s in cell.loc[collapsed, "seed"])})
+    return sort_horizon(pd.DataFrame(rows), models)
+
+
+def horizon_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_fraction: float = 0.1) -> str:
+    """The summary as a Markdown page: method, notes, one row per family, horizon, recipe and optimizer."""
+    method = (f"Final = mean unsmoothed training success over the last {window_fraction:.0%} of each run's updates; "
+              "gained = final minus the mean over the first updates of the same count (percentage points); "
+              "held-out AUC = mean of every held-out evaluation of the run; last held-out = the final evaluation. "
+              "In percent, averaged over seeds; interval = 95% percentile bootstrap over seeds (n/a with one "
+              "seed). Collapse = the rule in `trainer/analysis/collapse.py`.")
+    lines = ["# Training success against the task's horizon", "", method, ""]
+    lines += [f"- {note}" for note in notes]
+    if notes:
+        lines.append("")
+    header = ["family", "horizon", "model", "recipe", "optimizer", "final %", "95% CI", "gained (pp)", "95% CI",
+              "held-out AUC %", "last held-out %", "collapsed"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in summary.itertuples(index=False):
+        collapsed = f"{row.n_collapsed}/{row.n_seeds}" + (f" (seeds {row.collapsed_seeds})" if row.n_collapsed else "")
+        cells = [row.paper_model, f"{row.horizon:g}", row.model, row.recipe, row.optimizer, _pct(row.final_pct_mean),
+                 _ci(row.final_pct_ci_low, row.final_pct_ci_high), _pct(row.gain_pp_mean),
+                 _ci(row.gain_pp_ci_low, row.gain_pp_ci_high), _pct(row.auc_pct_mean),
+                 _pct(row.heldout_last_pct_mean), collapsed]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def horizon_notes(runs: pd.DataFrame, horizons: Mapping[str, float]) -> list[str]:
+    """Labelled models with no runs in these logs, and runs never evaluated."""
+    absent = [f"{m} (horizon {h:g})" for m, h in horizons.items() if m not in set(runs["model"])]
+    return ([f"no runs of model(s) {', '.join(absent)} in these logs"] if absent else []) + evaluation_notes(runs)
+
+
+# -- figure ------------------------------------------------------------------------------------------------
+def horizon_lines(summary: pd.DataFrame) -> dict[tuple[str, str], tuple[Any, str]]:
+    """(recipe, optimizer) -> (colour, label), in Figure 2 order: the paper's colours for SPO + Adam, SPO + Muon
+    and the full recipe, a colour-blind palette for the rest."""
+    pairs = sorted(set(zip(summary["recipe"], summary["optimizer"])),
+                   key=lambda p: (ordered(summary["recipe"], list(FIGURE2_RECIPES)).index(p[0]), p[1]))
+    palette = sns.color_palette("colorblind", len(pairs))
+    lines = {}
+    for i, (recipe, optimizer) in enumerate(pairs):
+        label = recipe_label(recipe) + ("" if native_optimizer(recipe) == optimizer else f" ({optimizer})")
+        lines[(recipe, optimizer)] = (SELECTED_COLORS.get((recipe, optimizer), palette[i]), label)
+    return lines
+
+
+def figure_horizon(summary: pd.DataFrame, models: Mapping[str, str] | None = None) -> Figure:
+    """Per family: final training success against horizon (error bars: bootstrap CI) and collapsed seeds."""
+    if summary.empty:
+        return _empty("horizon: no runs in these logs")
+    families = list(dict.fromkeys(summary["paper_model"]))
+    lines = horizon_lines(summary)
+    most_seeds = int(summary["n_seeds"].max())
+    with matplotlib.rc_context(STYLE):
+        fig, axes = _grid(len(families), 2, (4.0, 2.7), (0.8, 0.15, 0.45, 1.0), (0.75, 0.7))
+        for f, family in enumerate(families):
+            rows = summary[summary["paper_model"] == family]
+            horizons = sorted(set(rows["horizon"]))
+            success_ax, collapse_ax = axes[2 * f], axes[2 * f + 1]
+            for k, ((recipe, optimizer), (color, _)) in enumerate(lines.items()):
+                line = rows[(rows["recipe"] == recipe) & (rows["optimizer"] == optimizer)].sort_values("horizon")
+                if line.empty:
+                    continue
+                x = line["horizon"].to_numpy(dtype=float)
+                y = line["final_pct_mean"].to_numpy(dtype=float)
+                low = line["final_pct_ci_low"].to_numpy(dtype=float)
+                high = line["final_pct_ci_high"].to_numpy(dtype=float)
+                ok = np.isfinite(low)
+                success_ax.plot(x, y, color=color, lw=1.6, marker="o", markersize=4, zorder=3)
+                success_ax.errorbar(x[ok], y[ok], yerr=[y[ok] - low[ok], high[ok] - y[ok]], fmt="none", ecolor=color,
+                                    elinewidth=1.0, capsize=2.5, zorder=3)
+                shift = 2 ** (0.05 * (k - (len(lines) - 1) / 2))  # side by side on the log axis
+                collapse_ax.plot(x * shift, line["n_collapsed"], color=color, lw=1.4, marker="o", markersize=4)
+            for ax in (success_ax, collapse_ax):
+                ax.set_xscale("log", base=2)
+                ax.xaxis.set_major_locator(FixedLocator(horizons))
+                ax.xaxis.set_minor_locator(NullLocator())
+                ax.set_xticklabels([f"{h:g}" for h in horizons])
+                ax.set_xlim(min(horizons) / 1.4, max(horizons) * 1.4)
+                ax.set_xlabel("Horizon")
+            success_ax.set_ylim(-2, 102)
+            success_ax.set_ylabel("Final training success (%)")
+            collapse_ax.set_ylim(-0.3, most_seeds + 0.3)
+            collapse_ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            collapse_ax.set_ylabel(f"Collapsed seeds (of {most_seeds})"
+                                   if (rows["n_seeds"] == most_seeds).all() else "Collapsed seeds")
+            success_ax.set_title(f"{family}: final success", fontsize=10)
+            collapse_ax.set_title(f"{family}: collapses", fontsize=10)
+        handles = [Line2D([], [], color=color, lw=1.6, marker="o", markersize=4, label=label)
+                   for color, label in lines.values()]
+        _legend(fig, handles + [Line2D([], [], color=MUTED, lw=1.0, label="95% bootstrap CI (error bars)")],
+                ncol=min(len(handles) + 1, 4))
+    return fig
+
+
+# -- entry points (the workflow scripts call these) --------------------------------------------------------
+def summarize_horizon(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
+                      csv: str | os.PathLike, md: str | os.PathLike, runs_path: str | os.PathLike,
+                      horizons: Mapping[str, float], collapse: Mapping[str, Any] | None = None,
+                      models: Mapping[str, str] | None = None, window_fraction: float = 0.1,
+                      bootstrap_seed: int = 0) -> list[str]:
+    """Read the logs, judge every run, write the summary CSV and Markdown and the per-run Parquet table."""
+    criterion = CollapseCriterion.from_dict(collapse)
+    metrics = load_metrics(metrics_paths, base_dir, STABILITY_COLUMNS)
+    check_no_lr_axis(metrics, "horizon")
+    runs = horizon_run_table(metrics, horizons, criterion, window_fraction, models)
+    summary = horizon_summary_table(runs, bootstrap_seed, models)
+    notes = horizon_notes(runs, horizons)
+    write_tables(summary, horizon_markdown(summary, notes, window_fraction), runs, csv, md, runs_path)
+    return [f"{len(metrics_paths)} metrics files, {len(runs)} runs, {len(summary)} cells",
+            f"collapse criterion: {criterion}", f"{int(runs['collapsed'].sum())} collapsed run(s)", *notes]
+
+
+def plot_horizon(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
+                 runs_path: str | os.PathLike, outputs: Sequence[str | os.PathLike],
+                 models: Mapping[str, str] | None = None, bootstrap_seed: int = 0) -> list[str]:
+    """Read the logs' run keys and `summarize_horizon`'s per-run table, draw and write exactly `outputs`."""
+    by_name = outputs_by_figure(outputs, HORIZON_FIGURES)
+    metrics = load_metrics(metrics_paths, base_dir, ("update",))
+    runs = pd.read_parquet(runs_path)
+    check_same_sweep_runs(metrics, runs)
+    if not set(RUN_KEYS) <= set(runs.columns) or "horizon" not in runs.columns:
+        raise ValueError("the runs table is not the horizon study's (no `horizon` column): rebuild runs.parquet")
+    fig = figure_horizon(horizon_summary_table(runs, bootstrap_seed, models), models)
+    notes = []
+    for paths in by_name.values():
+        for path in paths:
+            save_figure(fig, path)
+            notes.append(f"wrote {path}")
+    return notes
+

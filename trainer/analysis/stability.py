@@ -1,0 +1,353 @@
+"""The stability study: a learning-rate sweep per model and optimizer, and the lr each optimizer should run at.
+
+The grid is model x optimizer x lr x seed (a recipe per optimizer, e.g. spo_adam on adam and spo_muon on muon),
+in the Hive layout `.../optimizer=O/lr=L/seed=S/`, which `load_metrics` reads into a float `lr` column.
+Everything per run reuses the main study's definitions: `summary.run_table` (called once per lr, since its run
+key has no lr) gives the final window, its mean training success, the last evaluation and the collapse verdict
+under the study's criterion. Definitions added here, all for one run:
+
+* **Held-out AUC**: the mean of every `eval_success` the run logged, i.e. the area under the held-out curve
+  normalised by its length (evaluations are evenly spaced). It rewards learning early and penalises collapsing
+  late, which the final window alone cannot show. NaN for a run never evaluated.
+* **First-window success**: the mean training success over the run's first updates, as many as its final window
+  holds (the horizon study's "success gained" is the final window minus this).
+
+Per (model, recipe, optimizer, lr) the summary gives, in percent, the final training success and the held-out
+AUC (mean over seeds, 95% percentile bootstrap interval as in the main summary), the held-out success at the
+last evaluation, and the collapsed seeds.
+
+**The selection rule**, per (model, optimizer): the lr with the best mean held-out AUC (held-out, so the choice
+is not fitted to the training tasks; AUC rather than the last evaluation, so a run that collapses late does not
+win); on a tie, the smaller lr (the safer step). A (model, optimizer) that ran several recipes averages their
+AUCs per lr. Lrs whose AUC is NaN (never evaluated) are not candidates. The **stable range** is the set of lrs at
+which no seed of that (model, optimizer) collapsed. `selected_lr.yaml` holds `{model: {optimizer: lr}}`, ready
+for a study's top-level `lr:` table.
+
+The figure (`stability`) has one column per model family and two rows: final training success and held-out
+AUC against lr on a log axis, one line per optimizer (per recipe and optimizer when an optimizer ran several)
+with the bootstrap interval as error bars, each seed a small dot and each collapsed seed a red X at its value; a
+ring marks the selected lr on the AUC row.
+"""
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import numpy as np
+import pandas as pd
+import yaml
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import FixedLocator, NullLocator
+
+from trainer.analysis.collapse import CollapseCriterion
+from trainer.analysis.figures import (COLLAPSE, MUTED, STYLE, _empty, _grid, _legend, family_title, outputs_by_figure,
+                                      recipe_label, save_figure)
+from trainer.analysis.figures import OPTIMIZER_COLORS as MAIN_COLORS
+from trainer.analysis.logs import LR_RUN_KEYS, NONFINITE_COLUMNS, RUN_KEYS, load_metrics, lr_label, paper_model
+from trainer.analysis.summary import (_pct, bootstrap_interval, native_optimizer, ordered, run_table, sort_cells,
+                                      window_size, write_tables)
+
+STABILITY_COLUMNS: tuple[str, ...] = ("update", "success_rate", "eval_success", "entropy", *NONFINITE_COLUMNS)
+"""The metrics the stability and horizon analyses read (success, evaluations, every collapse rule)."""
+STABILITY_FIGURES: tuple[str, ...] = ("stability",)
+OPTIMIZER_COLORS = {**MAIN_COLORS, "adam_high_lr": "#8e4fb5"}
+OPTIMIZER_LABELS = {"adam": "AdamW", "muon": "Muon", "adam_high_lr": "AdamW at Muon's lr"}
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
+def run_keys(frame: pd.DataFrame) -> list[str]:
+    """The keys naming one run of `frame`: `LR_RUN_KEYS` when it has an `lr` column, else `RUN_KEYS`."""
+    return list(LR_RUN_KEYS if "lr" in frame.columns else RUN_KEYS)
+
+
+# -- per run -----------------------------------------------------------------------------------------------
+def sweep_run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | None = None,
+                    window_fraction: float = 0.1, models: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """One row per run (fractions): `summary.run_table`'s columns (per lr where the logs have one, with `lr`
+    before `seed`), plus `heldout_auc` and `first_window_success` (see the module docstring)."""
+    if len(metrics) == 0:
+        raise ValueError("sweep_run_table: the metrics table is empty")
+    keys = run_keys(metrics)
+    if "lr" in metrics.columns:
+        parts = [run_table(part.drop(columns="lr"), criterion, window_fraction, models).assign(lr=float(lr))
+                 for lr, part in metrics.groupby("lr", sort=True)]
+        runs = pd.concat(parts, ignore_index=True)
+    else:
+        runs = run_table(metrics, criterion, window_fraction, models)
+    frame = metrics.sort_values([*keys, "update"], kind="stable")
+    extras = []
+    for key, run in frame.groupby(keys, sort=False):
+        success = run["success_rate"].to_numpy(dtype=float)
+        evals = run["eval_success"].to_numpy(dtype=float) if "eval_success" in run else np.array([])
+        evals = evals[~np.isnan(evals)]
+        extras.append({**dict(zip(keys, key)),
+                       "first_window_success": float(np.nanmean(success[:window_size(len(run), window_fraction)])),
+                       "heldout_auc": float(evals.mean()) if len(evals) else math.nan})
+    runs = runs.merge(pd.DataFrame(extras), on=keys, how="left")
+    runs = runs[[*keys, *(c for c in runs.columns if c not in keys)]]
+    return sort_cells(runs, models, extra=tuple(k for k in keys if k in ("lr", "seed")))
+
+
+# -- tables ------------------------------------------------------------------------------------------------
+def _seed_stats(cell: pd.DataFrame, column: str, seed: int, level: float) -> tuple[float, float, float]:
+    """Mean (percent) over the seeds where `column` is not NaN, and its bootstrap interval."""
+    values = 100 * cell[column].dropna().to_numpy(dtype=float)
+    low, high = bootstrap_interval(values, seed, level=level)
+    return (float(values.mean()) if len(values) else math.nan), low, high
+
+
+def stability_summary_table(runs: pd.DataFrame, bootstrap_seed: int = 0, models: Mapping[str, str] | None = None,
+                            level: float = 0.95) -> pd.DataFrame:
+    """One row per model x recipe x optimizer x lr (percent): final training success and held-out AUC (mean over
+    seeds, bootstrap interval), held-out success at the last evaluation, seeds and collapsed seeds."""
+    rows = []
+    for (model, recipe, optimizer, lr), cell in runs.groupby(["model", "recipe", "optimizer", "lr"], sort=False):
+        cell = cell.sort_values("seed")
+        final, final_low, final_high = _seed_stats(cell, "window_success", bootstrap_seed, level)
+        auc, auc_low, auc_high = _seed_stats(cell, "heldout_auc", bootstrap_seed, level)
+        collapsed = cell["collapsed"].astype(bool)
+        rows.append({"model": model, "paper_model": paper_model(model, models), "recipe": recipe,
+                     "optimizer": optimizer, "lr": float(lr), "n_seeds": len(cell),
+                     "seeds": ",".join(str(s) for s in cell["seed"]),
+                     "final_pct_mean": final, "final_pct_ci_low": final_low, "final_pct_ci_high": final_high,
+                     "heldout_last_pct_mean": _seed_stats(cell, "eval_success", bootstrap_seed, level)[0],
+                     "auc_pct_mean": auc, "auc_pct_ci_low": auc_low, "auc_pct_ci_high": auc_high,
+                     "n_collapsed": int(collapsed.sum()),
+                     "collapsed_seeds": ",".join(str(s) for s in cell.loc[collapsed, "seed"])})
+    return sort_cells(pd.DataFrame(rows), models, extra=("lr",))
+
+
+def select_lrs(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per (model, optimizer): `selected_lr` (best mean held-out AUC, ties to the smaller lr; NaN when no lr was
+    evaluated), its `auc_pct`, the swept `lrs` and the `stable_lrs` (no collapsed seed), in the summary's order."""
+    rows = []
+    for (model, optimizer), part in summary.groupby(["model", "optimizer"], sort=False):
+        per_lr = part.groupby("lr", sort=True).agg(auc=("auc_pct_mean", "mean"), collapsed=("n_collapsed", "sum"))
+        candidates = per_lr[per_lr["auc"].notna()].reset_index()
+        best = candidates.sort_values(["auc", "lr"], ascending=[False, True], kind="stable").head(1)
+        rows.append({"model": model, "paper_model": part["paper_model"].iloc[0], "optimizer": optimizer,
+                     "selected_lr": float(best["lr"].iloc[0]) if len(best) else math.nan,
+                     "auc_pct": float(best["auc"].iloc[0]) if len(best) else math.nan,
+                     "lrs": [float(lr) for lr in per_lr.index],
+                     "stable_lrs": [float(lr) for lr in per_lr.index[per_lr["collapsed"] == 0]]})
+    return pd.DataFrame(rows, columns=["model", "paper_model", "optimizer", "selected_lr", "auc_pct", "lrs",
+                                       "stable_lrs"])
+
+
+def selected_lr_yaml(selection: pd.DataFrame) -> str:
+    """`{model: {optimizer: lr}}` of the selections that have an lr, as YAML with a comment header."""
+    table: dict[str, dict[str, float]] = {}
+    for row in selection.itertuples(index=False):
+        if np.isfinite(row.selected_lr):
+            table.setdefault(row.model, {})[row.optimizer] = float(row.selected_lr)
+    header = ("# The stability study's selected learning rates: per model and optimizer, the lr with the best mean\n"
+              "# held-out AUC (ties: the smaller lr). A study's top-level `lr:` table takes one model's entry.\n")
+    return header + (yaml.safe_dump(table, sort_keys=False) if table else "{}\n")
+
+
+def _lrs(values: Sequence[float]) -> str:
+    return ", ".join(lr_label(v) for v in values) if len(values) else "none"
+
+
+def stability_markdown(summary: pd.DataFrame, selection: pd.DataFrame, notes: Sequence[str] = (),
+                       window_fraction: float = 0.1) -> str:
+    """The summary as a Markdown page: method, notes, the selection per model and optimizer, then every lr."""
+    method = (f"Final = mean unsmoothed training success over the last {window_fraction:.0%} of each run's updates; "
+              "held-out AUC = mean of every held-out evaluation (`eval_success`) of the run, i.e. the normalised "
+              "area under its held-out curve; last held-out = the final evaluation. All in percent, averaged over "
+              "seeds; interval = 95% percentile bootstrap over seeds (n/a with one seed). Collapse = the rule in "
+              "`trainer/analysis/collapse.py`. Selected lr = per model and optimizer, the lr with the best mean "
+              "held-out AUC (ties: the smaller lr); stable lrs = those at which no seed collapsed.")
+    lines = ["# Learning-rate stability", "", method, ""]
+    lines += [f"- {note}" for note in notes]
+    if notes:
+        lines.append("")
+    lines += ["## Selected learning rates", "", "| model | paper model | optimizer | selected lr | held-out AUC % | "
+              "stable lrs | swept lrs |", "|---|---|---|---|---|---|---|"]
+    for row in selection.itertuples(index=False):
+        chosen = lr_label(row.selected_lr) if np.isfinite(row.selected_lr) else "– (never evaluated)"
+        lines.append(f"| {row.model} | {row.paper_model} | {row.optimizer} | {chosen} | {_pct(row.auc_pct)} | "
+                     f"{_lrs(row.stable_lrs)} | {_lrs(row.lrs)} |")
+    header = ["model", "recipe", "optimizer", "lr", "seeds", "final %", "95% CI", "held-out AUC %", "95% CI",
+              "last held-out %", "collapsed"]
+    lines += ["", "## Every learning rate", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in summary.itertuples(index=False):
+        collapsed = f"{row.n_collapsed}/{row.n_seeds}" + (f" (seeds {row.collapsed_seeds})" if row.n_collapsed else "")
+        cells = [row.model, row.recipe, row.optimizer, lr_label(row.lr), str(row.n_seeds), _pct(row.final_pct_mean),
+                 _ci(row.final_pct_ci_low, row.final_pct_ci_high), _pct(row.auc_pct_mean),
+                 _ci(row.auc_pct_ci_low, row.auc_pct_ci_high), _pct(row.heldout_last_pct_mean), collapsed]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _ci(low: float, high: float) -> str:
+    return "n/a" if not np.isfinite(low) else f"[{low:.1f}, {high:.1f}]"
+
+
+def evaluation_notes(runs: pd.DataFrame) -> list[str]:
+    """Runs never evaluated (their AUC and held-out success are blank)."""
+    never = runs[runs["heldout_auc"].isna()]
+    if len(never) == 0:
+        return []
+    keys = run_keys(never)
+    labels = ["/".join(f"{k}={lr_label(v) if k == 'lr' else v}" for k, v in zip(keys, row))
+              for row in never[keys].itertuples(index=False, name=None)]
+    return [f"{len(never)} run(s) never evaluated (no held-out metrics): {', '.join(labels)}"]
+
+
+# -- figure ------------------------------------------------------------------------------------------------
+def line_styles(summary: pd.DataFrame) -> dict[tuple[str, str], tuple[str, str, str]]:
+    """(recipe, optimizer) -> (colour, line style, label): colour by optimizer, style by recipe within it."""
+    styles = {}
+    pairs = list(dict.fromkeys(zip(summary["recipe"], summary["optimizer"])))
+    for optimizer in ordered({o for _, o in pairs}, ["muon", "adam", "adam_high_lr"]):
+        recipes = [r for r, o in pairs if o == optimizer]
+        for i, recipe in enumerate(recipes):
+            label = OPTIMIZER_LABELS.get(optimizer, optimizer)
+            if len(recipes) > 1 or native_optimizer(recipe) != optimizer:
+                label = f"{label}: {recipe_label(recipe)}"
+            styles[(recipe, optimizer)] = (OPTIMIZER_COLORS.get(optimizer, MUTED), LINE_STYLES[i % 4], label)
+    return styles
+
+
+def _log_lr_axis(ax, lrs: Sequence[float]) -> None:
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(FixedLocator(list(lrs)))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([lr_label(lr) for lr in lrs], rotation=30, ha="right", fontsize=8)
+    ax.set_xlim(min(lrs) / 1.6, max(lrs) * 1.6)
+
+
+def figure_stability(runs: pd.DataFrame, summary: pd.DataFrame, selection: pd.DataFrame,
+                     models: Mapping[str, str] | None = None) -> Figure:
+    """Final training success (top) and held-out AUC (bottom) against lr, one column per model family."""
+    if summary.empty:
+        return _empty("stability: no runs in these logs")
+    model_list = ordered(summary["model"], list(models or {}))
+    lrs = sorted(set(summary["lr"]))
+    styles = line_styles(summary)
+    panels = (("final_pct", "window_success", "Final training success (%)"),
+              ("auc_pct", "heldout_auc", "Held-out AUC (%)"))
+    ncol = 4 if len(model_list) > 1 else 2  # legend columns: a one-model figure is narrow
+    legend_rows = -(-(len(styles) + 4) // ncol)
+    with matplotlib.rc_context(STYLE):
+        fig, axes = _grid(2, len(model_list), (3.8, 2.6), (0.75, 0.15, 0.75, 0.95 + 0.25 * legend_rows),
+                          (0.35, 0.75), sharey=True)
+        collapsed_seen = selected_seen = False
+        for j, model in enumerate(model_list):
+            for i, (stat, column, ylabel) in enumerate(panels):
+                ax = axes[i * len(model_list) + j]
+                for k, ((recipe, optimizer), (color, style, _)) in enumerate(styles.items()):
+                    line = summary[(summary["model"] == model) & (summary["recipe"] == recipe)
+                                   & (summary["optimizer"] == optimizer)].sort_values("lr")
+                    if line.empty:
+                        continue
+                    x, y = line["lr"].to_numpy(dtype=float), line[f"{stat}_mean"].to_numpy(dtype=float)
+                    low = line[f"{stat}_ci_low"].to_numpy(dtype=float)
+                    high = line[f"{stat}_ci_high"].to_numpy(dtype=float)
+                    ok = np.isfinite(low)
+                    ax.plot(x, y, color=color, ls=style, lw=1.6, marker="o", markersize=4, zorder=3)
+                    ax.errorbar(x[ok], y[ok], yerr=[y[ok] - low[ok], high[ok] - y[ok]], fmt="none", ecolor=color,
+                                elinewidth=1.0, capsize=2.5, zorder=3)
+                    seeds = runs[(runs["model"] == model) & (runs["recipe"] == recipe)
+                                 & (runs["optimizer"] == optimizer)]
+                    shift = 1.0 + 0.06 * (k - (len(styles) - 1) / 2)  # side by side on the log axis
+                    values = 100 * seeds[column].to_numpy(dtype=float)
+                    dead = seeds["collapsed"].to_numpy(dtype=bool)
+                    xs = seeds["lr"].to_numpy(dtype=float) * shift
+                    ax.scatter(xs[~dead], values[~dead], s=9, color=color, alpha=0.55, linewidth=0, zorder=4)
+                    if dead.any():
+                        ax.scatter(xs[dead], values[dead], marker="X", s=45, color=COLLAPSE, edgecolor="white",
+                                   linewidth=0.5, zorder=5)
+                        collapsed_seen = True
+                    if stat == "auc_pct":
+                        chosen = selection[(selection["model"] == model) & (selection["optimizer"] == optimizer)]
+                        for lr in chosen["selected_lr"].dropna():
+                            at = line[line["lr"] == lr]
+                            if len(at):
+                                ax.scatter([lr], at["auc_pct_mean"], s=130, facecolor="none", edgecolor=color,
+                                           linewidth=1.6, zorder=6)
+                                selected_seen = True
+                _log_lr_axis(ax, lrs)
+                ax.set_ylim(-2, 102)
+                if j == 0:
+                    ax.set_ylabel(ylabel)
+                if i == 0:
+                    ax.set_title(family_title(model, models), fontsize=10)
+                else:
+                    ax.set_xlabel("Learning rate")
+        handles = [Line2D([], [], color=c, ls=s, lw=1.6, marker="o", markersize=4, label=label)
+                   for c, s, label in styles.values()]
+        handles.append(Line2D([], [], color=MUTED, lw=1.0, label="95% bootstrap CI over seeds"))
+        handles.append(Line2D([], [], marker="o", ls="", color=MUTED, alpha=0.55, markersize=3, label="one seed"))
+        if collapsed_seen:
+            handles.append(Line2D([], [], marker="X", ls="", color=COLLAPSE, markersize=7, markeredgecolor="white",
+                                  label="collapsed seed"))
+        if selected_seen:
+            handles.append(Line2D([], [], marker="o", ls="", markerfacecolor="none", markeredgecolor=MUTED,
+                                  markersize=10, label="selected lr (best held-out AUC)"))
+        _legend(fig, handles, ncol=min(len(handles), ncol))
+        fig.suptitle("Learning-rate stability", fontsize=12, y=1 - 0.15 / fig.get_figheight())
+    return fig
+
+
+def check_same_sweep_runs(metrics: pd.DataFrame, runs: pd.DataFrame) -> None:
+    """ValueError if the per-run table and the metrics do not cover exactly the same runs (a stale runs table)."""
+    keys = run_keys(metrics)
+    missing = [k for k in keys if k not in runs.columns]
+    if missing:
+        raise ValueError(f"the runs table lacks key(s) {missing} of the metrics (rebuild runs.parquet)")
+    logged = set(metrics[keys].drop_duplicates().itertuples(index=False, name=None))
+    judged = set(runs[keys].itertuples(index=False, name=None))
+    if logged != judged:
+        raise ValueError(f"the runs table does not match the metrics: runs only in the logs "
+                         f"{sorted(logged - judged)[:3]}, only in the runs table {sorted(judged - logged)[:3]} "
+                         f"(rebuild runs.parquet)")
+
+
+# -- entry points (the workflow scripts call these) --------------------------------------------------------
+def summarize_stability(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
+                        csv: str | os.PathLike, md: str | os.PathLike, runs_path: str | os.PathLike,
+                        selected_path: str | os.PathLike, collapse: Mapping[str, Any] | None = None,
+                        models: Mapping[str, str] | None = None, window_fraction: float = 0.1,
+                        bootstrap_seed: int = 0) -> list[str]:
+    """Read the logs, judge every run, write the summary CSV and Markdown, the per-run Parquet table and the
+    selected lrs (YAML). Returns notes for the log."""
+    criterion = CollapseCriterion.from_dict(collapse)
+    metrics = load_metrics(metrics_paths, base_dir, STABILITY_COLUMNS)
+    if "lr" not in metrics.columns:
+        raise ValueError("stability analysis: the cells' folders name no lr=...: the grid has no `lrs`")
+    runs = sweep_run_table(metrics, criterion, window_fraction, models)
+    summary = stability_summary_table(runs, bootstrap_seed, models)
+    selection = select_lrs(summary)
+    notes = evaluation_notes(runs)
+    write_tables(summary, stability_markdown(summary, selection, notes, window_fraction), runs, csv, md, runs_path)
+    Path(selected_path).write_text(selected_lr_yaml(selection))
+    chosen = [f"{r.model}/{r.optimizer}: {lr_label(r.selected_lr) if np.isfinite(r.selected_lr) else 'none'}"
+              for r in selection.itertuples(index=False)]
+    return [f"{len(metrics_paths)} metrics files, {len(runs)} runs, {len(summary)} cells",
+            f"collapse criterion: {criterion}", f"{int(runs['collapsed'].sum())} collapsed run(s)",
+            "selected lr: " + "; ".join(chosen), *notes]
+
+
+def plot_stability(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
+                   runs_path: str | os.PathLike, outputs: Sequence[str | os.PathLike],
+                   models: Mapping[str, str] | None = None, bootstrap_seed: int = 0) -> list[str]:
+    """Read the logs' run keys and `summarize_stability`'s per-run table, draw and write exactly `outputs`."""
+    by_name = outputs_by_figure(outputs, STABILITY_FIGURES)
+    metrics = load_metrics(metrics_paths, base_dir, ("update",))
+    runs = pd.read_parquet(runs_path)
+    check_same_sweep_runs(metrics, runs)
+    summary = stability_summary_table(runs, bootstrap_seed, models)
+    fig = figure_stability(runs, summary, select_lrs(summary), models)
+    notes = []
+    for paths in by_name.values():
+        for path in paths:
+            save_figure(fig, path)
+            notes.append(f"wrote {path}")
+    return notes
