@@ -21,6 +21,7 @@ from trainer.analysis.horizon import (figure_horizon, horizon_run_table, horizon
                                       summarize_horizon)
 from trainer.analysis.logs import LR_RUN_KEYS, RUN_KEYS, lr_label
 from trainer.analysis.stability import (STABILITY_COLUMNS, figure_stability, plot_stability, select_lrs,
+                                        select_pooled_lrs,
                                         selected_lr_yaml, stability_summary_table, summarize_stability,
                                         sweep_run_table)
 from trainer.analysis.synthetic import (STABILITY_BEST_LR, cell_path, horizon_grid, stability_grid,
@@ -101,8 +102,19 @@ def test_stability_summary_selects_the_best_auc_and_the_stable_range(sweep):
     for row in selection.itertuples(index=False):
         assert row.selected_lr == STABILITY_BEST_LR[row.optimizer]
         assert row.stable_lrs == [lr for lr in LRS if lr < 10 * STABILITY_BEST_LR[row.optimizer] * (1 - 1e-9)]
-    text = selected_lr_yaml(selection)
-    assert yaml.safe_load(text) == {m: {"adam": 3e-4, "muon": 1e-3} for m in MODELS}
+    text = selected_lr_yaml(selection, select_pooled_lrs(summary))
+    assert yaml.safe_load(text) == {**{m: {"adam": 3e-4, "muon": 1e-3} for m in MODELS},
+                                    "lr": {"adam": 3e-4, "muon": 1e-3}}
+
+
+def test_pooled_selection_averages_the_families():
+    """One lr per optimizer for every family: family a peaks at 1e-4 (AUC 50 vs 30), family b at 3e-4 (40 vs 45);
+    means 45 at 1e-4 and 37.5 at 3e-4 (seeds already averaged per family), so 1e-4 wins though b prefers 3e-4."""
+    rows = [("a", 1e-4, 50.0), ("a", 3e-4, 30.0), ("b", 1e-4, 40.0), ("b", 3e-4, 45.0)]
+    summary = pd.DataFrame([{"model": m, "optimizer": "adam", "lr": lr, "auc_pct_mean": auc} for m, lr, auc in rows])
+    assert select_pooled_lrs(summary) == {"adam": 1e-4}
+    tie = pd.DataFrame([{"model": "a", "optimizer": "muon", "lr": lr, "auc_pct_mean": 40.0} for lr in (3e-4, 1e-4)])
+    assert select_pooled_lrs(tie) == {"muon": 1e-4}
 
 
 def test_selection_breaks_ties_to_the_smaller_lr_and_skips_unevaluated_lrs():

@@ -58,10 +58,7 @@ def _study(name: str) -> dict:
     return cc.resolve_base(yaml.safe_load((REPO / name).read_text()), root=REPO, source=REPO / name)
 
 
-STUDY_FILES = ["config.yaml", "configs/large.yaml", "configs/smoke.yaml", "configs/paper.yaml",
-               "configs/companion.yaml", "configs/companion-smoke.yaml", "configs/companion-paper.yaml",
-               "configs/stability.yaml", "configs/stability-smoke.yaml", "configs/horizon.yaml",
-               "configs/horizon-smoke.yaml"]
+STUDY_FILES = ["config.yaml", *sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").glob("*.yaml"))]
 
 
 # -- (1) pure helpers ------------------------------------------------------------------------------------------
@@ -195,6 +192,10 @@ def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_pat
                                               str(tmp_path), threads=1, lr=lr))
         assert (cfg.recipe, cfg.optim.name, cfg.run.seed) == (row.recipe, row.optimizer, row.seed)
         assert lr is None or cfg.optim.lr == lr
+        # PPO as the papers' base setups run it: several optimizer steps per rollout batch, so the clip binds;
+        # and one step-size rule (Muon's update RMS matched to AdamW's) in every study
+        assert cfg.run.minibatches * cfg.run.epochs >= 2, (study_file, "one optimizer step per batch")
+        assert cfg.optim.adjust_lr_fn == "match_rms_adamw", study_file
     for model in cc.warm_started_models(study, grid):
         path = tmp_path / f"{model}.yaml"
         cc.write_yaml(cc.warm_start_config(study, model, threads=1), path, header="test")

@@ -19,7 +19,8 @@ last evaluation, and the collapsed seeds.
 **The selection rule**, per (model, optimizer): the lr with the best mean held-out AUC (held-out, so the choice
 is not fitted to the training tasks; AUC rather than the last evaluation, so a run that collapses late does not
 win); on a tie, the smaller lr (the safer step). A (model, optimizer) that ran several recipes averages their
-AUCs per lr. Lrs whose AUC is NaN (never evaluated) are not candidates. The **stable range** is the set of lrs at
+AUCs per lr. Lrs whose AUC is NaN (never evaluated) are not candidates. Pooled over families (one lr per optimizer,
+what the default study's `lr:` table holds): the best AUC averaged over the families. The **stable range** is the set of lrs at
 which no seed of that (model, optimizer) collapsed. `selected_lr.yaml` holds `{model: {optimizer: lr}}`, ready
 for a study's top-level `lr:` table.
 
@@ -139,14 +140,30 @@ def select_lrs(summary: pd.DataFrame) -> pd.DataFrame:
                                        "stable_lrs"])
 
 
-def selected_lr_yaml(selection: pd.DataFrame) -> str:
-    """`{model: {optimizer: lr}}` of the selections that have an lr, as YAML with a comment header."""
-    table: dict[str, dict[str, float]] = {}
+def select_pooled_lrs(summary: pd.DataFrame) -> dict[str, float]:
+    """Per optimizer, one lr for every family (what a study's `lr:` table holds): the best held-out AUC averaged
+    over the families that ran it (each family's mean over seeds, then their mean; ties to the smaller lr)."""
+    per_lr = (summary.groupby(["optimizer", "lr", "model"], sort=True)["auc_pct_mean"].mean()
+              .groupby(["optimizer", "lr"], sort=True).mean().dropna().reset_index())
+    chosen = {}
+    for optimizer, part in per_lr.groupby("optimizer", sort=False):
+        best = part.sort_values(["auc_pct_mean", "lr"], ascending=[False, True], kind="stable").iloc[0]
+        chosen[str(optimizer)] = float(best["lr"])
+    return chosen
+
+
+def selected_lr_yaml(selection: pd.DataFrame, pooled: Mapping[str, float] | None = None) -> str:
+    """`{model: {optimizer: lr}}` of the selections that have an lr, and under `lr` the pooled choice
+    (`select_pooled_lrs`), as YAML with a comment header."""
+    table: dict = {}
     for row in selection.itertuples(index=False):
         if np.isfinite(row.selected_lr):
             table.setdefault(row.model, {})[row.optimizer] = float(row.selected_lr)
+    if pooled:
+        table["lr"] = dict(pooled)
     header = ("# The stability study's selected learning rates: per model and optimizer, the lr with the best mean\n"
-              "# held-out AUC (ties: the smaller lr). A study's top-level `lr:` table takes one model's entry.\n")
+              "# held-out AUC (ties: the smaller lr); under `lr`, per optimizer, the best AUC averaged over the\n"
+              "# families: the default study's top-level `lr:` table (config.yaml).\n")
     return header + (yaml.safe_dump(table, sort_keys=False) if table else "{}\n")
 
 
@@ -155,7 +172,7 @@ def _lrs(values: Sequence[float]) -> str:
 
 
 def stability_markdown(summary: pd.DataFrame, selection: pd.DataFrame, notes: Sequence[str] = (),
-                       window_fraction: float = 0.1) -> str:
+                       window_fraction: float = 0.1, pooled: Mapping[str, float] | None = None) -> str:
     """The summary as a Markdown page: method, notes, the selection per model and optimizer, then every lr."""
     method = (f"Final = mean unsmoothed training success over the last {window_fraction:.0%} of each run's updates; "
               "held-out AUC = mean of every held-out evaluation (`eval_success`) of the run, i.e. the normalised "
@@ -167,6 +184,10 @@ def stability_markdown(summary: pd.DataFrame, selection: pd.DataFrame, notes: Se
     lines += [f"- {note}" for note in notes]
     if notes:
         lines.append("")
+    if pooled:
+        lines += ["## One learning rate per optimizer", "", "Per optimizer, the lr with the best held-out AUC averaged "
+                  "over the families (the default study's `lr:` table): " + ", ".join(
+                      f"{optimizer} {lr_label(lr)}" for optimizer, lr in pooled.items()) + ".", ""]
     lines += ["## Selected learning rates", "", "| model | paper model | optimizer | selected lr | held-out AUC % | "
               "stable lrs | swept lrs |", "|---|---|---|---|---|---|---|"]
     for row in selection.itertuples(index=False):
@@ -325,14 +346,16 @@ def summarize_stability(metrics_paths: Sequence[str | os.PathLike], base_dir: st
     runs = sweep_run_table(metrics, criterion, window_fraction, models)
     summary = stability_summary_table(runs, bootstrap_seed, models)
     selection = select_lrs(summary)
+    pooled = select_pooled_lrs(summary)
     notes = evaluation_notes(runs)
-    write_tables(summary, stability_markdown(summary, selection, notes, window_fraction), runs, csv, md, runs_path)
-    Path(selected_path).write_text(selected_lr_yaml(selection))
+    write_tables(summary, stability_markdown(summary, selection, notes, window_fraction, pooled), runs, csv, md,
+                 runs_path)
+    Path(selected_path).write_text(selected_lr_yaml(selection, pooled))
     chosen = [f"{r.model}/{r.optimizer}: {lr_label(r.selected_lr) if np.isfinite(r.selected_lr) else 'none'}"
               for r in selection.itertuples(index=False)]
     return [f"{len(metrics_paths)} metrics files, {len(runs)} runs, {len(summary)} cells",
             f"collapse criterion: {criterion}", f"{int(runs['collapsed'].sum())} collapsed run(s)",
-            "selected lr: " + "; ".join(chosen), *notes]
+            "selected lr: " + "; ".join(chosen), f"one lr per optimizer: {pooled}", *notes]
 
 
 def plot_stability(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
