@@ -8,4 +8,4 @@ for refactors, logging and speed work. The workflow reads it from this file with
 torch needed to build the DAG), so keep it a plain string literal on one line.
 """
 
-TRAINER_VERSION = "1"
+TRAINER_VERSION = "2"
