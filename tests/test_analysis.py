@@ -408,7 +408,7 @@ def test_summary_markdown_shows_the_numbers():
                     ("minicpm-tiny", "full", "muon", 1, 0.9, True, np.nan),
                     ("minicpm-tiny", "spo_muon", "muon", 0, 0.5, False, np.nan)])
     text = summary_markdown(summary_table(runs), notes=["no runs of model(s) qwen-tiny in these logs"])
-    rows = [line for line in text.splitlines() if line.startswith("| minicpm-tiny")]
+    rows = [line for line in text.split("## Learning")[0].splitlines() if line.startswith("| minicpm-tiny")]
     assert len(rows) == 2
     assert "| 80.0 |" in rows[1] and "| 74.1 |" in rows[1] and "| 5.9 |" in rows[1]  # (70+90)/2 = 80 vs 74.1
     assert "1/2 (seeds 1)" in rows[1] and "| 60.0 |" not in rows[1]
@@ -416,6 +416,27 @@ def test_summary_markdown_shows_the_numbers():
     assert "- no runs of model(s) qwen-tiny in these logs" in text
     assert "over the last 10% of each run's updates" in text
     assert "over the last 25% of each run's updates" in summary_markdown(summary_table(runs), window_fraction=0.25)
+
+
+def test_learning_is_the_last_fifth_minus_the_first_and_held_out_first_to_last():
+    """Per run: success over the last fifth of the updates minus over the first fifth, the first and the last
+    evaluation, the informed-baseline share; per cell: their means over seeds with an interval for the learning."""
+    rows = []
+    for seed, (early, late) in enumerate([(0.2, 0.6), (0.3, 0.5)]):
+        for u in range(10):  # fifths of 10 updates: 2 updates each
+            success = early if u < 2 else late if u >= 8 else 0.9
+            rows.append({"model": "m", "recipe": "full", "optimizer": "muon", "seed": seed, "update": u,
+                         "success_rate": success, "eval_success": {0: 0.1 * (seed + 1), 9: 0.5}.get(u, np.nan),
+                         "baseline_informed_frac": 0.5 if u < 5 else 1.0})
+    runs = run_table(pd.DataFrame(rows), CollapseCriterion(min_peak=1.0), models={"m": "M"})
+    assert runs["gain"].tolist() == pytest.approx([0.4, 0.2])
+    assert runs["eval_first"].tolist() == pytest.approx([0.1, 0.2]) and runs["eval_success"].tolist() == [0.5, 0.5]
+    assert runs["informed_frac"].tolist() == pytest.approx([0.75, 0.75])
+    cell = summary_table(runs, bootstrap_seed=0).iloc[0]
+    assert cell["gain_pct_mean"] == pytest.approx(30.0) and 20.0 <= cell["gain_pct_ci_low"] < cell["gain_pct_ci_high"]
+    assert cell["eval_first_pct_mean"] == pytest.approx(15.0) and cell["informed_pct_mean"] == pytest.approx(75.0)
+    text = summary_markdown(summary_table(runs, bootstrap_seed=0))
+    assert "| m | full | muon | 2 | +30.0 | [+20.0, +40.0] | 15.0 -> 50.0 | 75.0 |" in text
 
 
 def test_summarize_writes_the_three_outputs(tmp_path):

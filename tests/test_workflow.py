@@ -205,6 +205,11 @@ def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_pat
 @pytest.mark.parametrize("edit, named", [
     pytest.param(lambda s: s["models"]["m"].update(path="x"), "models.m: give exactly one", id="preset+path"),
     pytest.param(lambda s: s["models"]["m"].pop("preset"), "models.m: give exactly one", id="neither"),
+    pytest.param(lambda s: s["models"]["m"].update(policy="m"), "models.m: give exactly one", id="preset+policy"),
+    pytest.param(lambda s: s["models"].update(h={"policy": "nope"}), "models.h.policy: 'nope' is not a model",
+                 id="policy-unknown"),
+    pytest.param(lambda s: s["models"].update(h={"policy": "h2"}, h2={"path": "."}),
+                 "models.h.policy: 'h2' is not a model of this study with a `preset`", id="policy-of-a-checkpoint"),
     pytest.param(lambda s: s["models"].update(p={"path": "/no/such/checkpoint"}), "models.p.path", id="no-path"),
     pytest.param(lambda s: s["grid"][0].update(models=["m", "nope"]), r"grid\[0\].models: 'nope'",
                  id="unknown-model"),
@@ -340,6 +345,23 @@ def test_env_options_of_a_model_merge_into_its_cells_and_warm_start():
     study["models"]["h4"]["env_options"]["min_files"] = 1  # 4 bugs no longer fit the smallest repository
     with pytest.raises(cc.StudyError, match=r"cell.env.options with models.h4.env_options: MiniRepoConfig: max_bugs"):
         cc.check_env_options(study, REPO)
+
+
+def test_models_can_share_a_warm_started_policy():
+    """`policy: base`: the cells of h2 start from base's warm-started policy on h2's own tasks; only base is
+    warm-started, and h2's cells get no offline statistics (base's offline pass played other tasks)."""
+    study = {"models": {"base": {"preset": "qwen-tiny", "env_options": {"min_bugs": 1, "max_bugs": 2}},
+                        "h2": {"policy": "base", "env_options": {"min_bugs": 2, "max_bugs": 2}}},
+             "grid": [{"models": ["h2"], "recipes": ["full"], "seeds": [0, 1]}],
+             "cell": {"env": {"name": "minirepo", "options": {"max_depth": 0}}},
+             "warm_start": {"offline_samples": 2}}
+    cc.check_study(study)
+    grid = cc.grid_frame(study)
+    assert cc.warm_started_models(study, grid) == ["base"] and cc.policy_model(study, "h2") == "base"
+    cell = cc.cell_config(study, "h2", "full", "muon", 0, "results/policies/base", 1)
+    assert cell["env"]["options"] == {"max_depth": 0, "min_bugs": 2, "max_bugs": 2}
+    assert "offline_stats" not in cell.get("rl", {})
+    assert cc.warm_start_config(study, "base", threads=1)["env"]["options"]["max_bugs"] == 2
 
 
 def test_a_horizon_study_labels_every_model_of_its_grid():
@@ -548,15 +570,16 @@ def test_dry_run_of_the_stability_and_horizon_studies(scratch_repo):
     # 2 models x 2 optimizers x 5 lrs x 2 seeds; config.yaml's models, warm starts and settings (its `base`)
     assert job_counts(out) == {"warm_start_config": 2, "warm_start": 2, "cell_config": 40, "train": 40,
                                "summarize": 1, "figures": 1, "all": 1}
-    assert "results/cells/model=qwen-tiny/recipe=spo_muon/optimizer=muon/lr=1e-02/seed=1/metrics.parquet" in out
+    assert "results/cells/model=qwen-tiny/recipe=spo_muon/optimizer=muon/lr=3e-03/seed=1/metrics.parquet" in out
     assert "results/selected_lr.yaml" in out and "figures/stability.pdf" in out and "fig2" not in out
     r = snakemake(scratch_repo, "-n", "--cores", "all", "--configfile", "configs/horizon.yaml")
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout + r.stderr
-    # 4 horizons (one warm-started model each) x 3 recipes x 3 seeds; config.yaml's own models are not run
-    assert job_counts(out) == {"warm_start_config": 4, "warm_start": 4, "cell_config": 36, "train": 36,
+    # 4 horizons (sharing one warm-started policy) x 3 recipes x 3 seeds; config.yaml's own models are not run
+    assert job_counts(out) == {"warm_start_config": 1, "warm_start": 1, "cell_config": 36, "train": 36,
                                "summarize": 1, "figures": 1, "all": 1}
-    assert "results/cells/model=qwen-h8/recipe=full/optimizer=muon/seed=2/metrics.parquet" in out
+    assert "results/cells/model=qwen-h4/recipe=full/optimizer=muon/seed=2/metrics.parquet" in out
+    assert "results/policies/qwen-base" in out
     assert "figures/horizon.png" in out and "lr=" not in out and "minicpm-tiny" not in out
 
 

@@ -49,6 +49,8 @@ CELL_KEYS: tuple[str, ...] = ("model", "recipe", "optimizer")
 
 N_BOOT = 10_000
 """Bootstrap resamples for every interval."""
+LEARNING_FRACTION = 0.2
+"""Learning = mean training success over the last fifth of a run's updates minus over its first fifth."""
 
 
 def native_optimizer(recipe: str) -> str | None:
@@ -86,9 +88,11 @@ def run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | None = None,
     """One row per run: its window, window mean success, final held-out success and collapse verdict.
 
     `metrics` is `load_metrics`' table. Columns: the run keys, `paper_model`, `n_updates`, `window_first`,
-    `window_last` (logged updates), `window_success` (fraction), `eval_success`, `eval_update`, `collapsed`,
-    `collapse_update` (nullable Int64), `collapse_reason`. The collapse verdict is `detect_collapse`'s, computed
-    here on arrays for all runs at once (one grouped EMA, then numpy per run).
+    `window_last` (logged updates), `window_success` (fraction), `eval_success` and `eval_update` (the last
+    evaluation), `eval_first` (the first, when there are two or more), `gain` (the learning: last fifth of the
+    updates minus the first fifth, `LEARNING_FRACTION`), `informed_frac` (share of episodes whose SPO baseline came
+    from data), `collapsed`, `collapse_update` (nullable Int64), `collapse_reason`. The collapse verdict is
+    `detect_collapse`'s, computed here on arrays for all runs at once (one grouped EMA, then numpy per run).
     """
     criterion = CollapseCriterion() if criterion is None else criterion
     missing = [c for c in (*RUN_KEYS, "update", "success_rate") if c not in metrics.columns]
@@ -102,11 +106,14 @@ def run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | None = None,
     success = frame["success_rate"].to_numpy(dtype=float)
     evals = frame["eval_success"].to_numpy(dtype=float) if "eval_success" in frame.columns else None
     entropy = frame["entropy"].to_numpy(dtype=float) if "entropy" in frame.columns else None
+    informed = (frame["baseline_informed_frac"].to_numpy(dtype=float) if "baseline_informed_frac" in frame.columns
+                else None)
     flags = nonfinite_flags(frame, criterion.nonfinite)
     rows = []
     for key, a, b in run_bounds(frame):
         n = b - a
         w = b - window_size(n, window_fraction)
+        fifth = window_size(n, LEARNING_FRACTION)
         if np.isnan(success[w:b]).all():
             raise ValueError(f"run {dict(zip(RUN_KEYS, key))}: no success_rate logged in its final window "
                              f"(updates {update[w]}..{update[b - 1]})")
@@ -118,6 +125,10 @@ def run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | None = None,
                      "window_success": float(np.nanmean(success[w:b])),
                      "eval_success": float(evals[a + evaluated[-1]]) if len(evaluated) else np.nan,
                      "eval_update": int(update[a + evaluated[-1]]) if len(evaluated) else None,
+                     "eval_first": float(evals[a + evaluated[0]]) if len(evaluated) > 1 else np.nan,
+                     "gain": float(np.nanmean(success[b - fifth:b]) - np.nanmean(success[a:a + fifth])),
+                     "informed_frac": (float(np.nanmean(informed[a:b])) if informed is not None
+                                       and not np.isnan(informed[a:b]).all() else np.nan),
                      "collapsed": index is not None,
                      "collapse_update": None if index is None else int(update[a + index]),
                      "collapse_reason": reason})
@@ -181,6 +192,10 @@ def summary_table(runs: pd.DataFrame, paper: pd.DataFrame | None = None, bootstr
         success = 100 * cell["window_success"].to_numpy(dtype=float)
         low, high = bootstrap_interval(success, bootstrap_seed, level=level)
         evaluated = cell["eval_success"].dropna()
+        gain = 100 * cell["gain"].to_numpy(dtype=float) if "gain" in cell.columns else np.full(len(cell), np.nan)
+        gain_low, gain_high = (bootstrap_interval(gain, bootstrap_seed, level=level) if np.isfinite(gain).all()
+                               else (math.nan, math.nan))
+        first = cell["eval_first"].dropna() if "eval_first" in cell.columns else pd.Series(dtype=float)
         name = cell["paper_model"].iloc[0] if "paper_model" in cell.columns else paper_model(model, models)
         key = (name, recipe, optimizer)
         ours = float(success.mean())
@@ -194,6 +209,11 @@ def summary_table(runs: pd.DataFrame, paper: pd.DataFrame | None = None, bootstr
             "paper_success_pct": theirs, "diff_pct_points": ours - theirs,
             "eval_success_pct_mean": 100 * float(evaluated.mean()) if len(evaluated) else math.nan,
             "n_eval_seeds": len(evaluated),
+            "gain_pct_mean": float(gain.mean()), "gain_pct_ci_low": gain_low, "gain_pct_ci_high": gain_high,
+            "eval_first_pct_mean": 100 * float(first.mean()) if len(first) else math.nan,
+            "informed_pct_mean": (100 * float(cell["informed_frac"].mean())
+                                  if "informed_frac" in cell.columns and cell["informed_frac"].notna().any()
+                                  else math.nan),
             "paper_source": (f"{paper_index.loc[key, 'source']}: {paper_index.loc[key, 'source_note']}"
                              if key in paper_index.index else ""),
         })
@@ -210,7 +230,10 @@ def summary_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_fr
               "updates (the paper's Figure 2: updates 90-100 of 100 at 10%), in percent, averaged over seeds; "
               "interval = 95% percentile bootstrap over seeds (n/a with one seed). Diff = ours - paper, in "
               "percentage points. Held-out = final `eval_success` (– where not evaluated). Collapse = the rule "
-              "in `trainer/analysis/collapse.py`.")
+              "in `trainer/analysis/collapse.py`. Learning = mean training success over the last fifth of the "
+              "updates minus over the first fifth (percentage points, mean over seeds with its interval); "
+              "held-out = the first evaluation (after update 1) -> the last; informed = share of episodes whose SPO "
+              "baseline came from data (the offline pass or an earlier visit) rather than the prior.")
     lines = ["# Training success, ours beside Ruan et al. 2026 (Figure 2)", "", method, ""]
     lines += [f"- {note}" for note in notes]
     if notes:
@@ -226,6 +249,15 @@ def summary_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_fr
                  ci, collapsed, _pct(row.paper_success_pct), _pct(row.diff_pct_points),
                  _pct(row.eval_success_pct_mean)]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "## Learning", "", "| model | recipe | optimizer | seeds | learning (pp) | 95% CI | held-out % "
+              "first -> last | informed % |", "|---|---|---|---|---|---|---|---|"]
+    for row in summary.itertuples(index=False):
+        ci = ("n/a" if not np.isfinite(row.gain_pct_ci_low)
+              else f"[{row.gain_pct_ci_low:+.1f}, {row.gain_pct_ci_high:+.1f}]")
+        heldout = f"{_pct(row.eval_first_pct_mean)} -> {_pct(row.eval_success_pct_mean)}"
+        gain = "–" if not np.isfinite(row.gain_pct_mean) else f"{row.gain_pct_mean:+.1f}"
+        lines.append(f"| {row.model} | {row.recipe} | {row.optimizer} | {row.n_seeds} | {gain} | {ci} | {heldout} | "
+                     f"{_pct(row.informed_pct_mean)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -104,14 +104,17 @@ def figure_reports():
 
 
 def model_path(model):
-    """Where a cell loads its base policy: the warm-started policy, or the study's checkpoint path."""
+    """Where a cell loads its base policy: the warm-started policy (its own, or the one its `policy` key names), or
+    the study's checkpoint path."""
     entry = config["models"][model]
-    return f"results/policies/{model}" if entry.get("preset") is not None else entry["path"]
+    if entry.get("path") is not None:
+        return entry["path"]
+    return f"results/policies/{study_tools.policy_model(config, model)}"
 
 
 def policy_input(wildcards):
     """The warm start is an input of a cell only for tiny families; a checkpoint path is not built by the DAG."""
-    return [model_path(wildcards.model)] if wildcards.model in WARM_STARTED else []
+    return [model_path(wildcards.model)] if study_tools.policy_model(config, wildcards.model) in WARM_STARTED else []
 
 
 def cell_yaml(wildcards):

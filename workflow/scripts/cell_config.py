@@ -139,11 +139,16 @@ def check_study(study: dict, root: str | Path = ".") -> None:
     root: the study files' paths are written from there, whatever the study's `workdir`)."""
     root = Path(root)
     for name, entry in study["models"].items():
-        has_preset, has_path = entry.get("preset") is not None, entry.get("path") is not None
-        if has_preset == has_path:
+        kinds = [key for key in ("preset", "path", "policy") if entry.get(key) is not None]
+        if len(kinds) != 1:
             raise StudyError(f"models.{name}: give exactly one of `preset` (a tiny model the workflow "
-                             f"warm-starts) or `path` (a local checkpoint), got {entry!r}")
-        if has_path and not (root / entry["path"]).exists():
+                             f"warm-starts), `path` (a local checkpoint) or `policy` (another model's warm-started "
+                             f"policy), got {entry!r}")
+        shared = entry.get("policy")
+        if shared is not None and study["models"].get(shared, {}).get("preset") is None:
+            raise StudyError(f"models.{name}.policy: {shared!r} is not a model of this study with a `preset` "
+                             f"(a warm-started policy to share)")
+        if entry.get("path") is not None and not (root / entry["path"]).exists():
             raise StudyError(f"models.{name}.path: {entry['path']!r} does not exist "
                              f"(paper scale needs the checkpoint on a local path)")
     for i, block in enumerate(study["grid"]):
@@ -254,9 +259,15 @@ def grid_frame(study: dict) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns).drop_duplicates(ignore_index=True)
 
 
+def policy_model(study: dict, model: str) -> str:
+    """The model whose base policy `model`'s cells load: itself, or the model its `policy` key names."""
+    return study["models"][model].get("policy") or model
+
+
 def warm_started_models(study: dict, grid: pd.DataFrame) -> list[str]:
-    """Models of the grid built from a tiny preset (they need the warm-start rule), in grid order."""
-    return [m for m in dict.fromkeys(grid["model"]) if study["models"][m].get("preset") is not None]
+    """Models whose warm-started policy the grid's cells load (they need the warm-start rule), in grid order."""
+    return [m for m in dict.fromkeys(policy_model(study, m) for m in grid["model"])
+            if study["models"][m].get("preset") is not None]
 
 
 def paper_names(study: dict) -> dict[str, str]:
@@ -295,7 +306,8 @@ def model_env(study: dict, model: str) -> dict:
 
 def offline_stats_path(study: dict, model: str, model_path: str) -> str | None:
     """Where a cell of `model` reads SPO's offline statistics: beside its warm-started policy when the warm start
-    writes them (`warm_start.offline_samples > 0`), relative as `model_path` is; None otherwise."""
+    writes them (`warm_start.offline_samples > 0`), relative as `model_path` is; None otherwise, and for a model that
+    shares another's policy (`policy`): that offline pass played the other model's tasks."""
     if study.get("warm_start", {}).get("offline_samples", 0) > 0 and study["models"][model].get("preset"):
         return f"{model_path}/{OFFLINE_STATS_FILE}"
     return None
