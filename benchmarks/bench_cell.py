@@ -3,9 +3,8 @@
     python benchmarks/bench_cell.py --policy results/policies/minicpm-tiny [--study config.yaml]
                                     [--recipes full spo_adam] [--updates 100] [--keep DIR] [--against CHECKOUT]
 
-The target (issue 4): an embedded-default cell of 100 updates in at most 60 s on one core, so that the default grid
-(about 60 cells) fits in 30 minutes on 2 cores. The cell config is built exactly as the workflow builds it
-(workflow/scripts/cell_config.py: the study's `cell` block plus recipe, optimizer, seed, policy path), and the
+The cell config is built exactly as the workflow builds it (workflow/scripts/cell_config.py: the study, its `base`
+resolved, its `cell` block plus recipe, optimizer and its lr, seed, policy path and offline statistics), and the
 trainer runs as a subprocess, so start-up (imports, task generation, model load) is included. Besides the wall
 time it reports the split the trainer logs per update (rollout_s, train_s) and the time spent in evaluations.
 `--policy` is a warm-started base policy (`snakemake results/policies/minicpm-tiny` or `python -m trainer sft`).
@@ -30,7 +29,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "workflow" / "scripts"))
-from cell_config import RECIPE_OPTIMIZER, cell_config, write_yaml  # noqa: E402
+from cell_config import RECIPE_OPTIMIZER, cell_config, resolve_base, write_yaml  # noqa: E402
 
 TIMING_COLUMNS = ["rollout_s", "train_s", "wall_s"]
 
@@ -78,11 +77,15 @@ def main() -> None:
     args = ap.parse_args()
     if not Path(args.policy, "config.json").exists():
         sys.exit(f"--policy {args.policy}: not a policy directory (no config.json)")
-    study = yaml.safe_load(Path(args.study).read_text())
+    study = resolve_base(yaml.safe_load(Path(args.study).read_text()), root=ROOT, source=args.study)
+    model = Path(args.policy).resolve().name  # results/policies/<model>: the study's model of that name
+    if model not in study["models"]:
+        sys.exit(f"--policy {args.policy}: its folder name {model!r} is not a model of {args.study} "
+                 f"({sorted(study['models'])})")
     checkouts = {"this": ROOT} if args.against is None else {"this": ROOT, "against": Path(args.against).resolve()}
     rows = []
     for recipe in args.recipes:
-        cfg = cell_config(study, "bench", recipe, RECIPE_OPTIMIZER[recipe], args.seed,
+        cfg = cell_config(study, model, recipe, RECIPE_OPTIMIZER[recipe], args.seed,
                           str(Path(args.policy).resolve()), threads=1)
         cfg["run"]["updates"] = args.updates
         with tempfile.TemporaryDirectory() as tmp:

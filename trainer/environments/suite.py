@@ -86,6 +86,15 @@ def _no_tokenizer_corpus(family: str):
     return texts
 
 
+def _demonstration(env, task, act: Callable) -> Demonstration:
+    """One expert episode of `task` on `env`, `act(env)` choosing each action."""
+    demo = Demonstration(env.reset(task), [])
+    while not env.done:
+        action = act(env)
+        demo.steps.append((action, env.step(action)))
+    return demo
+
+
 def make_suite(env_cfg) -> EnvSuite:
     name, options = env_cfg.name, dict(env_cfg.options)
     config = family_config(name, options)  # an unknown family, option or value raises here, named
@@ -93,12 +102,7 @@ def make_suite(env_cfg) -> EnvSuite:
         from trainer.environments.minirepo import MiniRepoEnv, MiniRepoTasks, expert_action, sample_texts
 
         def demonstrate(task, noise, rng):
-            env = MiniRepoEnv(config)
-            demo = Demonstration(env.reset(task), [])
-            while not env.done:
-                action = expert_action(env, rng, noise)
-                demo.steps.append((action, env.step(action)))
-            return demo
+            return _demonstration(MiniRepoEnv(config), task, lambda env: expert_action(env, rng, noise))
 
         return EnvSuite(name, MiniRepoTasks(config), lambda: MiniRepoEnv(config),
                         lambda: sample_texts(config, n=300, noise=0.2, seed=0), demonstrate)
@@ -106,12 +110,7 @@ def make_suite(env_cfg) -> EnvSuite:
         from trainer.environments.textgame import Expert, TextGameEnv, TextGameTasks, sample_transcripts
 
         def demonstrate(task, noise, rng):
-            env, expert = TextGameEnv(config), Expert(noise=noise, seed=rng.randrange(2 ** 31))
-            demo = Demonstration(env.reset(task), [])
-            while not env.done:
-                action = expert.act(env)
-                demo.steps.append((action, env.step(action)))
-            return demo
+            return _demonstration(TextGameEnv(config), task, Expert(noise=noise, seed=rng.randrange(2 ** 31)).act)
 
         return EnvSuite(name, TextGameTasks(config), lambda: TextGameEnv(config),
                         lambda: sample_transcripts(config, n=300, noise=0.3, seed=0), demonstrate)
@@ -119,12 +118,7 @@ def make_suite(env_cfg) -> EnvSuite:
         from trainer.environments.recall import RecallEnv, RecallTasks, expert_action, sample_texts
 
         def demonstrate(task, noise, rng):
-            env = RecallEnv(config)
-            demo = Demonstration(env.reset(task), [])
-            while not env.done:
-                action = expert_action(env, rng, noise)
-                demo.steps.append((action, env.step(action)))
-            return demo
+            return _demonstration(RecallEnv(config), task, lambda env: expert_action(env, rng, noise))
 
         return EnvSuite(name, RecallTasks(config), lambda: RecallEnv(config),
                         lambda: sample_texts(config, n=200, noise=0.3, seed=0), demonstrate)
