@@ -27,7 +27,8 @@ for a study's top-level `lr:` table.
 The figure (`stability`) has one column per model family and two rows: final training success and held-out
 AUC against lr on a log axis, one line per optimizer (per recipe and optimizer when an optimizer ran several)
 with the bootstrap interval as error bars, each seed a small dot and each collapsed seed a red X at its value; a
-ring marks the selected lr on the AUC row.
+ring marks the selected lr on the AUC row, and a dotted line Muon's selected lr, where AdamW's curve gives the
+companion's control ("AdamW at Muon's learning rate").
 """
 from __future__ import annotations
 
@@ -259,7 +260,7 @@ def figure_stability(runs: pd.DataFrame, summary: pd.DataFrame, selection: pd.Da
     with matplotlib.rc_context(STYLE):
         fig, axes = _grid(2, len(model_list), (3.8, 2.6), (0.75, 0.15, 0.75, 0.95 + 0.25 * legend_rows),
                           (0.35, 0.75), sharey=True)
-        collapsed_seen = selected_seen = False
+        collapsed_seen = selected_seen = muon_lr_seen = False
         for j, model in enumerate(model_list):
             for i, (stat, column, ylabel) in enumerate(panels):
                 ax = axes[i * len(model_list) + j]
@@ -294,6 +295,10 @@ def figure_stability(runs: pd.DataFrame, summary: pd.DataFrame, selection: pd.Da
                                 ax.scatter([lr], at["auc_pct_mean"], s=130, facecolor="none", edgecolor=color,
                                            linewidth=1.6, zorder=6)
                                 selected_seen = True
+                muon = selection[(selection["model"] == model) & (selection["optimizer"] == "muon")]["selected_lr"]
+                for lr in muon.dropna():  # where AdamW's curve crosses it: the companion's "AdamW at Muon's lr"
+                    ax.axvline(lr, color=OPTIMIZER_COLORS["muon"], ls=":", lw=1.0, zorder=1)
+                    muon_lr_seen = True
                 _log_lr_axis(ax, lrs)
                 ax.set_ylim(-2, 102)
                 if j == 0:
@@ -312,6 +317,9 @@ def figure_stability(runs: pd.DataFrame, summary: pd.DataFrame, selection: pd.Da
         if selected_seen:
             handles.append(Line2D([], [], marker="o", ls="", markerfacecolor="none", markeredgecolor=MUTED,
                                   markersize=10, label="selected lr (best held-out AUC)"))
+        if muon_lr_seen:
+            handles.append(Line2D([], [], color=OPTIMIZER_COLORS["muon"], ls=":", lw=1.0,
+                                  label="Muon's selected lr (AdamW there: the companion's control)"))
         _legend(fig, handles, ncol=min(len(handles), ncol))
         fig.suptitle("Learning-rate stability", fontsize=12, y=1 - 0.15 / fig.get_figheight())
     return fig
