@@ -255,8 +255,8 @@ def figure_stability(runs: pd.DataFrame, summary: pd.DataFrame, selection: pd.Da
     styles = line_styles(summary)
     panels = (("final_pct", "window_success", "Final training success (%)"),
               ("auc_pct", "heldout_auc", "Held-out AUC (%)"))
-    ncol = 4 if len(model_list) > 1 else 2  # legend columns: a one-model figure is narrow
-    legend_rows = -(-(len(styles) + 4) // ncol)
+    ncol = 3 if len(model_list) > 1 else 2  # legend columns: a one-model figure is narrow
+    legend_rows = -(-(len(styles) + 5) // ncol)  # the optimizers' lines and at most 5 marker entries
     with matplotlib.rc_context(STYLE):
         fig, axes = _grid(2, len(model_list), (3.8, 2.6), (0.75, 0.15, 0.75, 0.95 + 0.25 * legend_rows),
                           (0.35, 0.75), sharey=True)
@@ -319,7 +319,7 @@ def figure_stability(runs: pd.DataFrame, summary: pd.DataFrame, selection: pd.Da
                                   markersize=10, label="selected lr (best held-out AUC)"))
         if muon_lr_seen:
             handles.append(Line2D([], [], color=OPTIMIZER_COLORS["muon"], ls=":", lw=1.0,
-                                  label="Muon's selected lr (AdamW there: the companion's control)"))
+                                  label="Muon's selected lr (AdamW there:\nthe companion's control)"))
         _legend(fig, handles, ncol=min(len(handles), ncol))
         fig.suptitle("Learning-rate stability", fontsize=12, y=1 - 0.15 / fig.get_figheight())
     return fig
