@@ -12,7 +12,7 @@
 #   4. slurmctld and slurmd as root, unless `scontrol ping` answers and this node is up; wait (SLURM_WAIT s,
 #      default 60) until `sinfo` shows the node idle/mixed/allocated, and resume it if it came up "down".
 # Environment: SLURM_LOG_DIR (default /var/log/slurm), SLURM_WAIT (default 60), SLURM_PARTITION (default "main").
-# Why these choices: DESIGN.md wants `snakemake --profile slurm` tested for real. One node that is both the
+# Why these choices: the README promises `snakemake --profile slurm`, so it is tested for real. One node that is both the
 # controller and the compute node is the smallest real cluster; proctrack/linuxproc and task/none need no cgroup
 # support (containers and sandboxes often lack it); accounting_storage/none means `sacct` has nothing to say, which
 # is why the profile sets `slurm-status-command: squeue` and this file sets MinJobAge=600.

@@ -22,7 +22,7 @@ def test_every_recipe_expands_and_runs_with_any_optimizer(recipe):
 
 
 def test_recipe_table_matches_design():
-    # DESIGN.md: no_length_seqmean_no_tis = Muon, SPO++, length off, tool on, seq-mean-token-mean, TIS off
+    # the paper's Figure 2: no_length_seqmean_no_tis = Muon, SPO++, length off, tool on, seq-mean-token-mean, TIS off
     cfg = config_from_dict({"recipe": "no_length_seqmean_no_tis"})
     assert (cfg.optim.name, cfg.rl.estimator, cfg.rl.length_penalty, cfg.rl.tool_penalty, cfg.rl.agg,
             cfg.rl.tis_cap) == ("muon", "spo++", False, True, "seq-mean-token-mean", None)

@@ -41,7 +41,7 @@ torch.set_num_threads(1)
 DESIGN_METRICS = """update, policy_version, success_rate, reward_mean, n_trajectories, gen_tokens, response_len_mean,
 turns_mean, tool_error_rate, overlong_rate, advantage_std, entropy, approx_kl, clip_frac_low, clip_frac_high,
 tis_weight_mean, tis_truncated_frac, staleness_mean, staleness_max, grad_norm, update_rms,
-update_spectral_norm, lr, loss, eval_success, rollout_s, train_s, wall_s"""  # copied from DESIGN.md, "Metrics"
+update_spectral_norm, lr, loss, eval_success, rollout_s, train_s, wall_s"""  # the metric contract, written out independently of METRIC_COLUMNS
 INT_METRICS = {"update", "policy_version", "n_trajectories", "gen_tokens", "optimizer_steps", "skipped_steps"}
 
 

@@ -1,7 +1,7 @@
 """SPO / SPO++ advantages and the Beta tracker, checked against hand-computed values.
 
 Every expected number is worked out in the comments from the formulas of the SPO recipe
-(reference: algorithms.md sections 1, 2), not by calling the code under test.
+(SPO: Beta-tracked per-task baseline, advantage = reward - baseline; SPO++ as in trainer/rl/spo.py's docstring), not by calling the code under test.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 One dataclass per concern, each field with a docstring. `load_config` turns a nested mapping into these classes
 and rejects an unknown key or a value of the wrong type with a message that names it (`rl.clip_hihg`), so a typo
-in a 60-cell grid fails before the first cell runs, not after an hour. Recipes (DESIGN.md's table) are named
+in a 60-cell grid fails before the first cell runs, not after an hour. Recipes (the `RECIPES` table below) are named
 presets over `optim` and `rl`; a cell may name a recipe and still override any field.
 """
 from __future__ import annotations
@@ -171,7 +171,7 @@ class RunConfig:
 @dataclass
 class TrainConfig:
     recipe: str | None = None
-    """A DESIGN.md recipe name; its settings are applied first, explicit fields override them."""
+    """A recipe name from `RECIPES`; its settings are applied first, explicit fields override them."""
     model: ModelConfig = field(default_factory=ModelConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -243,7 +243,7 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
                                                          agg="token-mean", tis_cap=None)}
        for estimator in ("grpo", "gigpo", "graphgpo")},
 }
-"""DESIGN.md's Figure-2 recipes, then the companion study's three group estimators (AdamW is its baseline; no
+"""The paper's Figure-2 recipes, then the companion study's three group estimators (AdamW is its baseline; no
 shaping penalties and no TIS, as in verl-agent's ALFWorld recipe). The optimizer is part of a recipe but any recipe
 runs with any optimizer (the grid sets `optim.name` explicitly), as the paper's Adam versions of the ablations do."""
 FIGURE2_RECIPES: tuple[str, ...] = ("spo_adam", "spo_muon", "full", "no_length", "no_tool", "no_penalties",

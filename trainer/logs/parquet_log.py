@@ -1,6 +1,6 @@
 """Parquet logs: one row per update (METRIC_COLUMNS) and one row per episode (EPISODE_COLUMNS).
 
-The column names are the contract between the trainer and the figure scripts (DESIGN.md, "Metrics").
+The column names are the contract between the trainer and the figure scripts (`METRIC_COLUMNS` below; README, "Outputs").
 Choices and why:
 
 * **Rewrite the whole table at every flush, atomically** (`atomic.atomic_path`). Parquet cannot be appended
@@ -60,7 +60,7 @@ _METRIC_ORDER = ("update", "policy_version", "success_rate", "reward_mean", "n_t
 
 METRIC_COLUMNS: dict[str, pa.DataType] = {
     name: pa.int64() if name in _INT else pa.float64() for name in _METRIC_ORDER}
-"""One row per update: DESIGN.md's columns in its order, then grad_snr (the companion study's gradient
+"""One row per update: the contract's columns in their order, then grad_snr (the companion study's gradient
 signal-to-noise proxy, null unless run.grad_snr), the optimizer steps taken and skipped (no signal, or non-finite),
 and the share of the batch's episodes whose SPO baseline was informed (offline pass or an earlier visit; null
 without a tracker). Every column may be null (eval_success is, where not evaluated; the loss, gradient and update

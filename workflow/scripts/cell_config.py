@@ -54,7 +54,7 @@ RECIPE_OPTIMIZER: dict[str, str] = {
     "gigpo": "adam",
     "graphgpo": "adam",
 }
-"""Each recipe's own optimizer: the Figure-2 recipes (DESIGN.md's table, in the paper's order), then the
+"""Each recipe's own optimizer: the Figure-2 recipes (trainer/config.py's `RECIPES`, in the paper's order), then the
 companion's estimators (AdamW, its baseline)."""
 
 OPTIMIZERS = ("adam", "muon", "adam_high_lr")

@@ -11,7 +11,7 @@ StepInfo flags, for the paper's tool penalty: `invalid_action` for no call, a ma
 a missing or unknown parameter, a blocked command; `exec_error` for a tool error (file not found, no unique
 match, ...), a timeout, an output flood, or a sandbox failure. A nonzero bash exit counts as an execution error
 only with `nonzero_exit_is_error=True`: reproducing a bug legitimately exits nonzero, so the default is the
-lenient reading (algorithms.md section 2 asks for a flag); `info.extra["exit_code"]` has it either way.
+lenient reading (the flag keeps the strict reading available); `info.extra["exit_code"]` has it either way.
 A sandbox that fails (not the agent's doing, e.g. the engine dies) ends the episode with reward 0 and
 `extra["sandbox_error"]` set, rather than raising inside the rollout loop.
 """
