@@ -7,7 +7,7 @@ figures.py   Figures 2-5 and the optimizer diagnostics, as PNG and reproducible 
 synthetic.py logs with known shapes for tests, the benchmark and looking at the figures
 companion.py the companion study: validation metrics per run, estimator x optimizer table, its three figures
 stability.py the lr sweep: per-lr success, held-out AUC and collapses, the selected lr per model and optimizer
-horizon.py   one model per task length: final success, success gained and collapses against the horizon
+horizon.py   one model per task length: final success, learning and collapses against the horizon
 
 The workflow's scripts (workflow/scripts/summarize.py, plot_figures.py) only unpack `snakemake.*` and call, by
 the study's kind, `summarize` / `plot` below, `summarize_companion` / `plot_companion`, `summarize_stability` /

@@ -8,12 +8,12 @@ horizons. The grid is model (= horizon) x recipe x optimizer x seed, in the main
 Per run everything comes from the stability study's `sweep_run_table` (itself the main study's `run_table`:
 final window, its mean training success, last evaluation, collapse verdict), plus:
 
-* **Success gained**: the final window's mean training success minus the first window's (the first updates, as
-  many as the final window holds): what RL added at this horizon, whatever the warm start began at.
+* **Learning**: the main summary's `gain` (mean training success over the last fifth of the updates minus over
+  the first fifth, `summary.LEARNING_FRACTION`): what RL added at this horizon, whatever the warm start began at.
 * **Held-out AUC**: the mean of every held-out evaluation (see `stability`).
 
 Per (family, horizon, recipe, optimizer) the summary gives, in percent, the final training success and the
-success gained (mean over seeds with a 95% bootstrap interval, as the main summary), the held-out AUC and last
+learning (mean over seeds with a 95% bootstrap interval, as the main summary), the held-out AUC and last
 evaluation, and the collapsed seeds out of the seeds run.
 
 The figure (`horizon`) has one row per family and two panels: final training success against horizon (log2
@@ -49,14 +49,13 @@ HORIZON_FIGURES: tuple[str, ...] = ("horizon",)
 def horizon_run_table(metrics: pd.DataFrame, horizons: Mapping[str, float],
                       criterion: CollapseCriterion | None = None, window_fraction: float = 0.1,
                       models: Mapping[str, str] | None = None) -> pd.DataFrame:
-    """`sweep_run_table` with each run's `horizon` (from `horizons`, by model) and `success_gain` (fractions).
+    """`sweep_run_table` with each run's `horizon` (from `horizons`, by model), in fractions.
     ValueError naming a model of the logs that has no horizon."""
     unlabelled = sorted(set(metrics["model"]) - set(horizons))
     if unlabelled:
         raise ValueError(f"horizon analysis: model(s) {unlabelled} have no `horizon` label (models.NAME.horizon)")
     runs = sweep_run_table(metrics, criterion, window_fraction, models)
     runs.insert(runs.columns.get_loc("seed") + 1, "horizon", runs["model"].map(horizons).astype(float))
-    runs["success_gain"] = runs["window_success"] - runs["first_window_success"]
     return runs
 
 
@@ -73,12 +72,12 @@ def sort_horizon(frame: pd.DataFrame, models: Mapping[str, str] | None = None) -
 def horizon_summary_table(runs: pd.DataFrame, bootstrap_seed: int = 0, models: Mapping[str, str] | None = None,
                           level: float = 0.95) -> pd.DataFrame:
     """One row per model (= family and horizon) x recipe x optimizer, in percent: final training success and
-    success gained (mean, bootstrap interval), held-out AUC and last evaluation, seeds and collapsed seeds."""
+    learning (mean, bootstrap interval), held-out AUC and last evaluation, seeds and collapsed seeds."""
     rows = []
     for (model, recipe, optimizer), cell in runs.groupby(["model", "recipe", "optimizer"], sort=False):
         cell = cell.sort_values("seed")
         final, final_low, final_high = _seed_stats(cell, "window_success", bootstrap_seed, level)
-        gain, gain_low, gain_high = _seed_stats(cell, "success_gain", bootstrap_seed, level)
+        gain, gain_low, gain_high = _seed_stats(cell, "gain", bootstrap_seed, level)
         collapsed = cell["collapsed"].astype(bool)
         rows.append({"paper_model": paper_model(model, models), "horizon": float(cell["horizon"].iloc[0]),
                      "model": model, "recipe": recipe, "optimizer": optimizer, "n_seeds": len(cell),
@@ -95,7 +94,8 @@ def horizon_summary_table(runs: pd.DataFrame, bootstrap_seed: int = 0, models: M
 def horizon_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_fraction: float = 0.1) -> str:
     """The summary as a Markdown page: method, notes, one row per family, horizon, recipe and optimizer."""
     method = (f"Final = mean unsmoothed training success over the last {window_fraction:.0%} of each run's updates; "
-              "gained = final minus the mean over the first updates of the same count (percentage points); "
+              "learning = mean training success over the last fifth of the updates minus over the first fifth "
+              "(percentage points, as the main summary's); "
               "held-out AUC = mean of every held-out evaluation of the run; last held-out = the final evaluation. "
               "In percent, averaged over seeds; interval = 95% percentile bootstrap over seeds (n/a with one "
               "seed). Collapse = the rule in `trainer/analysis/collapse.py`.")
@@ -103,7 +103,7 @@ def horizon_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_fr
     lines += [f"- {note}" for note in notes]
     if notes:
         lines.append("")
-    header = ["family", "horizon", "model", "recipe", "optimizer", "final %", "95% CI", "gained (pp)", "95% CI",
+    header = ["family", "horizon", "model", "recipe", "optimizer", "final %", "95% CI", "learning (pp)", "95% CI",
               "held-out AUC %", "last held-out %", "collapsed"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in summary.itertuples(index=False):

@@ -9,8 +9,6 @@ under the study's criterion. Definitions added here, all for one run:
 * **Held-out AUC**: the mean of every `eval_success` the run logged, i.e. the area under the held-out curve
   normalised by its length (evaluations are evenly spaced). It rewards learning early and penalises collapsing
   late, which the final window alone cannot show. NaN for a run never evaluated.
-* **First-window success**: the mean training success over the run's first updates, as many as its final window
-  holds (the horizon study's "success gained" is the final window minus this).
 
 Per (model, recipe, optimizer, lr) the summary gives, in percent, the final training success and the held-out
 AUC (mean over seeds, 95% percentile bootstrap interval as in the main summary), the held-out success at the
@@ -71,7 +69,7 @@ def run_keys(frame: pd.DataFrame) -> list[str]:
 def sweep_run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | None = None,
                     window_fraction: float = 0.1, models: Mapping[str, str] | None = None) -> pd.DataFrame:
     """One row per run (fractions): `summary.run_table`'s columns (per lr where the logs have one, with `lr`
-    before `seed`), plus `heldout_auc` and `first_window_success` (see the module docstring)."""
+    before `seed`), plus `heldout_auc` (see the module docstring)."""
     if len(metrics) == 0:
         raise ValueError("sweep_run_table: the metrics table is empty")
     keys = run_keys(metrics)
@@ -84,12 +82,9 @@ def sweep_run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | None =
     frame = metrics.sort_values([*keys, "update"], kind="stable")
     extras = []
     for key, run in frame.groupby(keys, sort=False):
-        success = run["success_rate"].to_numpy(dtype=float)
         evals = run["eval_success"].to_numpy(dtype=float) if "eval_success" in run else np.array([])
         evals = evals[~np.isnan(evals)]
-        extras.append({**dict(zip(keys, key)),
-                       "first_window_success": float(np.nanmean(success[:window_size(len(run), window_fraction)])),
-                       "heldout_auc": float(evals.mean()) if len(evals) else math.nan})
+        extras.append({**dict(zip(keys, key)), "heldout_auc": float(evals.mean()) if len(evals) else math.nan})
     runs = runs.merge(pd.DataFrame(extras), on=keys, how="left")
     runs = runs[[*keys, *(c for c in runs.columns if c not in keys)]]
     return sort_cells(runs, models, extra=tuple(k for k in keys if k in ("lr", "seed")))
