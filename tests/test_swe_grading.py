@@ -156,6 +156,47 @@ def test_load_errors(tmp_path):
         load_tasks(tmp_path / "missing.jsonl")
 
 
+@pytest.mark.parametrize("field, value", [
+    ("repo_path", "/etc"), ("repo_path", "../../../etc"), ("hidden_tests_path", "tests/../../secret"),
+    ("hidden_tests_path", "/"),
+])
+def test_task_paths_stay_in_the_task_files_folder(tmp_path, field, value):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps(dict(RECORD, **{field: value})) + "\n")
+    with pytest.raises(ValueError, match=rf"tasks.jsonl entry 0 \(x-1\): field '{field}' is '{value}'.*"
+                                         r"no absolute path, no '\.\.'"):
+        load_tasks(tasks)
+
+
+def test_a_task_path_through_a_symlink_out_of_the_folder_is_refused(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    (folder / "repos").symlink_to(outside, target_is_directory=True)
+    (folder / "tasks.jsonl").write_text(json.dumps(RECORD) + "\n")
+    with pytest.raises(ValueError, match=r"field 'repo_path' is 'repos/x', which leads through a symlink"):
+        load_tasks(folder / "tasks.jsonl")
+
+
+def test_an_oversized_issue_is_rejected_with_its_row(tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps(RECORD) + "\n" + json.dumps(dict(RECORD, task_id="big", problem_statement="x" * 100_001)) + "\n")
+    with pytest.raises(ValueError, match=r"entry 1 \(big\): field 'problem_statement' has 100,001 characters"):
+        load_tasks(tasks)
+
+
+def test_malformed_task_files_name_the_file_and_line(tmp_path):
+    listed = tmp_path / "listed.jsonl"
+    listed.write_text(json.dumps(RECORD) + "\n" + json.dumps([RECORD]) + "\n")
+    with pytest.raises(ValueError, match=r"listed.jsonl:2: expected a JSON object \(one task per line\), got list"):
+        load_tasks(listed)
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(json.dumps(RECORD).encode() + b"\n{\"task_id\": \"caf\xe9\"}\n")
+    with pytest.raises(ValueError, match=r"latin.jsonl.*not UTF-8"):
+        load_tasks(latin)
+
+
 def test_shipped_tasks_are_consistent():
     source = SWETasks()
     assert isinstance(source, TaskSource)

@@ -291,6 +291,36 @@ def test_local_file_editor_is_confined_to_the_episode(sandbox):
     assert result.error and "outside the sandbox" in result.observation
 
 
+def test_a_symlink_out_of_the_repository_never_reaches_the_sandbox(tmp_path):
+    from trainer.environments.swe.backends import SandboxError
+    from trainer.environments.swe.image import task_archive
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host secret\n")
+    repo, tests = tmp_path / "repo", tmp_path / "hidden"
+    repo.mkdir()
+    tests.mkdir()
+    (repo / "a.py").write_text("x = 1\n")
+    (repo / "inside.py").symlink_to("a.py")  # a link within the repository is kept, as a link
+    task = SWETask(task_id="t", docker_image="none", problem_statement="p", expected={"t.py::t": "PASSED"},
+                   repo_path=repo, hidden_tests_path=tests)
+    backend = LocalBackend()
+    try:
+        backend.start(task)
+        assert os.readlink(f"{backend.repo_dir}/inside.py") == "a.py"
+        (repo / "passwd").symlink_to(secret)  # now one that leads out of it
+        with pytest.raises(SandboxError, match=r"task 't' repo_path: .*passwd is a symlink to .*secret.txt"):
+            backend.start(task)
+        with pytest.raises(ValueError, match=r"passwd is a symlink"):
+            task_archive(task)
+        (repo / "passwd").unlink()
+        (tests / "dangling").symlink_to(tmp_path / "nowhere")
+        with pytest.raises(SandboxError, match=r"hidden_tests_path: .*dangling is a symlink"):
+            backend.start(task)
+    finally:
+        backend.close()
+
+
 def test_search_directory_exact(sandbox):
     root = sandbox.repo_dir
     result = run(sandbox, "search", search_term="foo")

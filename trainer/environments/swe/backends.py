@@ -75,6 +75,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
 
+from trainer.environments.swe.tasks import check_tree
+
 # --------------------------------------------------------------------------------------------------------------
 # Shared pieces
 # --------------------------------------------------------------------------------------------------------------
@@ -365,10 +367,16 @@ class LocalBackend:
         if not Path(task.hidden_tests_path).is_dir():
             raise SandboxError(f"task {task.task_id!r}: hidden_tests_path {str(task.hidden_tests_path)!r} "
                                "is not a directory")
+        for name in ("repo_path", "hidden_tests_path"):
+            try:
+                check_tree(getattr(task, name), f"task {task.task_id!r} {name}")
+            except ValueError as exc:
+                raise SandboxError(str(exc)) from None
         self.close()
         self.task = task
         self.root = Path(tempfile.mkdtemp(prefix="swe-local-")).resolve()
-        shutil.copytree(task.repo_path, self.root / "testbed", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(task.repo_path, self.root / "testbed", symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         (self.root / "home").mkdir()
         (self.root / "tmp").mkdir()
         self.repo_dir = str(self.root / "testbed")
@@ -466,7 +474,7 @@ class LocalBackend:
         shutil.rmtree(tests_dir, ignore_errors=True)
         if tests_dir.exists() or tests_dir.is_symlink():
             tests_dir.unlink()
-        shutil.copytree(self.task.hidden_tests_path, tests_dir,
+        shutil.copytree(self.task.hidden_tests_path, tests_dir, symlinks=True,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         script = pytest_command(python=shlex.quote(self.config.python), testbed=shlex.quote(self.repo_dir))
         try:

@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from trainer.environments.swe.grading import pytest_command
-from trainer.environments.swe.tasks import SWETask, load_tasks, shipped_tasks_path
+from trainer.environments.swe.tasks import SWETask, check_tree, load_tasks, shipped_tasks_path
 
 BASE_REPOSITORY = "swe-harness-base"
 DEBIAN_SUITE = "bookworm"
@@ -146,6 +146,8 @@ def task_archive(task: SWETask) -> bytes:
     """The task's files in R2E-Gym's layout, as the tar the image's single ADD unpacks at /."""
     if task.repo_path is None or task.hidden_tests_path is None:
         raise ValueError(f"task {task.task_id!r} has no repo_path/hidden_tests_path to build an image from")
+    check_tree(task.repo_path, f"task {task.task_id!r} repo_path")
+    check_tree(task.hidden_tests_path, f"task {task.task_id!r} hidden_tests_path")
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
         _add(tar, "testbed", None, AGENT_UID, 0o755)

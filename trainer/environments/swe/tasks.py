@@ -4,8 +4,9 @@ R2E-Gym fields used: `docker_image`, `repo_name`, `problem_statement` (the text 
 present), `expected_output_json` (a JSON string {test: status}). SWE-bench-style `FAIL_TO_PASS` /
 `PASS_TO_PASS` lists are kept when present (R2E-Gym's reward does not need them; our tests do).
 Our own fields: `task_id` (else `instance_id`, else the image name), `split` ("train" when absent),
-`repo_path` and `hidden_tests_path` (the local backend's fixture; relative paths are relative to the task
-file), `gold_patch` and `p2p_breaking_patch` (unified diffs for the oracle and the harness's tests; never copied
+`repo_path` and `hidden_tests_path` (the local backend's fixture: relative to the task file's folder and confined
+to it, so a task file cannot make the harness copy `/etc` into a sandbox; symlinks inside them must stay inside
+them, see `check_tree`), `gold_patch` and `p2p_breaking_patch` (unified diffs for the oracle and the harness's tests; never copied
 into a sandbox). Unknown fields are kept in `extra`.
 
 The shipped tasks (`shipped_tasks_path()`) are six tiny pure-Python packages with one real bug each; four are
@@ -14,6 +15,7 @@ The shipped tasks (`shipped_tasks_path()`) are six tiny pure-Python packages wit
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +24,10 @@ from typing import Sequence
 from trainer.environments.swe.grading import parse_expected
 
 SPLITS = ("train", "heldout")
+
+MAX_TEXT_CHARS = 100_000
+"""The longest `problem_statement` a task may carry: the issue is the agent's first observation, and a longer one
+(SWE-bench's and R2E-Gym's are a few thousand characters) would fill a paper-scale context on its own."""
 
 _KNOWN = {"task_id", "instance_id", "split", "docker_image", "image_name", "repo_name", "repo", "problem_statement",
           "expected_output_json", "FAIL_TO_PASS", "PASS_TO_PASS", "repo_path", "hidden_tests_path", "gold_patch",
@@ -105,10 +111,25 @@ def task_from_record(record: dict, base_dir: Path | None = None, where: str = "t
         if not value:
             return None
         path = Path(value)
-        return (base_dir / path).resolve() if base_dir is not None and not path.is_absolute() else path
+        if path.is_absolute() or ".." in path.parts:
+            raise ValueError(f"{where}: field {name!r} is {value!r}; task paths are relative to the task file's "
+                             "folder and stay inside it (no absolute path, no '..')")
+        if base_dir is None:
+            return path
+        root = Path(base_dir).resolve()
+        resolved = (root / path).resolve()
+        if resolved != root and root not in resolved.parents:
+            raise ValueError(f"{where}: field {name!r} is {value!r}, which leads through a symlink to {resolved}, "
+                             f"outside the task file's folder {root}")
+        return resolved
+
+    statement = _string(record, "problem_statement", where)
+    if len(statement) > MAX_TEXT_CHARS:
+        raise ValueError(f"{where}: field 'problem_statement' has {len(statement):,} characters, more than "
+                         f"{MAX_TEXT_CHARS:,} (trainer.environments.swe.tasks.MAX_TEXT_CHARS)")
 
     return SWETask(
-        task_id=task_id, docker_image=image, problem_statement=_string(record, "problem_statement", where),
+        task_id=task_id, docker_image=image, problem_statement=statement,
         expected=expected,
         repo_name=_string(record, "repo_name", where, False) or _string(record, "repo", where, False),
         split=split, repo_path=local_path("repo_path"), hidden_tests_path=local_path("hidden_tests_path"),
@@ -125,13 +146,21 @@ def load_tasks(path: str | Path) -> list[SWETask]:
         raise FileNotFoundError(f"task file {str(path)!r} does not exist")
     if path.suffix == ".jsonl":
         records = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"task file {str(path)!r}: not UTF-8 text ({exc})") from None
+        for number, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{number}: not valid JSON ({exc})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}:{number}: expected a JSON object (one task per line), got "
+                                 f"{type(record).__name__}")
+            records.append(record)
     elif path.suffix == ".parquet":
         import pandas as pd
 
@@ -145,6 +174,21 @@ def load_tasks(path: str | Path) -> list[SWETask]:
             raise ValueError(f"{path}: task_id {task.task_id!r} appears twice")
         seen.add(task.task_id)
     return tasks
+
+
+def check_tree(root: Path, what: str) -> None:
+    """Refuse a task directory holding a symlink that leads outside it (or nowhere): copied into a sandbox or an
+    image, it would hand the agent a host file such as `/etc/passwd`. ValueError naming `what` and the link."""
+    root = Path(root).resolve()
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            link = Path(folder) / name
+            if not link.is_symlink():
+                continue
+            target = Path(os.path.realpath(link))
+            if (target != root and root not in target.parents) or not target.exists():
+                raise ValueError(f"{what}: {link} is a symlink to {os.readlink(link)!r}, outside {root} or "
+                                 "missing; a task's files must stay inside its folder")
 
 
 class SWETasks:
