@@ -45,6 +45,12 @@ def test_recipe_table_matches_design():
     ({"rl": {"estimator": "grpo"}}, "group_size"),
     ({"optim": {"betas": [0.9]}}, "optim.betas"),
     ({"typo_section": {}}, "typo_section"),
+    ({"run": {"updates": 10**12}}, "run.updates: 1,000,000,000,000 is above 1,000,000"),
+    ({"rollout": {"batch_size": 10**9}}, "rollout.batch_size: 1,000,000,000 is above 65,536"),
+    ({"rollout": {"max_turn_tokens": 4096, "max_episode_tokens": 2048}},
+     "rollout.max_turn_tokens: 4,096 is above 2,048"),
+    ({"env": {"eval_tasks": 10**7}}, "env.eval_tasks"),
+    ({"run": {"epochs": 1000}}, "run.epochs"),
 ])
 def test_bad_values_are_named(data, named):
     with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
@@ -61,3 +67,19 @@ def test_load_from_yaml_with_overrides(tmp_path):
     (tmp_path / "bad.yaml").write_text("- a list\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(tmp_path / "bad.yaml")
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", r"empty\.yaml' is empty"),
+    (b"# only a comment\n", r"empty\.yaml' is empty"),
+    (b"run:\n  updates: caf\xe9\n", r"empty\.yaml' is not UTF-8 text"),
+    (b"run:\n  updates: [1\n", r"(?s)empty\.yaml' is not valid YAML.*line 2, column 12"),
+])
+def test_unreadable_config_files_are_named(tmp_path, content, message):
+    from trainer.config import load_sft_config
+
+    path = tmp_path / "empty.yaml"
+    path.write_bytes(content)
+    for load in (load_config, load_sft_config):
+        with pytest.raises(ConfigError, match=message):
+            load(path)

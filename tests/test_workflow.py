@@ -216,6 +216,10 @@ def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_pat
     pytest.param(lambda s: s.update(warm_start={"band": [0.5, 0.2]}), "warm_start.band", id="band"),
     pytest.param(lambda s: s["grid"][0].update(recipes=["gigpo"]), r"cell.rl.group_size: recipes \['gigpo'\]",
                  id="group-estimator-without-groups"),
+    pytest.param(lambda s: s.update(workdir="../../x"), r"workdir: '../../x' is outside the repository",
+                 id="workdir-up"),
+    pytest.param(lambda s: s.update(workdir="/tmp/x"), r"workdir: '/tmp/x' is outside the repository",
+                 id="workdir-absolute"),
 ])
 def test_check_study_names_the_broken_key(edit, named):
     study = {"models": {"m": {"preset": "qwen-tiny"}}, "grid": [{"recipes": ["full"], "seeds": [0]}]}
@@ -223,6 +227,12 @@ def test_check_study_names_the_broken_key(edit, named):
     edit(study)
     with pytest.raises(cc.StudyError, match=named):
         cc.check_study(study)
+
+
+def test_an_external_workdir_is_allowed_when_the_study_says_so():
+    study = {"models": {"m": {"preset": "qwen-tiny"}}, "grid": [{"recipes": ["full"], "seeds": [0]}],
+             "workdir": "/tmp/elsewhere", "external_workdir": True}
+    cc.check_study(study)
 
 
 def test_rules_name_existing_conda_environments():
@@ -419,6 +429,12 @@ def test_a_study_file_may_name_a_base_study(tmp_path):
     (tmp_path / "self.yaml").write_text("base: self.yaml\n")
     with pytest.raises(cc.StudyError, match=r"base: 'self.yaml' loops back"):
         cc.resolve_base({"base": "self.yaml"}, tmp_path, tmp_path / "self.yaml")
+    (tmp_path / "empty.yaml").write_text("# nothing\n")
+    with pytest.raises(cc.StudyError, match=r"top.yaml: base: 'empty.yaml' is empty"):
+        cc.resolve_base({"base": "empty.yaml"}, tmp_path, "top.yaml")
+    (tmp_path / "latin.yaml").write_bytes(b"workdir: caf\xe9\n")
+    with pytest.raises(cc.StudyError, match=r"top.yaml: base: 'latin.yaml' is not a readable YAML file"):
+        cc.resolve_base({"base": "latin.yaml"}, tmp_path, "top.yaml")
     (tmp_path / "x.yaml").write_text("base: y.yaml\n")
     (tmp_path / "y.yaml").write_text("base: x.yaml\n")
     with pytest.raises(cc.StudyError, match=r"y.yaml: base: 'x.yaml' loops back .*x.yaml -> y.yaml"):

@@ -340,6 +340,14 @@ def config_from_dict(data: dict) -> TrainConfig:
     return cfg
 
 
+LIMITS: dict[str, int] = {"updates": 1_000_000, "epochs": 100, "episodes": 65_536, "tokens": 1_048_576,
+                          "tasks": 1_000_000}
+"""Upper bounds far above any study (the papers: 100-300 updates, 64-1024 episodes per update, 32k-token
+episodes) and below what would only fail hours later or exhaust the machine (`batch_size: 10**9` allocates at run
+time): a value above one is a typo, caught before the first cell."""
+LIMITS_NOTE = "trainer.config.LIMITS: far above any study; a typo?"
+
+
 def _check_ranges(cfg: TrainConfig) -> None:
     checks = [
         ("run.updates", cfg.run.updates >= 1), ("run.seed", cfg.run.seed >= 0),
@@ -364,6 +372,16 @@ def _check_ranges(cfg: TrainConfig) -> None:
         if not ok:
             section, name = key.split(".")
             raise ConfigError(f"{key}: bad value {getattr(getattr(cfg, section), name)!r}")
+    for key, most in (("run.updates", LIMITS["updates"]), ("run.epochs", LIMITS["epochs"]),
+                      ("rollout.batch_size", LIMITS["episodes"]), ("rollout.max_episode_tokens", LIMITS["tokens"]),
+                      ("rollout.max_turn_tokens", cfg.rollout.max_episode_tokens),
+                      ("env.eval_tasks", LIMITS["tasks"]),
+                      ("env.train_tasks", LIMITS["tasks"] if cfg.env.train_tasks is not None else None)):
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if most is not None and value > most:
+            bound = ("rollout.max_episode_tokens" if key == "rollout.max_turn_tokens" else LIMITS_NOTE)
+            raise ConfigError(f"{key}: {value:,} is above {most:,} ({bound})")
     if cfg.optim.name == "adam_high_lr" and cfg.optim.muon_lr is None:
         raise ConfigError("optim.muon_lr: 'adam_high_lr' runs AdamW at Muon's learning rate; set optim.muon_lr")
     if cfg.run.minibatches > cfg.rollout.batch_size:
@@ -384,34 +402,44 @@ def _check_ranges(cfg: TrainConfig) -> None:
         raise ConfigError("model: give a tiny `preset` or a checkpoint `path`")
 
 
-def load_config(path: str | Path, overrides: dict | None = None) -> TrainConfig:
-    """Read a YAML cell config (plus optional overrides) and validate it."""
+def read_yaml_mapping(path: str | Path) -> dict:
+    """A YAML file's top-level mapping. ConfigError naming the file (and the line, for a syntax error) when it is
+    missing, not UTF-8, not YAML, empty (a cell file truncated to nothing must not train the defaults) or not a
+    mapping."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file {str(path)!r} does not exist") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {str(path)!r} is not UTF-8 text: {e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}") from None
+    if data is None:
+        raise ConfigError(f"config file {str(path)!r} is empty")
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must hold a mapping, got {type(data).__name__}")
-    return config_from_dict(_merge(data, overrides or {}))
+    return data
+
+
+def load_config(path: str | Path, overrides: dict | None = None) -> TrainConfig:
+    """Read a YAML cell config (plus optional overrides) and validate it."""
+    return config_from_dict(_merge(read_yaml_mapping(path), overrides or {}))
 
 
 def load_sft_config(path: str | Path, overrides: dict | None = None) -> SFTConfig:
     """Read and validate a warm-start config."""
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"config file {str(path)!r} does not exist") from None
-    cfg = _build(SFTConfig, _merge(data, overrides or {}), "")
+    cfg = _build(SFTConfig, _merge(read_yaml_mapping(path), overrides or {}), "")
     low, high = cfg.band
     if not 0 <= low <= high <= 1:
         raise ConfigError(f"band: need 0 <= low <= high <= 1, got {cfg.band}")
     for key in ("n_demos", "vocab_size", "batch_size", "max_steps", "eval_every", "threads"):
         if getattr(cfg, key) < 1:
             raise ConfigError(f"{key}: must be >= 1, got {getattr(cfg, key)}")
+    for key, most in (("n_demos", LIMITS["episodes"]), ("batch_size", LIMITS["episodes"]),
+                      ("max_steps", LIMITS["updates"]), ("eval_tasks", LIMITS["tasks"])):
+        if getattr(cfg, key) > most:
+            raise ConfigError(f"{key}: {getattr(cfg, key)} is above {most:,} ({LIMITS_NOTE})")
     if cfg.offline_samples < 0:
         raise ConfigError(f"offline_samples: must be >= 0, got {cfg.offline_samples}")
     if not 0 <= cfg.noise <= 1:

@@ -121,9 +121,13 @@ def resolve_base(study: dict, root: str | Path = ".", source: str | Path | None 
                              f"({' -> '.join(str(s) for s in [source or '(study)', *chain])})")
         seen.append(os.path.realpath(path))
         chain.append(name)
-        base = yaml.safe_load(path.read_text()) or {}
+        try:
+            base = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, yaml.YAMLError) as e:
+            raise StudyError(f"{where}: base: {name!r} is not a readable YAML file: {e}") from None
         if not isinstance(base, dict):
-            raise StudyError(f"{where}: base: {name!r} is not a mapping of study keys")
+            raise StudyError(f"{where}: base: {name!r} is {'empty' if base is None else 'not a mapping'}; a base "
+                             "study is a mapping of study keys")
         return deep_merge(resolve(base, name), {k: v for k, v in data.items() if k != "base"})
 
     chain: list[str] = []
@@ -138,6 +142,12 @@ def check_study(study: dict, root: str | Path = ".") -> None:
     """Raise StudyError for what the schema cannot express. Relative paths are relative to `root` (the repository
     root: the study files' paths are written from there, whatever the study's `workdir`)."""
     root = Path(root)
+    workdir = Path(study.get("workdir", "."))
+    inside = os.path.realpath(root / workdir) == os.path.realpath(root) or \
+        os.path.realpath(root) in Path(os.path.realpath(root / workdir)).parents
+    if not study.get("external_workdir", False) and (workdir.is_absolute() or not inside):
+        raise StudyError(f"workdir: {str(workdir)!r} is outside the repository {str(root)!r}; a study's results "
+                         "stay in the checkout unless the study says `external_workdir: true`")
     for name, entry in study["models"].items():
         kinds = [key for key in ("preset", "path", "policy") if entry.get(key) is not None]
         if len(kinds) != 1:
