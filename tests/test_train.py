@@ -94,6 +94,65 @@ def test_sigkill_then_resume_ends_with_the_same_metrics(tmp_path, reference_run)
     pd.testing.assert_frame_equal(_metrics(out), _metrics(reference_run))
 
 
+def test_a_short_empty_or_missing_log_fails_the_summary_check(tmp_path, reference_run):
+    """A finished cell's logs replaced by shorter valid files, or its episode log deleted, are named, not dropped."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from trainer.analysis.logs import check_cell_logs
+
+    cell = tmp_path / "cell"
+    shutil.copytree(reference_run, cell)
+    metrics = cell / "metrics.parquet"
+    check_cell_logs([metrics])  # the whole run: 4 updates (from the config stored in the log)
+    whole = pq.read_table(metrics)
+    for rows, message in ((0, r"has 0 row\(s\) \(updates none\) but its cell ran 4"),
+                          (2, r"has 2 row\(s\) \(updates 0..1\) but its cell ran 4")):
+        pq.write_table(whole.slice(0, rows), metrics)
+        with pytest.raises(ValueError, match=rf"metrics.parquet' {message}"):
+            check_cell_logs([metrics])
+    pq.write_table(whole, metrics)
+    (cell / "cell.yaml").write_text(yaml.safe_dump({**CELL, "run": {**CELL["run"], "updates": 5}}))
+    with pytest.raises(ValueError, match=r"but its cell ran 5 update"):
+        check_cell_logs([metrics])  # the cell.yaml beside the log is the cell's config
+    (cell / "cell.yaml").unlink()
+    pq.write_table(whole.drop_columns(["success_rate"]), metrics)
+    with pytest.raises(ValueError, match=r"lacks column\(s\) \['success_rate'\]"):
+        check_cell_logs([metrics])
+    pq.write_table(whole, metrics)
+    episodes = pq.read_table(cell / "episodes.parquet")
+    pq.write_table(episodes.filter(pa.compute.less(episodes["update"], 3)), cell / "episodes.parquet")
+    with pytest.raises(ValueError, match=r"episodes.parquet' has training episodes for updates 0..2, not 0..3"):
+        check_cell_logs([metrics])
+    (cell / "episodes.parquet").unlink()
+    with pytest.raises(ValueError, match=r"episode log .*episodes.parquet' is missing"):
+        check_cell_logs([metrics])
+
+
+def test_exit_with_stops_the_job_when_its_head_dies():
+    """`--exit-with PID`: the job ends (status 143) soon after process PID is killed, not when its work is done."""
+    head = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    job = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom trainer.__main__ import exit_with\n"
+                            f"exit_with({head.pid}, every_s=0.1)\nprint('watching', flush=True)\ntime.sleep(600)"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert job.stdout.readline() == "watching\n"
+        time.sleep(0.3)
+        assert job.poll() is None  # alive while the head is
+        head.kill()
+        head.wait()
+        assert job.wait(timeout=10) == 143
+        assert f"(pid {head.pid}) is gone: stopping" in job.stderr.read()
+    finally:
+        for proc in (head, job):
+            if proc.poll() is None:
+                proc.kill()
+    r = _cli("train", "--config", "x.yaml", "--out", "y", "--exit-with", str(head.pid))
+    assert r.returncode == 2 and f"--exit-with: process {head.pid} does not exist" in r.stderr
+
+
 def test_fresh_run_refuses_a_directory_with_checkpoints(tmp_path, reference_run):
     import shutil
     out = tmp_path / "reuse"

@@ -891,6 +891,35 @@ def test_editing_the_papers_numbers_redraws_the_summary_and_figures(smoke_run):
     assert job_counts(dry.stdout + dry.stderr) == {"summarize": 1, "figures": 1, "all": 1}
 
 
+@pytest.mark.slow
+def test_a_replaced_or_missing_cell_log_is_never_summarised_silently(smoke_run):
+    repo, r, _ = smoke_run
+    assert r.returncode == 0, "the smoke study did not finish"
+    cell = repo / SMOKE_DIR / "results/cells/model=qwen-tiny/recipe=no_tool/optimizer=adam/seed=0"
+    saved = {name: ((cell / name).read_bytes(), (cell / name).stat()) for name in ("metrics.parquet",
+                                                                                  "episodes.parquet")}
+
+    def restore():
+        for name, (data, stat) in saved.items():
+            (cell / name).write_bytes(data)
+            os.utime(cell / name, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    try:
+        # a valid log with no rows: the summary fails naming it (it used to drop the cell from summary.csv)
+        import pyarrow.parquet as pq
+        pq.write_table(pq.read_table(cell / "metrics.parquet").slice(0, 0), cell / "metrics.parquet")
+        failed = snakemake(repo, "--cores", "1", *SMOKE, "--forcerun", "summarize")
+        log = (repo / SMOKE_DIR / "results" / "logs" / "summarize.log").read_text()
+        assert failed.returncode != 0 and "model=qwen-tiny/recipe=no_tool/optimizer=adam/seed=0/metrics.parquet' " \
+            "has 0 row(s) (updates none) but its cell ran 2 update(s)" in log, log
+        restore()
+        # a deleted episode log is a missing input of the summary: its cell reruns
+        (cell / "episodes.parquet").unlink()
+        dry = snakemake(repo, "-n", "--cores", "all", *SMOKE)
+        assert job_counts(dry.stdout + dry.stderr) == {"train": 1, "summarize": 1, "figures": 1, "all": 1}
+    finally:
+        restore()
+
+
 KILL_GRID = {"grid": [{"name": "kill_test", "models": ["minicpm-tiny"], "recipes": ["spo_adam", "spo_muon", "full"],
                        "seeds": [0]}],
              "cell": {"run": {"updates": 4}}}  # merged into smoke.yaml: more time between checkpoint and finish
@@ -904,8 +933,22 @@ def _finished_train_outputs(log: str) -> set[str]:
     return {outputs[j] for j in re.findall(r"Finished jobid: (\d+) \(Rule: train\)", log)}
 
 
+def _session_members(sid: int) -> list[int]:
+    """Live (non-zombie) processes of session `sid` (/proc/PID/stat: state is field 3, session field 6)."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            members.append(int(stat.parent.name))
+    return members
+
+
 @pytest.mark.slow
-def test_sigkilled_workflow_recovers_without_touching_finished_cells(tmp_path):
+@pytest.mark.parametrize("kill", ["head and jobs", "head only"])
+def test_sigkilled_workflow_recovers_without_touching_finished_cells(tmp_path, kill):
     _require_snakemake()
     repo = copy_repo(tmp_path / "repo")
     (repo / "kill_grid.yaml").write_text(yaml.safe_dump(KILL_GRID))
@@ -924,10 +967,17 @@ def test_sigkilled_workflow_recovers_without_touching_finished_cells(tmp_path):
                 break
             time.sleep(0.2)
         assert proc.poll() is None, "the workflow ended before it could be killed:\n" + log_path.read_text()[-3000:]
-        os.killpg(proc.pid, signal.SIGKILL)  # snakemake and its running job die together, as on a node loss
+        if kill == "head and jobs":
+            os.killpg(proc.pid, signal.SIGKILL)  # snakemake and its running job die together, as on a node loss
+        else:
+            os.kill(proc.pid, signal.SIGKILL)  # the head alone: its trainer jobs must not train on as orphans
         proc.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while _session_members(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _session_members(proc.pid), "jobs outlived their killed head"
     finally:
-        if proc.poll() is None:
+        if _session_members(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
     assert finished, log_path.read_text()[-3000:]
     kept = {repo / SMOKE_DIR / f: _stamp(repo / SMOKE_DIR / f) for f in finished}

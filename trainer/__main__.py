@@ -1,7 +1,7 @@
 """Command line: `python -m trainer {train,sft,eval} ...`. The workflow calls only this.
 
-    python -m trainer train --config CELL.yaml --out DIR [--resume] [--set rl.tis_cap=null ...]
-    python -m trainer sft   --config SFT.yaml  --out DIR
+    python -m trainer train --config CELL.yaml --out DIR [--resume] [--set rl.tis_cap=null ...] [--exit-with PID]
+    python -m trainer sft   --config SFT.yaml  --out DIR [--exit-with PID]
     python -m trainer eval  --config CELL.yaml --policy DIR [--tasks 64]
 
 Configs are validated before any work starts; a bad key or value exits with status 2 and a message naming it.
@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
+import threading
+import time
+from pathlib import Path
 
 import yaml
 
@@ -39,6 +43,34 @@ def _overrides(pairs: list[str]) -> dict:
     return out
 
 
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks (/proc/PID/stat field 22), None when it is gone: with the pid, it
+    names one process, so a pid reused by another process is not mistaken for the one watched."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return None if fields[0] == "Z" else fields[19]
+
+
+def exit_with(pid: int, every_s: float = 1.0) -> None:
+    """End this process (exit status 143, as SIGTERM) once process `pid` is gone: the workflow passes its head's
+    pid, so that a head killed outright does not leave its jobs training as orphans beside the ones a rerun
+    starts. Logs and checkpoints are written by rename, so stopping at any instant leaves no half-written file."""
+    born = _start_time(pid)
+    if born is None:
+        raise ConfigError(f"--exit-with: process {pid} does not exist")
+
+    def watch() -> None:
+        while _start_time(pid) == born:
+            time.sleep(every_s)
+        print(f"the process this job belongs to (pid {pid}) is gone: stopping", file=sys.stderr, flush=True)
+        os._exit(143)
+
+    threading.Thread(target=watch, name="exit-with", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -49,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     t.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override config fields")
     t.add_argument("--no-progress", action="store_true")
+    t.add_argument("--exit-with", type=int, metavar="PID", help="stop when process PID ends (the workflow's head)")
 
     s = sub.add_parser("sft", help="supervised warm start of a tiny base policy")
     s.add_argument("--config", required=True)
@@ -57,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--no-progress", action="store_true")
     s.add_argument("--allow-out-of-band", action="store_true",
                    help="exit 0 even if held-out success missed the band")
+    s.add_argument("--exit-with", type=int, metavar="PID", help="stop when process PID ends (the workflow's head)")
 
     e = sub.add_parser("eval", help="held-out success of a policy")
     e.add_argument("--config", required=True)
@@ -66,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = ap.parse_args(argv)
     try:
+        if getattr(args, "exit_with", None) is not None:
+            exit_with(args.exit_with)
         if args.command == "train":
             cfg = load_config(args.config, _overrides(args.set))
             from trainer.train import train

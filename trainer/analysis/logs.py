@@ -21,12 +21,16 @@ Choices and why:
   "not measured". pandas shows both as NaN, so the distinction is taken while the data is still Arrow:
   `nonfinite_<col>` is True exactly where `<col>` holds NaN or +-inf, for the columns in `NONFINITE_COLUMNS`.
   The collapse detector uses these flags.
+* **A finished cell's logs are checked against its config before any summary** (`check_cell_logs`): a log
+  truncated or replaced by a shorter valid file, or a missing episode log, fails the summary naming the file
+  instead of silently dropping the cell or changing its numbers.
 * **Model names.** Cells are named by the model they ran ("minicpm-tiny" at the embedded scale, the paper's own
   name at paper scale); `paper_model` maps them through a parameter, defaulting to `DEFAULT_MODELS`, and a
   name without an entry maps to itself.
 """
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -35,8 +39,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import yaml
 
-from trainer.logs.parquet_log import METRIC_COLUMNS
+from trainer.config import RunConfig
+from trainer.logs.parquet_log import CONFIG_KEY, METRIC_COLUMNS
 
 RUN_KEYS: tuple[str, ...] = ("model", "recipe", "optimizer", "seed")
 """The Hive keys of every cell's folder, which together name one run (with `lr` where the folders have it)."""
@@ -153,3 +160,65 @@ def load_metrics(paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike
         row = frame.loc[duplicated.idxmax(), [*keys, "update"]].to_dict()
         raise ValueError(f"update logged twice for one run: {row}")
     return frame
+
+
+REQUIRED_COLUMNS: tuple[str, ...] = ("update", "success_rate")
+"""Metric columns every analysis reads: a log without them is not a cell's log."""
+
+
+def _cell_updates(metrics: Path) -> int:
+    """The number of updates the cell was configured to run: `run.updates` of the `cell.yaml` beside its metrics
+    log (the workflow writes it), else of the config the trainer stored in the log's metadata."""
+    cell = metrics.with_name("cell.yaml")
+    if cell.is_file():
+        config = yaml.safe_load(cell.read_text(encoding="utf-8")) or {}
+        where = str(cell)
+    else:
+        stored = (pq.read_schema(metrics).metadata or {}).get(CONFIG_KEY)
+        if stored is None:
+            raise ValueError(f"metrics file {str(metrics)!r}: no cell.yaml beside it and no config in its metadata, "
+                             "so its length cannot be checked (not a log the trainer wrote)")
+        config = json.loads(stored)
+        where = f"{metrics} (stored config)"
+    updates = (config.get("run") or {}).get("updates", RunConfig.updates)
+    if not isinstance(updates, int) or isinstance(updates, bool):
+        raise ValueError(f"{where}: run.updates is {updates!r}, not an integer")
+    return updates
+
+
+def check_cell_logs(paths: Sequence[str | os.PathLike]) -> None:
+    """ValueError naming the file unless every metrics log is its cell's whole run: the columns every analysis
+    reads, exactly one row per configured update (0 .. run.updates - 1), and an `episodes.parquet` beside it
+    whose training episodes cover the same updates."""
+    for path in paths:
+        metrics = Path(path)
+        try:
+            table = pq.read_table(metrics)
+        except (OSError, pa.ArrowException) as e:
+            raise ValueError(f"metrics file {str(metrics)!r} cannot be read as Parquet: {e}") from None
+        missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
+        if missing:
+            raise ValueError(f"metrics file {str(metrics)!r} lacks column(s) {missing}")
+        updates = _cell_updates(metrics)
+        logged = sorted(table["update"].drop_null().to_pylist())
+        if logged != list(range(updates)):
+            raise ValueError(f"metrics file {str(metrics)!r} has {table.num_rows} row(s) (updates "
+                             f"{_span(logged)}) but its cell ran {updates} update(s) (0..{updates - 1}): a "
+                             "truncated or replaced log; rerun the cell (delete its folder, then snakemake)")
+        episodes = metrics.with_name("episodes.parquet")
+        if not episodes.is_file():
+            raise ValueError(f"episode log {str(episodes)!r} is missing beside its metrics log; rerun the cell")
+        try:
+            frame = pq.read_table(episodes, columns=["update", "split"]).to_pandas()
+        except (OSError, pa.ArrowException, KeyError) as e:
+            raise ValueError(f"episode log {str(episodes)!r} cannot be read (needs columns update, split): {e}") \
+                from None
+        covered = sorted(set(frame.loc[frame["split"] == "train", "update"].dropna().astype(int)))
+        if covered != list(range(updates)):
+            raise ValueError(f"episode log {str(episodes)!r} has training episodes for updates {_span(covered)}, "
+                             f"not 0..{updates - 1}: a truncated or replaced log; rerun the cell")
+
+
+def _span(values: Sequence[int]) -> str:
+    return "none" if not values else f"{values[0]}..{values[-1]}" + (
+        "" if len(values) == values[-1] - values[0] + 1 else f", {len(values)} distinct")

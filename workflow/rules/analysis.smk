@@ -8,6 +8,7 @@
 rule summarize:
     input:
         metrics=metrics_files(),
+        episodes=episode_files(),
         **PAPER_NUMBERS,
     output:
         csv=summary_report("results/summary.csv"),

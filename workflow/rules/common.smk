@@ -82,6 +82,11 @@ def metrics_files():
     return expand(f"{CELLS_DIR}/{{cell}}/metrics.parquet", cell=PARAMSPACE.instance_patterns)
 
 
+def episode_files():
+    """Every cell's episodes.parquet: an input of the summary too, so a deleted episode log reruns its cell."""
+    return expand(f"{CELLS_DIR}/{{cell}}/episodes.parquet", cell=PARAMSPACE.instance_patterns)
+
+
 def figure_files():
     return [f"figures/{name}.{ext}" for name in FIGURES for ext in ("png", "pdf")]
 

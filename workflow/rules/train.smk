@@ -24,6 +24,8 @@ rule cell_config:
 # which a rebuilt warm start always changes): checkpoints written under another key are deleted first, and a
 # finished cell deletes its own, so a forced rerun, a TRAINER_VERSION bump or a new base policy starts from
 # scratch. The trainer itself also refuses a checkpoint of a different config.
+# `--exit-with $PPID`: the job's shell is a child of the process running it (the head locally, the job's own
+# snakemake on SLURM); the trainer stops when that process is gone, so a killed head leaves no orphan training.
 # `cpus_per_task`: on SLURM, Snakemake caps `threads` at the head's --cores, while run.threads in cell.yaml is
 # the study's value; the plugin takes this resource as given, so the job gets the CPUs the trainer will use.
 rule train:
@@ -55,6 +57,7 @@ rule train:
             rm -rf {params.out}/checkpoints
         fi
         mkdir -p {params.out}/checkpoints && echo "$key" > {params.out}/checkpoints/RESUME_KEY
-        python -m trainer train --config {input.cell} --out {params.out} --resume --no-progress > {log} 2>&1
+        python -m trainer train --config {input.cell} --out {params.out} --resume --no-progress \
+            --exit-with $PPID > {log} 2>&1
         rm -rf {params.out}/checkpoints
         """

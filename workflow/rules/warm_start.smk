@@ -35,4 +35,5 @@ rule warm_start:
     conda:
         TRAINER_ENV
     shell:
-        "python -m trainer sft --config {input.config} --out {output} --no-progress {params.allow} > {log} 2>&1"
+        "python -m trainer sft --config {input.config} --out {output} --no-progress {params.allow} "
+        "--exit-with $PPID > {log} 2>&1"

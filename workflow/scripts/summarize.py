@@ -2,7 +2,7 @@
 
 No `from __future__` import: Snakemake prepends its own preamble, and such an import must come first.
 All logic is in `trainer.analysis` (tested there); this file only unpacks `snakemake.*`: input.metrics (the
-explicit list of metrics.parquet files), params study ("main": `summarize`, the Figure-2 table; "companion":
+explicit list of metrics.parquet files, each checked first against its cell's config by `check_cell_logs`), params study ("main": `summarize`, the Figure-2 table; "companion":
 `summarize_companion`, the validation table; "stability": `summarize_stability`, the lr sweep, which also writes
 output.selected, the selected lrs; "horizon": `summarize_horizon`, which also takes params.horizons), base_dir,
 collapse, models, window_fraction, bootstrap_seed, outputs csv, md, runs, and log[0], which gets a short account
@@ -18,6 +18,7 @@ from pathlib import Path
 from trainer.analysis import (DEFAULT_MODELS, summarize, summarize_companion, summarize_horizon,
                               summarize_stability)
 from trainer.analysis.companion import COMPANION_MODELS
+from trainer.analysis.logs import check_cell_logs
 from trainer.analysis.summary import write_collapse_note
 
 
@@ -33,6 +34,7 @@ def main(smk) -> None:
                    window_fraction=float(getattr(params, "window_fraction", 0.1)),
                    bootstrap_seed=int(getattr(params, "bootstrap_seed", 0)))
     try:
+        check_cell_logs(list(smk.input.metrics))
         if study == "stability":
             notes = summarize_stability(*outputs, smk.output.selected, **options)
         elif study == "horizon":
