@@ -33,8 +33,12 @@ Docker backend (needs the `docker` SDK and a running engine; the images come fro
   and there it runs as root as in R2E-Gym), so it cannot read /root or write outside /testbed, /tmp and its home;
   file reads and writes also go through `exec` as that user (a write is `put_archive` into a private temporary
   file, then `cat` into place as the agent), so `file_editor` has exactly the permissions `execute_bash` has;
-- grading: kill every agent process, copy /root/r2e_tests to /testbed/r2e_tests (root-owned, read-only for the
-  agent), run /root/run_tests.sh's text as the agent, delete the copy;
+- grading: kill every agent process; then (`grade_in: fresh`, the default) start a new container from the task's
+  image and give it only the agent's /testbed (without .venv and .git, which come from the image), so nothing
+  else the agent left behind (user site-packages, `.pth` files, `sitecustomize`, HOME dotfiles) takes part in
+  grading; in it, copy /root/r2e_tests to /testbed/r2e_tests (root-owned, read-only for the agent), run
+  /root/run_tests.sh's text as the agent, delete the copy. `grade_in: episode` grades in the episode's own
+  container, as R2E-Gym does;
 - containers carry the labels `harness.swe=1`, the owner's pid, pid start time and host name.
   `cleanup_stale_containers()` removes labelled containers whose owner process is gone (called whenever a
   backend is created), `close()` removes the container, and an `atexit` hook removes any this process still
@@ -381,9 +385,9 @@ class LocalBackend:
         (self.root / "tmp").mkdir()
         self.repo_dir = str(self.root / "testbed")
 
-    def _env(self) -> dict[str, str]:
+    def _env(self, home: str | None = None) -> dict[str, str]:
         path = os.pathsep.join([str(Path(self.config.python).parent), os.environ.get("PATH", "/usr/bin:/bin")])
-        return {"PATH": path, "HOME": str(self.root / "home"), "TMPDIR": str(self.root / "tmp"),
+        return {"PATH": path, "HOME": home or str(self.root / "home"), "TMPDIR": str(self.root / "tmp"),
                 "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "TERM": "dumb"}
 
     def _limits(self, timeout: float) -> dict[str, int]:
@@ -393,8 +397,9 @@ class LocalBackend:
             limits["nproc"] = self.config.max_processes
         return limits
 
-    def exec(self, argv: Sequence[str], timeout: float, cwd: str | None = None) -> ExecResult:
-        """Run `argv` under the supervisor in the repository directory."""
+    def exec(self, argv: Sequence[str], timeout: float, cwd: str | None = None, home: str | None = None
+             ) -> ExecResult:
+        """Run `argv` under the supervisor in the repository directory (HOME: the episode's, or `home`)."""
         self._require_started()
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
@@ -403,7 +408,7 @@ class LocalBackend:
         cmd = [self.config.python, "-c", SUPERVISOR, f"{timeout:g}", "group", rlimit_spec(self._limits(timeout)),
                *argv]
         started = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=cwd or self.repo_dir, env=self._env(), stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen(cmd, cwd=cwd or self.repo_dir, env=self._env(home), stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         out, err = OutputCapture(self.config.capture_bytes), OutputCapture(self.config.capture_bytes)
         budget = [self.config.max_output_bytes, 0]
@@ -477,10 +482,12 @@ class LocalBackend:
         shutil.copytree(self.task.hidden_tests_path, tests_dir, symlinks=True,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         script = pytest_command(python=shlex.quote(self.config.python), testbed=shlex.quote(self.repo_dir))
+        home = tempfile.mkdtemp(prefix="swe-grade-home-")  # not the agent's home, which it may have seeded
         try:
-            return self.exec(["bash", "-c", script], timeout)
+            return self.exec(["bash", "-c", script], timeout, home=home)
         finally:
             shutil.rmtree(tests_dir, ignore_errors=True)
+            shutil.rmtree(home, ignore_errors=True)
 
     def _require_started(self) -> None:
         if self.root is None:
@@ -536,6 +543,12 @@ class DockerConfig:
     """Deadline of the small commands behind read_file / write_file / path_kind and setup."""
     start_timeout_s: float = 60.0
     """Docker API timeout (container create, start, remove)."""
+    grade_in: str = "fresh"
+    """Where the hidden tests run. "fresh": a new container from the task's image, given only the agent's
+    repository (/testbed without .venv, .git and the tests' folder), so nothing else the agent left behind (a
+    `.pth` or `sitecustomize` in a site-packages, HOME dotfiles, a planted pytest plugin) can change how the tests
+    run or are reported. "episode": in the episode's own container, as R2E-Gym grades (faster by one container
+    start, and gameable by such leftovers)."""
 
     def __post_init__(self) -> None:
         for name in ("pids", "file_size_bytes", "capture_bytes", "max_output_bytes"):
@@ -545,6 +558,8 @@ class DockerConfig:
             raise ValueError(f"DockerConfig.cpus must be positive, got {self.cpus}")
         if not self.memory:
             raise ValueError("DockerConfig.memory must be set (e.g. '2g')")
+        if self.grade_in not in ("fresh", "episode"):
+            raise ValueError(f"DockerConfig.grade_in must be 'fresh' or 'episode', got {self.grade_in!r}")
 
 
 def _process_start_time(pid: int) -> str:
@@ -628,6 +643,10 @@ def _remove_owned_containers() -> None:
 
 atexit.register(_remove_owned_containers)
 
+WORK_EXCLUDES = "--exclude=./.venv --exclude=./.git --exclude=./r2e_tests"
+"""What of /testbed is not the agent's work when grading in a fresh container: the repository's environment and
+history come from the image (a `.pth` planted in /testbed/.venv would otherwise run at interpreter start)."""
+
 _SETUP = """set -e
 if [ -d /r2e_tests ]; then rm -rf /root/r2e_tests; mv /r2e_tests /root/r2e_tests; fi
 if [ -f /testbed/run_tests.sh ]; then mv /testbed/run_tests.sh /root/run_tests.sh; fi
@@ -659,6 +678,7 @@ class DockerBackend:
         self.user = "root"
         self.ids = (0, 0)
         self.home = "/root"
+        self.task = None
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def start(self, task) -> None:
@@ -666,6 +686,7 @@ class DockerBackend:
         import docker
 
         self.close()
+        self.task = task
         try:
             self.client.images.get(task.docker_image)
         except docker.errors.ImageNotFound:
@@ -849,9 +870,44 @@ class DockerBackend:
 
     # -- grading ---------------------------------------------------------------------------------------------
     def run_tests(self, timeout: float) -> ExecResult:
-        """Kill the agent's processes, copy the hidden tests in (read-only for the agent), run run_tests.sh."""
+        """Kill the agent's processes, then run the hidden tests on the agent's repository: in a fresh container
+        from the task's image (`grade_in: fresh`) or in this one (`episode`)."""
         if self.user != "root":
             self._stop_processes(self.user)
+        if self.config.grade_in == "episode":
+            return self._run_hidden_tests(timeout)
+        work = self._agent_work()
+        grader = DockerBackend(self.config, client=self.client)
+        try:
+            grader.start(self.task)
+            grader._replace_repository(work)
+            return grader._run_hidden_tests(timeout)
+        finally:
+            grader.close()
+
+    def _agent_work(self) -> bytes:
+        """A tar of the agent's repository: /testbed as it is now, without the tests' folder and the image's
+        .venv and .git (those the grader takes from the image), ownership and modes kept."""
+        made = self.container.exec_run(["sh", "-c", f"tar -C /testbed {WORK_EXCLUDES} -cf /root/.agent-work.tar ."],
+                                       user="root", workdir="/")
+        if made.exit_code != 0:
+            raise SandboxError(f"could not archive the agent's repository for grading: "
+                               f"{(made.output or b'').decode(errors='replace').strip()}")
+        stream, _ = self.container.get_archive("/root/.agent-work.tar")
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as outer:
+            inner = outer.extractfile(outer.getmembers()[0]).read()
+        self.container.exec_run(["rm", "-f", "/root/.agent-work.tar"], user="root", workdir="/")
+        return inner
+
+    def _replace_repository(self, work: bytes) -> None:
+        """Swap this (fresh) container's /testbed for the agent's, keeping the image's .venv and .git."""
+        cleared = self._exec(["sh", "-c", "find /testbed -mindepth 1 -maxdepth 1 ! -name .venv ! -name .git "
+                              "-exec rm -rf {} +"], self.config.file_op_timeout_s, user="root")
+        if cleared.exit_code != 0 or not self.container.put_archive("/testbed", work):
+            raise SandboxError("could not copy the agent's repository into the grading container")
+
+    def _run_hidden_tests(self, timeout: float) -> ExecResult:
+        """Copy the hidden tests in (read-only for the agent), run run_tests.sh as the agent, remove them."""
         copy = self._exec(["sh", "-c", "rm -rf /testbed/r2e_tests && cp -r /root/r2e_tests /testbed/r2e_tests && "
                            "chown -R root:root /testbed/r2e_tests && chmod -R a+rX,go-w /testbed/r2e_tests && "
                            "cat /root/run_tests.sh"], self.config.file_op_timeout_s, user="root")

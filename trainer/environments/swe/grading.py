@@ -16,7 +16,9 @@ match an expected map and so gives 0.
 edits /testbed to game it: it runs from inside the tests directory (so a /testbed/pytest.py cannot shadow
 pytest), ignores every conftest.py and ini file of the repository (`--noconftest -c /dev/null`), loads no
 third-party plugins, and puts /testbed on sys.path only through pytest's `pythonpath` option (after pytest has
-been imported). It cannot stop a patch that makes the package itself lie to the tests; nothing can.
+been imported). Python runs isolated (`-I`: no user site-packages, no PYTHON* variables, no current directory
+on the path) and PYTEST_ADDOPTS / PYTEST_PLUGINS are emptied, so nothing the agent left in its home or
+environment loads into the test run (the Docker backend goes further and grades in a fresh container). It cannot stop a patch that makes the package itself lie to the tests; nothing can.
 """
 from __future__ import annotations
 
@@ -29,8 +31,8 @@ STATUSES = ("PASSED", "FAILED", "ERROR", "XFAIL", "XPASS")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS) (\S.*)$")
 
-TEST_COMMAND = ("cd {testbed}/r2e_tests && PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONDONTWRITEBYTECODE=1 "
-                "{python} -m pytest -rA -p no:cacheprovider --noconftest -c /dev/null "
+TEST_COMMAND = ("cd {testbed}/r2e_tests && PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_ADDOPTS= PYTEST_PLUGINS= "
+                "{python} -I -B -m pytest -rA -p no:cacheprovider --noconftest -c /dev/null "
                 "--rootdir={testbed} -o pythonpath={testbed} .")
 """The hidden tests' command; {testbed} and {python} must be shell-quoted by the caller."""
 
