@@ -159,14 +159,19 @@ ROOT_ONLY = {name for name in CHANNELS if "(root agent)" in name}
 
 
 def gamed_reward(client, channel: str, grade_in: str) -> tuple[float, str]:
-    """Reward of the unfixed repository after the channel's command, agent as root where the channel needs it."""
+    """Reward of the unfixed repository after the channel's command, agent as root where the channel needs it. In
+    the image's writable layer (`scratch: false`), where every channel can be planted: the default read-only
+    root already stops the system-wide ones, and this tests the grading on its own."""
     user = "no-such-user" if channel in ROOT_ONLY else "agent"  # no such user in the image: the agent is root
-    env = make_env(client, docker=DockerConfig(memory="512m", pids=128, user=user, grade_in=grade_in))
-    env.reset(TASKS[0])
-    planted = env.step(bash(CHANNELS[channel]))
-    assert planted.observation.startswith("Exit code: 0"), planted.observation
-    last = env.step(format_action("finish", {"command": "submit"}))
-    env.close()
+    env = make_env(client, docker=DockerConfig(memory="512m", pids=128, user=user, grade_in=grade_in,
+                                               scratch=False))
+    try:
+        env.reset(TASKS[0])
+        planted = env.step(bash(CHANNELS[channel]))
+        assert planted.observation.startswith("Exit code: 0"), planted.observation
+        last = env.step(format_action("finish", {"command": "submit"}))
+    finally:
+        env.close()
     return last.reward, env.last_test_log
 
 
@@ -192,12 +197,15 @@ def test_the_channels_are_real_when_grading_in_the_episode_container(client, cha
 
 TIMEOUT_S = 3
 MAX_CHARS = 20_000
+SCRATCH = 24 * 1024**2
+INODES = 5000
 
 
 @pytest.fixture(scope="module")
 def arena(client):
     """One episode under attack and a neighbour episode that must not notice."""
-    limits = DockerConfig(memory="256m", pids=64, file_size_bytes=32 * 1024**2, max_output_bytes=16 * 1024**2)
+    limits = DockerConfig(memory="256m", pids=64, file_size_bytes=8 * 1024**2, max_output_bytes=16 * 1024**2,
+                          scratch_bytes=SCRATCH, scratch_inodes=INODES)
     env = make_env(client, max_turns=500, docker=limits,
                    tools=ToolSettings(command_timeout_s=TIMEOUT_S, max_observation_chars=MAX_CHARS))
     neighbour = make_env(client)
@@ -243,10 +251,18 @@ def test_sandbox_layout(arena):
         "cmd": "id -un; ls -A /testbed; ls /r2e_tests /testbed/r2e_tests /testbed/run_tests.sh /root 2>&1; true"}))
     out = probe.observation
     assert "[STDOUT]\n\nagent\nREADME.md\nroman.py\ntests\n" in out
-    assert "ls: cannot access '/r2e_tests': No such file or directory" in out
+    assert "ls: cannot open directory '/r2e_tests': Permission denied" in out  # an empty mask; the files are in /root
     assert "ls: cannot access '/testbed/r2e_tests': No such file or directory" in out
     assert "ls: cannot access '/testbed/run_tests.sh': No such file or directory" in out
     assert "ls: cannot open directory '/root': Permission denied" in out
+    # the root filesystem is read-only; the writable places are bounded tmpfs mounts
+    places = env.step(bash("touch /usr/x /etc/x /x 2>&1; df --output=fstype,size,itotal,target /testbed /tmp /var/tmp "
+                           "/home | tail -n +2"))
+    assert places.observation.count("Read-only file system") == 3
+    rows = [line.split() for line in places.observation.split("[STDOUT]\n\n")[1].splitlines()
+            if line.startswith("tmpfs")]
+    assert [row[3] for row in rows] == ["/testbed", "/tmp", "/var/tmp", "/home"]
+    assert {(row[1], row[2]) for row in rows} == {(f"{SCRATCH // 1024}", str(INODES))}  # df sizes: 1K blocks
 
 
 def test_attack_fork_bomb(arena):
@@ -304,7 +320,8 @@ def test_attack_write_outside_the_repository_with_bash(arena):
     before = env.backend._exec(["sh", "-c", "md5sum /etc/passwd /usr/bin/python3"], 10, user="root").stdout
     result = attack(env, bash("echo pwned > /etc/passwd; echo x > /usr/bin/python3; touch /root/x; "
                               "touch /r2e_tests; mkdir /opt/evil; echo done"), 15)
-    assert result.observation.count("Permission denied") >= 4
+    # refused by permissions, or first by the read-only root filesystem
+    assert result.observation.count("Permission denied") + result.observation.count("Read-only file system") >= 5
     after = env.backend._exec(["sh", "-c", "md5sum /etc/passwd /usr/bin/python3"], 10, user="root").stdout
     assert before == after and before
 
@@ -312,7 +329,10 @@ def test_attack_write_outside_the_repository_with_bash(arena):
 def test_attack_write_outside_the_repository_with_file_editor(arena):
     result = attack(arena[0], format_action("file_editor", {"command": "create", "path": "/etc/cron.daily/evil",
                                                             "file_text": "rm -rf /"}), 15)
-    assert result.info.exec_error and "Permission denied" in result.observation
+    assert result.info.exec_error and "/etc/cron.daily/evil: Read-only file system" in result.observation
+    home = attack(arena[0], format_action("file_editor", {"command": "create", "path": "/root/evil",
+                                                          "file_text": "x"}), 15)
+    assert home.info.exec_error and "/root/evil: Permission denied" in home.observation
 
 
 def test_attack_read_the_hidden_tests(arena):
@@ -347,10 +367,43 @@ def test_attack_binary_garbage(arena):
     assert all(ch in "\n\t" or ord(ch) >= 32 for ch in result.observation)
 
 
-def test_attack_disk_fill(arena):
-    result = attack(arena[0], bash("head -c 100000000 /dev/zero > /tmp/fill; stat -c %s /tmp/fill; rm /tmp/fill"), 20)
+def _host_free(client) -> tuple[int, int]:
+    """Free bytes and inodes of the file system holding Docker's data (the host disk under every container)."""
+    stat = os.statvfs(client.info()["DockerRootDir"])
+    return stat.f_bavail * stat.f_frsize, stat.f_favail
+
+
+def test_attack_disk_fill(arena, client):
+    before = _host_free(client)
+    fill = ("for d in /testbed /tmp /var/tmp ~; do for i in 1 2 3 4 5; do head -c 6000000 /dev/zero > $d/fill$i; "
+            "done; done; du -sk /testbed /tmp /var/tmp ~ | cut -f1")
+    result = attack(arena[0], bash(fill), 20)
+    assert "No space left on device" in result.observation
+    sizes = [int(v) for v in result.observation.split("[STDOUT]\n\n")[1].split("\n\n")[0].split()]
+    assert len(sizes) == 4 and all(SCRATCH // 1024 - 1024 <= kb <= SCRATCH // 1024 for kb in sizes), sizes
+    after = _host_free(client)
+    assert before[0] - after[0] < 8 * 1024**2  # 4 x 24 MiB written, none of it on the host disk
+    attack(arena[0], bash("rm -f /testbed/fill* /tmp/fill* /var/tmp/fill* ~/fill*"), 10)
+
+
+def test_attack_one_big_file(arena):
+    result = attack(arena[0], bash("head -c 20000000 /dev/zero > /tmp/big; stat -c %s /tmp/big; rm /tmp/big"), 20)
     assert "File size limit exceeded" in result.observation
-    assert f"[STDOUT]\n\n{32 * 1024**2}\n" in result.observation
+    assert f"[STDOUT]\n\n{8 * 1024**2}\n" in result.observation
+
+
+def test_attack_inode_fill(arena, client):
+    before = _host_free(client)
+    fill = ("python3 -c \"import os\nfor d in ('/tmp', '/testbed'):\n    os.makedirs(d + '/many', exist_ok=True)\n"
+            "    n = 0\n    try:\n        while n < 50000:\n            open(f'{d}/many/{n}', 'w').close(); n += 1\n"
+            "    except OSError as e:\n        print(d, n, e.strerror)\n\"")
+    result = attack(arena[0], bash(fill), 20)
+    made = [line.split(maxsplit=2) for line in result.observation.splitlines() if line.startswith("/")]
+    assert [(d, why) for d, _, why in made] == [("/tmp", "No space left on device"),
+                                                ("/testbed", "No space left on device")], result.observation
+    assert all(int(n) < INODES for _, n, _ in made)
+    assert before[1] - _host_free(client)[1] < 500  # the host's inodes untouched
+    attack(arena[0], bash("rm -rf /tmp/many /testbed/many"), 10)
 
 
 @pytest.mark.parametrize("text", [

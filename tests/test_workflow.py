@@ -229,10 +229,15 @@ def test_check_study_names_the_broken_key(edit, named):
         cc.check_study(study)
 
 
-def test_an_external_workdir_is_allowed_when_the_study_says_so():
+def test_an_external_workdir_is_allowed_when_the_study_says_so(tmp_path):
     study = {"models": {"m": {"preset": "qwen-tiny"}}, "grid": [{"recipes": ["full"], "seeds": [0]}],
              "workdir": "/tmp/elsewhere", "external_workdir": True}
     cc.check_study(study)
+    # a folder of the checkout that links to another disk is inside, as written
+    (tmp_path / "disk").mkdir()
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "studies").symlink_to(tmp_path / "disk")
+    cc.check_study(dict(study, workdir="studies/x/../y", external_workdir=False), root=tmp_path / "repo")
 
 
 def test_rules_name_existing_conda_environments():

@@ -142,11 +142,12 @@ def check_study(study: dict, root: str | Path = ".") -> None:
     """Raise StudyError for what the schema cannot express. Relative paths are relative to `root` (the repository
     root: the study files' paths are written from there, whatever the study's `workdir`)."""
     root = Path(root)
-    workdir = Path(study.get("workdir", "."))
-    inside = os.path.realpath(root / workdir) == os.path.realpath(root) or \
-        os.path.realpath(root) in Path(os.path.realpath(root / workdir)).parents
-    if not study.get("external_workdir", False) and (workdir.is_absolute() or not inside):
-        raise StudyError(f"workdir: {str(workdir)!r} is outside the repository {str(root)!r}; a study's results "
+    workdir = str(study.get("workdir", "."))
+    # judged on the path as written: a folder of the checkout that is a symlink to another disk (often studies/)
+    # is the user's choice, not an escape
+    outside = os.path.isabs(workdir) or os.path.normpath(workdir).split(os.sep)[0] == ".."
+    if not study.get("external_workdir", False) and outside:
+        raise StudyError(f"workdir: {workdir!r} is outside the repository {str(root)!r}; a study's results "
                          "stay in the checkout unless the study says `external_workdir: true`")
     for name, entry in study["models"].items():
         kinds = [key for key in ("preset", "path", "policy") if entry.get(key) is not None]

@@ -525,10 +525,21 @@ class DockerConfig:
     """CPU quota in cores."""
     file_size_bytes: int = 256 * 1024**2
     """RLIMIT_FSIZE of every process in the container."""
+    scratch: bool = True
+    """The root filesystem read-only, and the writable places (/testbed, /tmp, /var/tmp, /root, /home) tmpfs
+    mounts of `scratch_bytes` and `scratch_inodes` each, /testbed filled with the image's repository at start:
+    the kernel enforces the bounds on every storage driver and the host disk is never written. False: the image's
+    writable layer, unbounded unless `storage_size` is set (R2E-Gym's images keep a large .venv in /testbed,
+    which in a scratch place would sit in memory)."""
+    scratch_bytes: int | None = None
+    """Size of each scratch place; None: a tenth of `memory`. tmpfs pages count towards `memory` and cannot be
+    swapped, so the places together may take at most half of it (else a full scratch would leave the agent's
+    processes to the OOM killer)."""
+    scratch_inodes: int = 100_000
+    """Most files and directories in each writable place (tmpfs nr_inodes)."""
     storage_size: str | None = None
-    """Cap on the container's writable layer (e.g. "2g"); needs a storage driver with quotas (overlay2 on xfs
-    with pquota, btrfs, zfs). None: no cap, as under the vfs driver used in CI, where only the file-size
-    ulimit bounds what a command writes."""
+    """With `scratch: false` only: cap on the container's writable layer (e.g. "2g"); needs a storage
+    driver with quotas (overlay2 on xfs with pquota, btrfs, zfs), not the vfs driver used in CI."""
     user: str = "agent"
     """Unprivileged user the agent's commands run as, when the image has it; otherwise root (R2E-Gym images)."""
     capture_bytes: int = 2 * 1024**2
@@ -551,15 +562,33 @@ class DockerConfig:
     start, and gameable by such leftovers)."""
 
     def __post_init__(self) -> None:
-        for name in ("pids", "file_size_bytes", "capture_bytes", "max_output_bytes"):
+        for name in ("pids", "file_size_bytes", "capture_bytes", "max_output_bytes", "scratch_inodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"DockerConfig.{name} must be positive, got {getattr(self, name)}")
         if self.cpus <= 0:
             raise ValueError(f"DockerConfig.cpus must be positive, got {self.cpus}")
         if not self.memory:
             raise ValueError("DockerConfig.memory must be set (e.g. '2g')")
+        if self.scratch_bytes is None:
+            self.scratch_bytes = memory_bytes(self.memory) // 10
+        else:
+            total = len(SCRATCH_PLACES) * self.scratch_bytes
+            if self.scratch_bytes < 1024**2 or total > memory_bytes(self.memory) // 2:
+                raise ValueError(f"DockerConfig.scratch_bytes {self.scratch_bytes}: must be at least 1 MiB, and the "
+                                 f"{len(SCRATCH_PLACES)} writable places together ({total} bytes) at most half of "
+                                 f"memory {self.memory!r}")
         if self.grade_in not in ("fresh", "episode"):
             raise ValueError(f"DockerConfig.grade_in must be 'fresh' or 'episode', got {self.grade_in!r}")
+
+
+def memory_bytes(size: str | int) -> int:
+    """Docker's memory notation in bytes: an integer, or digits with a unit b, k, m or g ("512m")."""
+    text = str(size).strip().lower()
+    units = {"b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+    number, unit = (text[:-1], units[text[-1]]) if text and text[-1] in units else (text, 1)
+    if not number.isdigit():
+        raise ValueError(f"DockerConfig.memory: {size!r} is not a size such as '2g' or '512m'")
+    return int(number) * unit
 
 
 def _process_start_time(pid: int) -> str:
@@ -648,15 +677,24 @@ WORK_EXCLUDES = "--exclude=./.venv --exclude=./.git --exclude=./r2e_tests"
 history come from the image (a `.pth` planted in /testbed/.venv would otherwise run at interpreter start)."""
 
 _SETUP = """set -e
-if [ -d /r2e_tests ]; then rm -rf /root/r2e_tests; mv /r2e_tests /root/r2e_tests; fi
+if [ "$2" = layer ] && [ -d /r2e_tests ]; then rm -rf /root/r2e_tests; mv /r2e_tests /root/r2e_tests; fi
 if [ -f /testbed/run_tests.sh ]; then mv /testbed/run_tests.sh /root/run_tests.sh; fi
 chmod 700 /root
 find /testbed -name '*.pyc' -delete
 find /testbed -name __pycache__ -type d -prune -exec rm -rf {} +
 test -d /root/r2e_tests || { echo "image has no /r2e_tests (hidden tests)" >&2; exit 3; }
 test -f /root/run_tests.sh || { echo "image has no /testbed/run_tests.sh" >&2; exit 3; }
-if id -u "$1" >/dev/null 2>&1; then id -u "$1"; id -g "$1"; getent passwd "$1" | cut -d: -f6; fi
+if id -u "$1" >/dev/null 2>&1; then
+    home=$(getent passwd "$1" | cut -d: -f6)
+    if [ "$2" = scratch ] && [ ! -d "$home" ]; then mkdir -p "$home"; chown "$1:$(id -g "$1")" "$home"; fi
+    id -u "$1"; id -g "$1"; echo "$home"
+fi
 """
+"""Run as root once the container runs; $1: the agent's user name, $2: `scratch` (tmpfs places, filled from the
+image before this) or `layer` (the image's writable layer)."""
+
+SCRATCH_PLACES = {"/testbed": "755", "/tmp": "1777", "/var/tmp": "1777", "/root": "700", "/home": "755"}
+"""The writable places of a scratch container (tmpfs over a read-only root filesystem), with their modes."""
 
 _READ = ('size=$(stat -L -c %s -- "$1") || exit 1; '
          'if [ "$size" -gt "$2" ]; then echo "$1 is larger than $2 bytes" >&2; exit 1; fi; exec cat -- "$1"')
@@ -693,6 +731,13 @@ class DockerBackend:
             raise SandboxError(f"task {task.task_id!r}: image {task.docker_image!r} is not present locally "
                                "(build the shipped ones with `python -m trainer.environments.swe.image`)") from None
         mem = self.config.memory
+        scratch = self.config.scratch_bytes if self.config.scratch else None
+        if scratch is not None:  # tmpfs places; /r2e_tests masked by an empty one (its files go to /root)
+            places = {path: f"size={scratch},nr_inodes={self.config.scratch_inodes},mode={mode}"
+                      for path, mode in SCRATCH_PLACES.items()}
+            layout = {"read_only": True, "tmpfs": {**places, "/r2e_tests": "size=64k,nr_inodes=16,mode=700"}}
+        else:
+            layout = {"storage_opt": {"size": self.config.storage_size}} if self.config.storage_size else {}
         try:
             self.container = self.client.containers.create(
                 task.docker_image, ["sleep", "infinity"], init=True, labels=_owner_labels(),
@@ -703,14 +748,21 @@ class DockerBackend:
                 ulimits=[docker.types.Ulimit(name="fsize", soft=self.config.file_size_bytes,
                                              hard=self.config.file_size_bytes),
                          docker.types.Ulimit(name="core", soft=0, hard=0)],
-                **({"storage_opt": {"size": self.config.storage_size}} if self.config.storage_size else {}))
+                **layout)
         except docker.errors.APIError as exc:
             raise SandboxError(f"task {task.task_id!r}: could not create a container: {exc}") from None
         with _OWNED_LOCK:
             _OWNED[self.container.id] = self.client
         try:
+            # a created container's archive reads the image's files, not the tmpfs places mounted at start
+            seeds = [(self._archive(path), into) for path, into in (("/testbed", "/"), ("/r2e_tests", "/root"))
+                     if scratch is not None]
             self.container.start()
-            setup = self._exec(["sh", "-c", _SETUP, "_", self.config.user], self.config.file_op_timeout_s,
+            for data, into in seeds:
+                if data is not None:
+                    self._feed(["tar", "-xf", "-", "-C", into], data, "could not fill the container's scratch")
+            setup = self._exec(["sh", "-c", _SETUP, "_", self.config.user,
+                                "layer" if scratch is None else "scratch"], self.config.file_op_timeout_s,
                                user="root")
             if setup.exit_code != 0:
                 raise SandboxError(f"task {task.task_id!r}: container setup failed (exit {setup.exit_code}): "
@@ -723,6 +775,36 @@ class DockerBackend:
         except BaseException:
             self.close()
             raise
+
+    def _archive(self, path: str) -> bytes | None:
+        """The tar of `path` in the container (None if absent); of the image's files while it is not started."""
+        import docker
+
+        try:
+            stream, _ = self.container.get_archive(path)
+        except docker.errors.NotFound:
+            return None
+        return b"".join(stream)
+
+    def _feed(self, argv: Sequence[str], data: bytes, what: str, user: str = "root") -> None:
+        """Run `argv` in the container with `data` on its standard input (the docker archive API cannot reach the
+        tmpfs places); SandboxError with `what` and its error output unless it exits 0."""
+        from docker.utils.socket import frames_iter
+
+        api = self.client.api
+        exec_id = api.exec_create(self.container.id, list(argv), stdin=True, stdout=True, stderr=True, user=user,
+                                  workdir="/", environment=self._env(user))["Id"]
+        sock = api.exec_start(exec_id, socket=True)
+        raw = getattr(sock, "_sock", sock)
+        try:
+            raw.sendall(data)
+            raw.shutdown(socket.SHUT_WR)
+            err = b"".join(data for stream, data in frames_iter(sock, tty=False) if stream == 2)
+        finally:
+            sock.close()
+        code = api.exec_inspect(exec_id).get("ExitCode")
+        if code != 0:
+            raise SandboxFileError(f"{what}: {(err or b'').decode(errors='replace').strip() or f'exit {code}'}")
 
     def close(self) -> None:
         """Remove the container (processes and files)."""
@@ -844,20 +926,12 @@ class DockerBackend:
             raise SandboxFileError(f"The path {path!r} is not absolute.")
         if len(data) > self.config.file_size_bytes:
             raise SandboxFileError(f"File too large: {len(data)} bytes > {self.config.file_size_bytes}")
-        staging = f"/tmp/.swe-upload-{uuid.uuid4().hex}"
-        uid, gid = self.ids
-        archive = io.BytesIO()
-        with tarfile.open(fileobj=archive, mode="w") as tar:
-            info = tarfile.TarInfo(staging.lstrip("/").split("/", 1)[1])
-            info.size, info.mode, info.uid, info.gid, info.mtime = len(data), 0o600, uid, gid, int(time.time())
-            tar.addfile(info, io.BytesIO(data))
-        if not self.container.put_archive("/tmp", archive.getvalue()):
-            raise SandboxError("could not stage a file in the container")
-        result = self._exec(["sh", "-c", 'cat "$1" > "$2"; status=$?; rm -f "$1"; exit $status', "_", staging, path],
-                            self.config.file_op_timeout_s)
-        if result.exit_code != 0:
-            self._exec(["rm", "-f", staging], self.config.file_op_timeout_s, user="root")
-            raise SandboxFileError(_last_line(result.stderr).replace("_: 1: ", "") or f"cannot write {path!r}")
+        try:
+            self._feed(["sh", "-c", 'cat > "$1"', "_", path], data, "write", user=self.user)
+        except SandboxFileError as exc:
+            message = str(exc).removeprefix("write: ")
+            raise SandboxFileError(message.splitlines()[-1].replace("_: 1: ", "") if message else
+                                   f"cannot write {path!r}") from None
 
     def path_kind(self, path: str) -> str:
         if not posixpath.isabs(path):
@@ -888,23 +962,24 @@ class DockerBackend:
     def _agent_work(self) -> bytes:
         """A tar of the agent's repository: /testbed as it is now, without the tests' folder and the image's
         .venv and .git (those the grader takes from the image), ownership and modes kept."""
-        made = self.container.exec_run(["sh", "-c", f"tar -C /testbed {WORK_EXCLUDES} -cf /root/.agent-work.tar ."],
-                                       user="root", workdir="/")
+        made = self.container.exec_run(["sh", "-c", f"tar -C /testbed {WORK_EXCLUDES} -cf - ."], user="root",
+                                       workdir="/", demux=True)
+        work, err = made.output
         if made.exit_code != 0:
             raise SandboxError(f"could not archive the agent's repository for grading: "
-                               f"{(made.output or b'').decode(errors='replace').strip()}")
-        stream, _ = self.container.get_archive("/root/.agent-work.tar")
-        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as outer:
-            inner = outer.extractfile(outer.getmembers()[0]).read()
-        self.container.exec_run(["rm", "-f", "/root/.agent-work.tar"], user="root", workdir="/")
-        return inner
+                               f"{(err or b'').decode(errors='replace').strip()}")
+        return work or b""
 
     def _replace_repository(self, work: bytes) -> None:
         """Swap this (fresh) container's /testbed for the agent's, keeping the image's .venv and .git."""
         cleared = self._exec(["sh", "-c", "find /testbed -mindepth 1 -maxdepth 1 ! -name .venv ! -name .git "
                               "-exec rm -rf {} +"], self.config.file_op_timeout_s, user="root")
-        if cleared.exit_code != 0 or not self.container.put_archive("/testbed", work):
-            raise SandboxError("could not copy the agent's repository into the grading container")
+        if cleared.exit_code != 0:
+            raise SandboxError("could not clear the grading container's repository")
+        try:
+            self._feed(["tar", "-xf", "-", "-C", "/testbed"], work, "could not copy the agent's repository in")
+        except SandboxFileError as exc:
+            raise SandboxError(str(exc)) from None
 
     def _run_hidden_tests(self, timeout: float) -> ExecResult:
         """Copy the hidden tests in (read-only for the agent), run run_tests.sh as the agent, remove them."""
