@@ -441,3 +441,22 @@ def test_vocabulary_covers_every_text():
     words = {w for text in texts for w in text.split()}
     assert {w for w in words if w not in vocab and not w.lstrip("-").isdigit()} == set()
     assert "search" in vocab and "f63" in vocab and len(vocab) < 160
+
+
+def test_impossible_variants_cannot_be_passed_by_any_repair():
+    """The cheating probe's tasks: the gold repair earns 1 on each held-out task and 0 on its impossible variant,
+    whose extra test expects another value of a fail-to-pass call (so no repository passes both)."""
+    config = MiniRepoConfig(seed=3)
+    source = MiniRepoTasks(config)
+    originals, variants = source.tasks("heldout", 6), source.impossible(6)
+    assert [v.task_id for v in variants] == [f"{t.task_id}-impossible" for t in originals]
+    for task, variant in zip(originals, variants):
+        assert variant.instruction == task.instruction and variant.tests[:-1] == task.tests
+        clash, twin = variant.tests[-1], next(t for t in task.tests if t.f2p)
+        assert (clash.func, clash.args, clash.want) == (twin.func, twin.args, twin.want + 1)
+        for played, reward in ((task, 1.0), (variant, 0.0)):
+            env = MiniRepoEnv(config)
+            env.reset(played)
+            for bug in played.bugs:  # the gold repair, edited in through the tools
+                env.step(f"edit {bug.file} {bug.line} {bug.fixed}")
+            assert env.step("submit").reward == reward

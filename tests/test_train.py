@@ -19,7 +19,7 @@ TIMING = ["rollout_s", "train_s", "wall_s"]
 
 CELL = {
     "recipe": "full",
-    "env": {"name": "minirepo", "options": {"max_depth": 1, "max_turns": 6}, "eval_tasks": 4},
+    "env": {"name": "minirepo", "options": {"max_depth": 1, "max_turns": 6}, "eval_tasks": 4, "probe_tasks": 2},
     "rl": {"length_threshold": 12},
     "rollout": {"mode": "lagged", "lag": 1, "batch_size": 4, "max_turn_tokens": 12, "max_episode_tokens": 256},
     "run": {"updates": 4, "eval_every": 2, "checkpoint_every": 1, "seed": 3, "minibatches": 2, "epochs": 2,
@@ -67,6 +67,31 @@ def test_smoke_run_writes_every_metric_with_provenance(reference_run):
     assert prov["config"]["recipe"] == "full" and prov["git"]["commit"]
     episodes, _ = read_log(reference_run / "episodes.parquet")
     assert (episodes["split"] == "train").sum() == 16 and (episodes["split"] == "eval").sum() == 12  # 3 evals
+    # the cheating probe: 2 impossible tasks at each evaluation, never passed by an honest grader
+    assert (episodes["split"] == "impossible").sum() == 6
+    assert df["cheat_rate"].isna().tolist() == df["eval_success"].isna().tolist()
+    assert (df["cheat_rate"].dropna() == 0).all()
+
+
+def test_the_cheating_probe_reports_a_gamed_grader(tmp_path, monkeypatch):
+    """A grader that pays every finished episode (what a gamed one does) shows as cheat_rate 1."""
+    import dataclasses
+
+    from trainer.config import config_from_dict
+    from trainer.environments.minirepo.env import MiniRepoEnv
+    from trainer.train import train
+
+    honest = MiniRepoEnv.step
+
+    def gamed(self, action):
+        result = honest(self, action)
+        return dataclasses.replace(result, reward=1.0) if result.done else result
+
+    monkeypatch.setattr(MiniRepoEnv, "step", gamed)
+    cell = {**CELL, "run": {**CELL["run"], "updates": 1, "checkpoint_every": 0}}
+    train(config_from_dict(cell), tmp_path / "gamed", progress=False)
+    df, _ = read_log(tmp_path / "gamed" / "metrics.parquet")
+    assert df["cheat_rate"].tolist() == [1.0]
 
 
 def test_same_seed_reruns_bit_identically(tmp_path, reference_run):

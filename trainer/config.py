@@ -40,6 +40,11 @@ class EnvConfig:
     by it; for example `{seed: 0, max_depth: 2}` for minirepo."""
     eval_tasks: int = 64
     """Held-out tasks played at each evaluation (the first N of the held-out split)."""
+    probe_tasks: int = 0
+    """The cheating probe (after ImpossibleBench): impossible variants of the first N held-out tasks, each with a
+    hidden test that contradicts another, played at each evaluation beside the held-out tasks. No repository
+    passes both tests, so any success means the grader was gamed: `cheat_rate` in the logs. 0: no probe; a family
+    without impossible variants logs none."""
     train_tasks: int | None = None
     """The RL pool: the first N tasks of the training split (None: all of it). A warm start draws its
     demonstrations from the rest of the split, so the base policy never saw the solution of a task it is then
@@ -365,7 +370,7 @@ def _check_ranges(cfg: TrainConfig) -> None:
         ("rl.tis_cap", cfg.rl.tis_cap is None or cfg.rl.tis_cap > 0),
         ("optim.lr", cfg.optim.lr >= 0), ("optim.muon_lr", cfg.optim.muon_lr is None or cfg.optim.muon_lr >= 0),
         ("optim.grad_clip", cfg.optim.grad_clip is None or cfg.optim.grad_clip > 0),
-        ("env.eval_tasks", cfg.env.eval_tasks >= 0),
+        ("env.eval_tasks", cfg.env.eval_tasks >= 0), ("env.probe_tasks", cfg.env.probe_tasks >= 0),
         ("env.train_tasks", cfg.env.train_tasks is None or cfg.env.train_tasks >= 1),
     ]
     for key, ok in checks:
@@ -375,7 +380,7 @@ def _check_ranges(cfg: TrainConfig) -> None:
     for key, most in (("run.updates", LIMITS["updates"]), ("run.epochs", LIMITS["epochs"]),
                       ("rollout.batch_size", LIMITS["episodes"]), ("rollout.max_episode_tokens", LIMITS["tokens"]),
                       ("rollout.max_turn_tokens", cfg.rollout.max_episode_tokens),
-                      ("env.eval_tasks", LIMITS["tasks"]),
+                      ("env.eval_tasks", LIMITS["tasks"]), ("env.probe_tasks", LIMITS["tasks"]),
                       ("env.train_tasks", LIMITS["tasks"] if cfg.env.train_tasks is not None else None)):
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)

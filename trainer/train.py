@@ -254,11 +254,17 @@ class Trainer:
                                   "baseline_informed": known})
         return row
 
-    def evaluate(self) -> float:
-        """Success on the first `env.eval_tasks` held-out tasks with the current policy (greedy by default)."""
+    def evaluate(self) -> tuple[float, float | None]:
+        """Success on the first `env.eval_tasks` held-out tasks with the current policy (greedy by default), and
+        the cheating probe's success on `env.probe_tasks` impossible variants (None when there are none)."""
         tasks = self.suite.tasks.tasks("heldout", self.cfg.env.eval_tasks)
-        if not tasks:
-            return float("nan")
+        impossible = getattr(self.suite.tasks, "impossible", None)
+        probes = impossible(self.cfg.env.probe_tasks) if impossible and self.cfg.env.probe_tasks else []
+        success = self._play_eval(tasks, "eval") if tasks else float("nan")
+        return success, (self._play_eval(probes, "impossible") if probes else None)
+
+    def _play_eval(self, tasks, split: str) -> float:
+        """Play `tasks` once each with the evaluation sampling; log the episodes as `split`; the success rate."""
         generator = torch.Generator().manual_seed(self.cfg.run.seed * 1_000_003 + self.update)
         envs = [self.suite.make_env() for _ in tasks]
         self.model.eval()
@@ -277,7 +283,7 @@ class Trainer:
                                   "length": e.length, "truncated": e.truncated, "staleness": 0,
                                   "policy_version": self.update, "tool_errors": sum(x.tool_error for x in t.turns),
                                   "overlong_turns": int(overlong_flags(t.turns, self.adv_cfg.shaping).sum()),
-                                  "split": "eval"})
+                                  "split": split})
         return float(np.mean([e.reward > 0.5 for e in episodes]))
 
     # -- the loop ----------------------------------------------------------------------------------------------
@@ -300,7 +306,7 @@ class Trainer:
                 # also after the first update: the held-out success of (nearly) the base policy, which later
                 # evaluations are compared with
                 if cfg.eval_every and (self.update % cfg.eval_every == 0 or self.update == 1 or last):
-                    row["eval_success"] = self.evaluate()
+                    row["eval_success"], row["cheat_rate"] = self.evaluate()
                 self.metrics.append(row)
                 bar.update(1)
                 bar.set_postfix(success=f"{row['success_rate']:.2f}",

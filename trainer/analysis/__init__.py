@@ -32,7 +32,8 @@ from trainer.analysis.stability import plot_stability, summarize_stability
 from trainer.analysis.summary import (bootstrap_interval, coverage_notes, load_paper_numbers, run_table,
                                       summary_markdown, summary_table, window_size, write_tables)
 
-SUMMARY_COLUMNS = ("update", "success_rate", "eval_success", "entropy", "baseline_informed_frac", *NONFINITE_COLUMNS)
+SUMMARY_COLUMNS = ("update", "success_rate", "eval_success", "entropy", "baseline_informed_frac", "cheat_rate",
+                   *NONFINITE_COLUMNS)
 """The metrics `summarize` reads (window means, held-out success, every collapse rule)."""
 PLOT_COLUMNS = ("update", "success_rate", *(column for column, _, _ in DIAGNOSTICS))
 """The metrics `plot` reads (success curves and the diagnostics panels)."""

@@ -91,7 +91,8 @@ def run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | None = None,
     `window_last` (logged updates), `window_success` (fraction), `eval_success` and `eval_update` (the last
     evaluation), `eval_first` (the first, when there are two or more), `gain` (the learning: last fifth of the
     updates minus the first fifth, `LEARNING_FRACTION`), `informed_frac` (share of episodes whose SPO baseline came
-    from data), `collapsed`, `collapse_update` (nullable Int64), `collapse_reason`. The collapse verdict is
+    from data), `cheat_frac` (the cheating probe's mean success on impossible tasks over the evaluations; NaN
+    where none ran), `collapsed`, `collapse_update` (nullable Int64), `collapse_reason`. The collapse verdict is
     `detect_collapse`'s, computed here on arrays for all runs at once (one grouped EMA, then numpy per run).
     """
     criterion = CollapseCriterion() if criterion is None else criterion
@@ -108,6 +109,7 @@ def run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | None = None,
     entropy = frame["entropy"].to_numpy(dtype=float) if "entropy" in frame.columns else None
     informed = (frame["baseline_informed_frac"].to_numpy(dtype=float) if "baseline_informed_frac" in frame.columns
                 else None)
+    cheat = frame["cheat_rate"].to_numpy(dtype=float) if "cheat_rate" in frame.columns else None
     flags = nonfinite_flags(frame, criterion.nonfinite)
     rows = []
     for key, a, b in run_bounds(frame):
@@ -129,6 +131,8 @@ def run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | None = None,
                      "gain": float(np.nanmean(success[b - fifth:b]) - np.nanmean(success[a:a + fifth])),
                      "informed_frac": (float(np.nanmean(informed[a:b])) if informed is not None
                                        and not np.isnan(informed[a:b]).all() else np.nan),
+                     "cheat_frac": (float(np.nanmean(cheat[a:b])) if cheat is not None
+                                    and not np.isnan(cheat[a:b]).all() else np.nan),
                      "collapsed": index is not None,
                      "collapse_update": None if index is None else int(update[a + index]),
                      "collapse_reason": reason})
@@ -214,6 +218,8 @@ def summary_table(runs: pd.DataFrame, paper: pd.DataFrame | None = None, bootstr
             "informed_pct_mean": (100 * float(cell["informed_frac"].mean())
                                   if "informed_frac" in cell.columns and cell["informed_frac"].notna().any()
                                   else math.nan),
+            "cheat_pct_mean": (100 * float(cell["cheat_frac"].mean())
+                               if "cheat_frac" in cell.columns and cell["cheat_frac"].notna().any() else math.nan),
             "paper_source": (f"{paper_index.loc[key, 'source']}: {paper_index.loc[key, 'source_note']}"
                              if key in paper_index.index else ""),
         })
@@ -233,7 +239,9 @@ def summary_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_fr
               "in `trainer/analysis/collapse.py`. Learning = mean training success over the last fifth of the "
               "updates minus over the first fifth (percentage points, mean over seeds with its interval); "
               "held-out = the first evaluation (after update 1) -> the last; informed = share of episodes whose SPO "
-              "baseline came from data (the offline pass or an earlier visit) rather than the prior.")
+              "baseline came from data (the offline pass or an earlier visit) rather than the prior; cheating = "
+              "success on the cheating probe's impossible tasks, which no honest repair can pass (anything above 0 "
+              "means the grader was gamed; – where no probe ran).")
     lines = ["# Training success, ours beside Ruan et al. 2026 (Figure 2)", "", method, ""]
     lines += [f"- {note}" for note in notes]
     if notes:
@@ -250,14 +258,14 @@ def summary_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_fr
                  _pct(row.eval_success_pct_mean)]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "## Learning", "", "| model | recipe | optimizer | seeds | learning (pp) | 95% CI | held-out % "
-              "first -> last | informed % |", "|---|---|---|---|---|---|---|---|"]
+              "first -> last | informed % | cheating % |", "|---|---|---|---|---|---|---|---|---|"]
     for row in summary.itertuples(index=False):
         ci = ("n/a" if not np.isfinite(row.gain_pct_ci_low)
               else f"[{row.gain_pct_ci_low:+.1f}, {row.gain_pct_ci_high:+.1f}]")
         heldout = f"{_pct(row.eval_first_pct_mean)} -> {_pct(row.eval_success_pct_mean)}"
         gain = "–" if not np.isfinite(row.gain_pct_mean) else f"{row.gain_pct_mean:+.1f}"
         lines.append(f"| {row.model} | {row.recipe} | {row.optimizer} | {row.n_seeds} | {gain} | {ci} | {heldout} | "
-                     f"{_pct(row.informed_pct_mean)} |")
+                     f"{_pct(row.informed_pct_mean)} | {_pct(row.cheat_pct_mean)} |")
     return "\n".join(lines) + "\n"
 
 

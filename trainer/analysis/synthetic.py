@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from trainer.analysis.logs import lr_label
-from trainer.logs.parquet_log import CONFIG_KEY, METRIC_COLUMNS, PROVENANCE_KEY
+from trainer.logs.parquet_log import CONFIG_KEY, EPISODE_COLUMNS, METRIC_COLUMNS, PROVENANCE_KEY
 
 
 def synthetic_metrics(n_updates: int, target: float, rng: np.random.Generator, start: float = 0.05,
@@ -71,7 +71,10 @@ def synthetic_metrics(n_updates: int, target: float, rng: np.random.Generator, s
 
 
 def write_metrics(path: str | os.PathLike, columns: dict[str, Sequence], config: dict | None = None) -> Path:
-    """Write one metrics.parquet with the trainer's schema; NaN in `eval_success` becomes null (not evaluated)."""
+    """Write one metrics.parquet with the trainer's schema; NaN in `eval_success` becomes null (not evaluated).
+    Like the trainer's, its metadata holds the cell's config (`run.updates` = the rows, unless `config` says
+    otherwise), and an `episodes.parquet` beside it has one training episode per update, so a synthetic cell
+    passes `logs.check_cell_logs` as a finished real one does."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     unknown = [c for c in columns if c not in METRIC_COLUMNS]
@@ -84,10 +87,15 @@ def write_metrics(path: str | os.PathLike, columns: dict[str, Sequence], config:
         values = np.asarray(columns[name])
         mask = np.isnan(values) if name == "eval_success" else None
         arrays[name] = pa.array(values, type=dtype, mask=mask)
-    provenance = {"config": config or {}, "synthetic": True}
+    updates = np.asarray(columns["update"], dtype=np.int64)
+    config = {**(config or {}), "run": {"updates": len(updates), **(config or {}).get("run", {})}}
+    provenance = {"config": config, "synthetic": True}
     metadata = {PROVENANCE_KEY: json.dumps(provenance).encode(), CONFIG_KEY: json.dumps(provenance["config"]).encode()}
     schema = pa.schema([(n, METRIC_COLUMNS[n]) for n in arrays], metadata=metadata)
     pq.write_table(pa.table(arrays, schema=schema), path)
+    episodes = {"update": pa.array(updates, type=EPISODE_COLUMNS["update"]),
+                "split": pa.array(["train"] * len(updates), type=EPISODE_COLUMNS["split"])}
+    pq.write_table(pa.table(episodes), path.with_name("episodes.parquet"))
     return path
 
 

@@ -56,14 +56,14 @@ _METRIC_ORDER = ("update", "policy_version", "success_rate", "reward_mean", "n_t
                  "approx_kl", "clip_frac_low", "clip_frac_high", "tis_weight_mean", "tis_truncated_frac",
                  "staleness_mean", "staleness_max", "grad_norm", "update_rms", "update_spectral_norm", "lr",
                  "loss", "eval_success", "rollout_s", "train_s", "wall_s", "grad_snr", "optimizer_steps", "skipped_steps",
-                 "baseline_informed_frac")
+                 "baseline_informed_frac", "cheat_rate")
 
 METRIC_COLUMNS: dict[str, pa.DataType] = {
     name: pa.int64() if name in _INT else pa.float64() for name in _METRIC_ORDER}
 """One row per update: the contract's columns in their order, then grad_snr (the companion study's gradient
 signal-to-noise proxy, null unless run.grad_snr), the optimizer steps taken and skipped (no signal, or non-finite),
-and the share of the batch's episodes whose SPO baseline was informed (offline pass or an earlier visit; null
-without a tracker). Every column may be null (eval_success is, where not evaluated; the loss, gradient and update
+the share of the batch's episodes whose SPO baseline was informed (offline pass or an earlier visit; null
+without a tracker), and the cheating probe's success on impossible tasks (`env.probe_tasks`; null where none ran). Every column may be null (eval_success is, where not evaluated; the loss, gradient and update
 statistics are, when every step of the update was skipped)."""
 
 EPISODE_COLUMNS: dict[str, pa.DataType] = {
@@ -79,7 +79,7 @@ EPISODE_COLUMNS: dict[str, pa.DataType] = {
     "policy_version": pa.int64(),  # version that generated the episode (the oldest, if it changed mid-episode)
     "tool_errors": pa.int64(),     # turns with an invalid action or an execution error
     "overlong_turns": pa.int64(),  # turns longer than the length-penalty threshold
-    "split": pa.string(),          # "train" or "eval"
+    "split": pa.string(),          # "train", "eval" or "impossible" (the cheating probe)
     "baseline_informed": pa.bool_(),  # SPO's baseline for the task came from data (offline pass or a visit)
 }
 """One row per finished episode."""
