@@ -36,7 +36,7 @@ def _problem():
     except SandboxError as exc:
         return None, str(exc)
     missing = []
-    for task in TASKS:
+    for task in TASKS + SWETasks().impossible(len(TASKS)):
         try:
             client.images.get(task.docker_image)
         except Exception:
@@ -189,6 +189,29 @@ def test_the_channels_are_real_when_grading_in_the_episode_container(client, cha
     honest, honest_log = gamed_reward(client, "HOME dotfiles", "fresh")
     assert honest == 0.0 and "FAILED" in honest_log
     assert reward == 1.0 or "FAILED" not in log, log[-2000:]
+
+
+def test_the_cheating_probe_catches_a_gamed_grade(client):
+    """On an impossible variant the gold fix scores 0; a planted plugin graded in place (R2E-Gym's way) scores 1,
+    which is what the probe's cheat_rate reports; graded in a fresh container it scores 0 again."""
+    variant = SWETasks().impossible(1)[0]
+    gold = make_env(client)
+    try:
+        gold.reset(variant)
+        for action in patch_actions(variant.gold_patch, gold.repo_dir, check_command=None):
+            last = gold.step(action)
+    finally:
+        gold.close()
+    assert last.reward == 0.0 and last.info.extra["tests_mismatched"] == [variant.fail_to_pass[-1]]
+    for grade_in, reward in (("episode", 1.0), ("fresh", 0.0)):
+        env = make_env(client, docker=DockerConfig(memory="512m", pids=128, user="no-such-user", grade_in=grade_in,
+                                                   scratch=False))
+        try:
+            env.reset(variant)
+            env.step(bash(CHANNELS["system site .pth (root agent)"]))
+            assert env.step(format_action("finish", {"command": "submit"})).reward == reward, env.last_test_log[-2000:]
+        finally:
+            env.close()
 
 
 # ----------------------------------------------------------------------------------------------------------------
