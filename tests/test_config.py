@@ -47,8 +47,7 @@ def test_recipe_table_matches_design():
     ({"typo_section": {}}, "typo_section"),
     ({"run": {"updates": 10**12}}, "run.updates: 1,000,000,000,000 is above 1,000,000"),
     ({"rollout": {"batch_size": 10**9}}, "rollout.batch_size: 1,000,000,000 is above 65,536"),
-    ({"rollout": {"max_turn_tokens": 4096, "max_episode_tokens": 2048}},
-     "rollout.max_turn_tokens: 4,096 is above 2,048"),
+    ({"rollout": {"max_turn_tokens": 2**21}}, "rollout.max_turn_tokens: 2,097,152 is above 1,048,576"),
     ({"env": {"eval_tasks": 10**7}}, "env.eval_tasks"),
     ({"run": {"epochs": 1000}}, "run.epochs"),
 ])

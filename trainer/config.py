@@ -379,14 +379,13 @@ def _check_ranges(cfg: TrainConfig) -> None:
             raise ConfigError(f"{key}: bad value {getattr(getattr(cfg, section), name)!r}")
     for key, most in (("run.updates", LIMITS["updates"]), ("run.epochs", LIMITS["epochs"]),
                       ("rollout.batch_size", LIMITS["episodes"]), ("rollout.max_episode_tokens", LIMITS["tokens"]),
-                      ("rollout.max_turn_tokens", cfg.rollout.max_episode_tokens),
+                      ("rollout.max_turn_tokens", LIMITS["tokens"]),
                       ("env.eval_tasks", LIMITS["tasks"]), ("env.probe_tasks", LIMITS["tasks"]),
                       ("env.train_tasks", LIMITS["tasks"] if cfg.env.train_tasks is not None else None)):
         section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
         if most is not None and value > most:
-            bound = ("rollout.max_episode_tokens" if key == "rollout.max_turn_tokens" else LIMITS_NOTE)
-            raise ConfigError(f"{key}: {value:,} is above {most:,} ({bound})")
+            raise ConfigError(f"{key}: {value:,} is above {most:,} ({LIMITS_NOTE})")
     if cfg.optim.name == "adam_high_lr" and cfg.optim.muon_lr is None:
         raise ConfigError("optim.muon_lr: 'adam_high_lr' runs AdamW at Muon's learning rate; set optim.muon_lr")
     if cfg.run.minibatches > cfg.rollout.batch_size:
