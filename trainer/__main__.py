@@ -15,11 +15,11 @@ import re
 import sys
 import threading
 import time
-from pathlib import Path
 
 import yaml
 
 from trainer.config import ConfigError, load_config, load_sft_config
+from trainer.process import process_start_time
 
 
 _EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -43,27 +43,16 @@ def _overrides(pairs: list[str]) -> dict:
     return out
 
 
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks (/proc/PID/stat field 22), None when it is gone: with the pid, it
-    names one process, so a pid reused by another process is not mistaken for the one watched."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    return None if fields[0] == "Z" else fields[19]
-
-
 def exit_with(pid: int, every_s: float = 1.0) -> None:
     """End this process (exit status 143, as SIGTERM) once process `pid` is gone: the workflow passes its head's
     pid, so that a head killed outright does not leave its jobs training as orphans beside the ones a rerun
     starts. Logs and checkpoints are written by rename, so stopping at any instant leaves no half-written file."""
-    born = _start_time(pid)
+    born = process_start_time(pid)
     if born is None:
         raise ConfigError(f"--exit-with: process {pid} does not exist")
 
     def watch() -> None:
-        while _start_time(pid) == born:
+        while process_start_time(pid) == born:
             time.sleep(every_s)
         print(f"the process this job belongs to (pid {pid}) is gone: stopping", file=sys.stderr, flush=True)
         os._exit(143)

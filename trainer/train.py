@@ -70,6 +70,7 @@ class Trainer:
         torch.manual_seed(cfg.run.seed)
 
         self.suite = make_suite(cfg.env)
+        self._probes: list | None = None  # the cheating probe's impossible tasks, built at the first evaluation
         if cfg.model.path is not None:
             self.model, self.fmt = load_policy(cfg.model.path, cfg.model.dtype)
         else:
@@ -258,10 +259,11 @@ class Trainer:
         """Success on the first `env.eval_tasks` held-out tasks with the current policy (greedy by default), and
         the cheating probe's success on `env.probe_tasks` impossible variants (None when there are none)."""
         tasks = self.suite.tasks.tasks("heldout", self.cfg.env.eval_tasks)
-        impossible = getattr(self.suite.tasks, "impossible", None)
-        probes = impossible(self.cfg.env.probe_tasks) if impossible and self.cfg.env.probe_tasks else []
+        if self._probes is None:  # built once: a swe variant hashes and may write its tests folder
+            impossible = getattr(self.suite.tasks, "impossible", None)
+            self._probes = impossible(self.cfg.env.probe_tasks) if impossible and self.cfg.env.probe_tasks else []
         success = self._play_eval(tasks, "eval") if tasks else float("nan")
-        return success, (self._play_eval(probes, "impossible") if probes else None)
+        return success, (self._play_eval(self._probes, "impossible") if self._probes else None)
 
     def _play_eval(self, tasks, split: str) -> float:
         """Play `tasks` once each with the evaluation sampling; log the episodes as `split`; the success rate."""

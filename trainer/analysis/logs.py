@@ -192,17 +192,17 @@ def check_cell_logs(paths: Sequence[str | os.PathLike]) -> None:
     whose training episodes cover the same updates."""
     for path in paths:
         metrics = Path(path)
-        try:
-            table = pq.read_table(metrics)
+        try:  # the schema and the update column only: this runs over every cell before each summary
+            missing = [c for c in REQUIRED_COLUMNS if c not in pq.read_schema(metrics).names]
+            if missing:
+                raise ValueError(f"metrics file {str(metrics)!r} lacks column(s) {missing}")
+            column = pq.read_table(metrics, columns=["update"])["update"]
         except (OSError, pa.ArrowException) as e:
             raise ValueError(f"metrics file {str(metrics)!r} cannot be read as Parquet: {e}") from None
-        missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
-        if missing:
-            raise ValueError(f"metrics file {str(metrics)!r} lacks column(s) {missing}")
         updates = _cell_updates(metrics)
-        logged = sorted(table["update"].drop_null().to_pylist())
+        logged = sorted(column.drop_null().to_pylist())
         if logged != list(range(updates)):
-            raise ValueError(f"metrics file {str(metrics)!r} has {table.num_rows} row(s) (updates "
+            raise ValueError(f"metrics file {str(metrics)!r} has {len(column)} row(s) (updates "
                              f"{_span(logged)}) but its cell ran {updates} update(s) (0..{updates - 1}): a "
                              "truncated or replaced log; rerun the cell (delete its folder, then snakemake)")
         episodes = metrics.with_name("episodes.parquet")

@@ -50,7 +50,7 @@ from trainer.analysis.figures import (COLLAPSE, MUTED, STYLE, _empty, _grid, _le
 from trainer.analysis.figures import OPTIMIZER_COLORS as MAIN_COLORS
 from trainer.analysis.logs import LR_RUN_KEYS, NONFINITE_COLUMNS, RUN_KEYS, load_metrics, lr_label, paper_model
 from trainer.analysis.summary import (_pct, bootstrap_interval, native_optimizer, ordered, run_table, sort_cells,
-                                      window_size, write_tables)
+                                      write_tables)
 
 STABILITY_COLUMNS: tuple[str, ...] = ("update", "success_rate", "eval_success", "entropy", *NONFINITE_COLUMNS)
 """The metrics the stability and horizon analyses read (success, evaluations, every collapse rule)."""

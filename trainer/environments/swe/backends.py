@@ -31,8 +31,8 @@ Docker backend (needs the `docker` SDK and a running engine; the images come fro
   at start both move to /root (mode 700) before the agent runs anything, as R2E-Gym does;
 - the agent runs as the unprivileged `agent` user when the image has one (ours do; R2E-Gym's images do not,
   and there it runs as root as in R2E-Gym), so it cannot read /root or write outside /testbed, /tmp and its home;
-  file reads and writes also go through `exec` as that user (a write is `put_archive` into a private temporary
-  file, then `cat` into place as the agent), so `file_editor` has exactly the permissions `execute_bash` has;
+  file reads and writes also go through `exec` as that user (a write is `cat` into place as the agent, the bytes
+  on its standard input), so `file_editor` has exactly the permissions `execute_bash` has;
 - grading: kill every agent process; then (`grade_in: fresh`, the default) start a new container from the task's
   image and give it only the agent's /testbed (without .venv and .git, which come from the image), so nothing
   else the agent left behind (user site-packages, `.pth` files, `sitecustomize`, HOME dotfiles) takes part in
@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import io
 import os
 import posixpath
 import shlex
@@ -70,16 +69,15 @@ import shutil
 import signal
 import socket
 import sys
-import tarfile
 import tempfile
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
 
 from trainer.environments.swe.tasks import check_tree
+from trainer.process import process_start_time
 
 # --------------------------------------------------------------------------------------------------------------
 # Shared pieces
@@ -591,19 +589,9 @@ def memory_bytes(size: str | int) -> int:
     return int(number) * unit
 
 
-def _process_start_time(pid: int) -> str:
-    """Start time of `pid` in clock ticks since boot ("" if unknown): guards against pid reuse."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-        return stat[stat.rfind(b")") + 2:].split()[19].decode()
-    except (OSError, IndexError):
-        return ""
-
-
 def _owner_labels() -> dict[str, str]:
     pid = os.getpid()
-    return {LABEL: "1", f"{LABEL}.owner_pid": str(pid), f"{LABEL}.owner_start": _process_start_time(pid),
+    return {LABEL: "1", f"{LABEL}.owner_pid": str(pid), f"{LABEL}.owner_start": process_start_time(pid) or "",
             f"{LABEL}.owner_host": socket.gethostname()}
 
 
@@ -622,7 +610,7 @@ def _owner_alive(labels: dict[str, str]) -> bool:
     except PermissionError:
         pass
     start = labels.get(f"{LABEL}.owner_start", "")
-    return not start or _process_start_time(pid) in ("", start)
+    return not start or process_start_time(pid) in (None, start)
 
 
 def docker_client(timeout: float = 60.0):
