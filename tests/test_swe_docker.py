@@ -20,7 +20,7 @@ import pytest
 from trainer.environments.swe import (DockerConfig, SandboxError, SWEConfig, SWEEnv, SWETask, SWETasks, ToolSettings,
                                       cleanup_stale_containers, format_action, noop_actions, oracle_actions,
                                       patch_actions)
-from trainer.environments.swe.backends import LABEL, docker_client
+from trainer.environments.swe.containers import LABEL, docker_client
 
 pytestmark = pytest.mark.docker
 

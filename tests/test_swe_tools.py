@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.environments.swe.backends import LocalBackend, OutputCapture
+from trainer.environments.swe.local_backend import LocalBackend
+from trainer.environments.swe.sandbox import OutputCapture
 from trainer.environments.swe.tasks import SWETask
 from trainer.environments.swe.tools import (FINISHED, NO_CALL_MESSAGE, ActionParseError, ToolSettings, Tools,
                                             clip_chars, format_action, parse_action, sanitize, truncate_lines)
@@ -292,7 +293,7 @@ def test_local_file_editor_is_confined_to_the_episode(sandbox):
 
 
 def test_a_symlink_out_of_the_repository_never_reaches_the_sandbox(tmp_path):
-    from trainer.environments.swe.backends import SandboxError
+    from trainer.environments.swe.sandbox import SandboxError
     from trainer.environments.swe.image import task_archive
 
     secret = tmp_path / "secret.txt"

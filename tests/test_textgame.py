@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import copy
+import random
 import re
 
 import pytest
@@ -10,8 +11,8 @@ from hypothesis import strategies as st
 
 from trainer.environments.protocol import Environment, TaskSource
 from trainer.environments.textgame import (
-    NOTHING, TASK_TYPES, OBJECT_TYPES, Expert, TextGameConfig, TextGameEnv, TextGameTask, TextGameTasks, WORD_PATTERN,
-    expert_action, goal_reached, play, sample_transcripts, vocabulary,
+    NOTHING, TASK_TYPES, OBJECT_TYPES, TextGameConfig, TextGameEnv, TextGameTask, TextGameTasks, WORD_PATTERN,
+    expert_action, goal_reached, planned_action, play_expert, sample_texts, vocabulary,
 )
 
 ROOM = ("cabinet 1", "desk 1", "fridge 1", "microwave 1", "shelf 1", "shelf 2", "sinkbasin 1")
@@ -192,7 +193,7 @@ def test_bad_calls_raise_clear_errors():
     with pytest.raises(TypeError, match="str"):
         env.step(None)
     with pytest.raises(ValueError, match="noise"):
-        Expert(noise=1.5)
+        expert_action(env, random.Random(0), noise=1.5)
 
 
 # ----------------------------------------------------------------------------------------- goals and limits
@@ -428,10 +429,9 @@ def test_task_types_subset_is_respected():
 @pytest.mark.parametrize("split", ["train", "heldout"])
 def test_expert_solves_every_task_without_noise(split):
     config = TextGameConfig(n_train_tasks=200, n_heldout_tasks=200)
-    env, expert = TextGameEnv(config), Expert()
     lengths = []
     for task in TextGameTasks(config).tasks(split, 200):
-        observations, commands, results = play(env, task, expert)
+        observations, commands, results = play_expert(task, config)
         assert results[-1].reward == 1.0 and not any(r.info.invalid_action for r in results), task.task_id
         lengths.append(len(commands))
     assert max(lengths) <= 12  # go, open, take, go, treat, go, open, put; twice for pick_two
@@ -439,14 +439,14 @@ def test_expert_solves_every_task_without_noise(split):
 
 def test_noisy_expert_takes_random_admissible_actions_and_recovers():
     config = TextGameConfig(n_train_tasks=100)
-    env, noisy = TextGameEnv(config), Expert(noise=0.4, seed=3)
+    env, rng = TextGameEnv(config), random.Random(3)
     planned_differs, wins = 0, 0
     for task in TextGameTasks(config).tasks("train"):
         env.reset(task)
         while not env.done:
-            plan = expert_action(env.task, env.state)
+            plan = planned_action(env.task, env.state)
             assert plan in env.admissible_actions()  # the planner only ever proposes admissible commands
-            action = noisy.act(env)
+            action = expert_action(env, rng, noise=0.4)
             planned_differs += action != plan
             result = env.step(action)
             assert not result.info.invalid_action
@@ -458,9 +458,9 @@ def test_noisy_expert_takes_random_admissible_actions_and_recovers():
 def test_expert_with_full_noise_is_seeded():
     config = TextGameConfig(n_train_tasks=5)
     task = TextGameTasks(config).tasks("train", 1)[0]
-    first = play(TextGameEnv(config), task, Expert(noise=1.0, seed=7))[1]
-    again = play(TextGameEnv(config), task, Expert(noise=1.0, seed=7))[1]
-    other = play(TextGameEnv(config), task, Expert(noise=1.0, seed=8))[1]
+    first = play_expert(task, config, 1.0, random.Random(7))[1]
+    again = play_expert(task, config, 1.0, random.Random(7))[1]
+    other = play_expert(task, config, 1.0, random.Random(8))[1]
     assert first == again and first != other
 
 
@@ -468,9 +468,9 @@ def test_expert_with_full_noise_is_seeded():
 
 def test_transcripts_and_vocabulary_cover_each_other():
     config = TextGameConfig(n_receptacles=8, n_objects=3, n_distractors=6, n_train_tasks=60)
-    transcripts = sample_transcripts(config, n=60, noise=0.5, seed=1)
+    transcripts = sample_texts(config, n=60, noise=0.5, seed=1)
     assert len(transcripts) == 60 and all("\n> " in t for t in transcripts)
-    assert len(sample_transcripts(config, n=500)) == 60  # no more episodes than the split has tasks
+    assert len(sample_texts(config, n=500)) == 60  # no more episodes than the split has tasks
     words = set(vocabulary(config))
     # "> " marks the commands in a transcript; it is not part of any observation or command.
     seen = {w for text in transcripts for w in WORD_PATTERN.findall(text.replace("\n> ", "\n"))}

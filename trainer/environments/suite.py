@@ -7,7 +7,9 @@ task file, e.g. R2E-Gym's; default: the six shipped tasks) and takes SWEConfig's
 `local`, `tools`) as nested dicts; `alfworld` needs the `alfworld` package and its games on disk (its
 `data_dir` option) and, having no expert transcripts, a checkpoint rather than a tiny model. The families stay
 independent modules; `family_config` and `make_suite` are the only places that know all of them, plain if/elif
-rather than a registry.
+rather than a registry. A family with a scripted expert (minirepo, textgame, recall) exposes it in one shape,
+`expert_action(env, rng, noise) -> str`, and its tokenizer corpus as `sample_texts(config, n, noise, seed)`, so
+`make_suite` builds their suites alike.
 """
 from __future__ import annotations
 
@@ -86,42 +88,42 @@ def _no_tokenizer_corpus(family: str):
     return texts
 
 
-def _demonstration(env, task, act: Callable) -> Demonstration:
-    """One expert episode of `task` on `env`, `act(env)` choosing each action."""
-    demo = Demonstration(env.reset(task), [])
-    while not env.done:
-        action = act(env)
-        demo.steps.append((action, env.step(action)))
-    return demo
+def _demonstrator(make_env: Callable[[], Environment], expert_action: Callable,
+                  episode_rng: bool = False) -> Callable[[object, float, random.Random], Demonstration]:
+    """`demonstrate(task, noise, rng)`: one episode of `task` on a fresh environment, every action
+    `expert_action(env, rng, noise)`. With `episode_rng` the expert draws from its own Random per episode, seeded
+    by one `rng.randrange(2 ** 31)` (textgame's demonstrations are drawn so), else from `rng` itself."""
+    def demonstrate(task, noise: float, rng: random.Random) -> Demonstration:
+        env = make_env()
+        if episode_rng:
+            rng = random.Random(rng.randrange(2 ** 31))
+        demo = Demonstration(env.reset(task), [])
+        while not env.done:
+            action = expert_action(env, rng, noise)
+            demo.steps.append((action, env.step(action)))
+        return demo
+    return demonstrate
 
 
 def make_suite(env_cfg) -> EnvSuite:
     name, options = env_cfg.name, dict(env_cfg.options)
     config = family_config(name, options)  # an unknown family, option or value raises here, named
-    if name == "minirepo":
-        from trainer.environments.minirepo import MiniRepoEnv, MiniRepoTasks, expert_action, sample_texts
+    if name in ("minirepo", "textgame", "recall"):  # the families with a scripted expert, all of one shape
+        if name == "minirepo":
+            from trainer.environments import minirepo as family
+            env_class, tasks_class, texts = family.MiniRepoEnv, family.MiniRepoTasks, {"n": 300, "noise": 0.2}
+        elif name == "textgame":
+            from trainer.environments import textgame as family
+            env_class, tasks_class, texts = family.TextGameEnv, family.TextGameTasks, {"n": 300, "noise": 0.3}
+        else:
+            from trainer.environments import recall as family
+            env_class, tasks_class, texts = family.RecallEnv, family.RecallTasks, {"n": 200, "noise": 0.3}
 
-        def demonstrate(task, noise, rng):
-            return _demonstration(MiniRepoEnv(config), task, lambda env: expert_action(env, rng, noise))
+        def make_env():
+            return env_class(config)
 
-        return EnvSuite(name, MiniRepoTasks(config), lambda: MiniRepoEnv(config),
-                        lambda: sample_texts(config, n=300, noise=0.2, seed=0), demonstrate)
-    if name == "textgame":
-        from trainer.environments.textgame import Expert, TextGameEnv, TextGameTasks, sample_transcripts
-
-        def demonstrate(task, noise, rng):
-            return _demonstration(TextGameEnv(config), task, Expert(noise=noise, seed=rng.randrange(2 ** 31)).act)
-
-        return EnvSuite(name, TextGameTasks(config), lambda: TextGameEnv(config),
-                        lambda: sample_transcripts(config, n=300, noise=0.3, seed=0), demonstrate)
-    if name == "recall":
-        from trainer.environments.recall import RecallEnv, RecallTasks, expert_action, sample_texts
-
-        def demonstrate(task, noise, rng):
-            return _demonstration(RecallEnv(config), task, lambda env: expert_action(env, rng, noise))
-
-        return EnvSuite(name, RecallTasks(config), lambda: RecallEnv(config),
-                        lambda: sample_texts(config, n=200, noise=0.3, seed=0), demonstrate)
+        return EnvSuite(name, tasks_class(config), make_env, lambda: family.sample_texts(config, seed=0, **texts),
+                        _demonstrator(make_env, family.expert_action, episode_rng=name == "textgame"))
     if name == "swe":
         from trainer.environments.swe.env import SWEEnv
         from trainer.environments.swe.tasks import SWETasks

@@ -73,7 +73,7 @@ def _search_action(env: MiniRepoEnv) -> str:
     (at depth 0 that is the issue's own function), reads all of it, then tries `candidate_edits` one by one,
     each followed by `test FUNC` on the issue's function, putting a refuted line back before it moves to the
     next line; it submits once every issue's function passes its tests."""
-    task, files, original = env.task, env.files, dict(env.task.files)
+    task, original = env.task, dict(env.task.files)
     changed = env.changes()
     owned = set()
     for bug in task.bugs:

@@ -1,15 +1,19 @@
 """The `swe` environment: R2E-Gym's tool interface on a local or Docker sandbox, with shipped bug-fix tasks.
 
-Modules, each readable alone: `tools` (action parsing, the four tools, observation strings), `backends`
-(local and Docker sandboxes), `grading` (pytest log -> statuses -> reward), `tasks` (task entries from JSONL or
+Modules, each readable alone: `tools` (action parsing, the four tools, observation strings), `sandbox` (the
+protocol the tools run on and its shared types), `supervisor` (the program every command runs under),
+`local_backend` and `docker_backend` (the two sandboxes), `containers` (the Docker containers' ownership and
+cleanup, the engine client), `grading` (pytest log -> statuses -> reward), `tasks` (task entries from JSONL or
 Parquet; the shipped tasks), `oracle` (scripted agents acting through the tools), `env` (SWEEnv, the protocol),
 `image` (building the Docker images: `python -m trainer.environments.swe.image`).
 """
-from trainer.environments.swe.backends import (DockerBackend, DockerConfig, ExecResult, LocalBackend, LocalConfig,
-                                               SandboxError, cleanup_stale_containers)
+from trainer.environments.swe.containers import cleanup_stale_containers
+from trainer.environments.swe.docker_backend import DockerBackend, DockerConfig
 from trainer.environments.swe.env import SWEConfig, SWEEnv
 from trainer.environments.swe.grading import grade, parse_pytest_report
+from trainer.environments.swe.local_backend import LocalBackend, LocalConfig
 from trainer.environments.swe.oracle import noop_actions, oracle_actions, patch_actions
+from trainer.environments.swe.sandbox import ExecResult, SandboxError
 from trainer.environments.swe.tasks import SWETask, SWETasks, load_tasks, shipped_tasks_path
 from trainer.environments.swe.tools import Action, ToolSettings, format_action, parse_action
 

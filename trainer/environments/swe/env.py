@@ -20,9 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainer.environments.protocol import StepInfo, StepResult
-from trainer.environments.swe.backends import (DockerBackend, DockerConfig, LocalBackend, LocalConfig,
-                                               SandboxError)
+from trainer.environments.swe.docker_backend import DockerBackend, DockerConfig
 from trainer.environments.swe.grading import Grade, grade, parse_pytest_report
+from trainer.environments.swe.local_backend import LocalBackend, LocalConfig
+from trainer.environments.swe.sandbox import SandboxError
 from trainer.environments.swe.tasks import SWETask
 from trainer.environments.swe.tools import ToolSettings, Tools, decode_output
 

@@ -204,7 +204,7 @@ def ensure_images(tasks_path: str | Path | None = None, mirror: str = DEFAULT_MI
     Task images build `workers` at a time: each build is mostly the engine copying the base layer (vfs), so a
     few in parallel finish sooner than one after another (about 50 s instead of 80 s for six on two busy cores).
     """
-    from trainer.environments.swe.backends import docker_client
+    from trainer.environments.swe.containers import docker_client
 
     client = client or docker_client(timeout=600)
     tasks = load_tasks(tasks_path or shipped_tasks_path())

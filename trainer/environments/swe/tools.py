@@ -41,7 +41,7 @@ import posixpath
 import re
 from dataclasses import dataclass, field
 
-from trainer.environments.swe.backends import ExecResult, Sandbox, SandboxFileError
+from trainer.environments.swe.sandbox import ExecResult, Sandbox, SandboxFileError
 
 TOOL_NAMES = ("execute_bash", "file_editor", "search", "finish")
 """The tools, in the order the instruction lists them. `submit` is accepted as another name for `finish`."""

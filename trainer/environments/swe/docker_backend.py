@@ -1,29 +1,6 @@
-"""Where the agent's commands run: a local temporary directory or a Docker container.
+"""The Docker backend: one container per episode from the task's image, the agent unprivileged inside.
 
-Both backends give the tools in `tools.py` the same five primitives, so the tools, their observation strings
-and the grading are one code path:
-
-    exec(argv, timeout) -> ExecResult     run a program as the agent, in the repository, with limits
-    read_file(path) / write_file(path)    bytes in and out, with the agent's permissions
-    path_kind(path)                       "file" | "dir" | "missing" | "other"
-    run_tests(timeout) -> ExecResult      copy the hidden tests in, run the task's pytest command, return its log
-
-How one command runs (both backends). Every command goes through `SUPERVISOR`, a small Python program run
-inside the sandbox: it forks the command into a fresh process group, applies rlimits in the child just before
-exec, kills the whole group with SIGKILL at the deadline (exit code 124, as `timeout` would give), and, when the
-command returns, kills whatever the command left running in its group; in a container, where the agent's user
-owns nothing else, it then kills every remaining process of that user as well (found through /proc, since
-kill(-1) reports success even when it may signal nothing). Why not plain `timeout`: a fork bomb or
-`sleep 100 &` returns at once and leaves its children behind; they then hold the pids limit or the output
-stream and wedge every later command (seen in testing). So every tool call is hermetic: background processes
-do not outlive the command that started them (R2E-Gym's bash tool already refuses `nohup`). Locally a process
-that escapes with `setsid` survives the command (see below). The host enforces the deadline a second time
-(timeout + `host_grace_s`) in case the agent kills its supervisor, and it stops a command whose output passes
-`max_output_bytes` (a flood of `yes` would otherwise cost host CPU for the whole timeout); the stream is
-drained to its end either way, since an unread exec stream stalls the engine. Output is kept as head + tail
-bytes (`capture_bytes`), never all of it.
-
-Docker backend (needs the `docker` SDK and a running engine; the images come from `image.py`):
+It needs the `docker` SDK and a running engine; the images come from `image.py`.
 - one container per episode from the task's `docker_image`, `sleep infinity` under Docker's init (which reaps
   orphans), `network_mode="none"`, memory (no swap), pids and CPU limits, a file-size ulimit, all capabilities
   dropped except the few root needs for setup and grading, `no-new-privileges`;
@@ -39,476 +16,28 @@ Docker backend (needs the `docker` SDK and a running engine; the images come fro
   grading; in it, copy /root/r2e_tests to /testbed/r2e_tests (root-owned, read-only for the agent), run
   /root/run_tests.sh's text as the agent, delete the copy. `grade_in: episode` grades in the episode's own
   container, as R2E-Gym does;
-- containers carry the labels `harness.swe=1`, the owner's pid, pid start time and host name.
-  `cleanup_stale_containers()` removes labelled containers whose owner process is gone (called whenever a
-  backend is created), `close()` removes the container, and an `atexit` hook removes any this process still
-  holds. A trainer killed by a signal (SIGKILL, or SIGTERM without a handler) leaves its containers until
-  the next backend starts anywhere on the machine.
+- containers carry the labels of their owner (see `containers.py`), and stale ones are removed whenever a
+  backend is created;
 - if a command cannot even start (the pids limit is full because the agent killed its supervisor) or the host
   deadline passes, the backend kills the agent's processes (`kill -9 -1` as the agent) or, failing that,
   restarts the container (processes die, files stay); a command that could not start is tried once more.
   Either way the episode goes on.
-
-Local backend: the same tools on a copy of the fixture repository in a temporary directory, as subprocesses of
-this Python with the supervisor's rlimits (CPU seconds, address space, file size, no core files; the number of
-processes only when not root, where RLIMIT_NPROC is not enforced and counts all of the user's processes).
-The rlimits are set by the supervisor in the child rather than with `preexec_fn`, which is unsafe in a
-threaded program (the trainer is one). `file_editor` is confined to the episode's directory; `execute_bash` is
-not. THE LOCAL BACKEND IS NOT A SECURITY BOUNDARY: commands run as the harness's own user with its network,
-its files (including the hidden tests in the package data) and its process table. Use it for tests, for
-trusted scripted agents, and for policies you would let run shell commands on your machine anyway.
 """
 from __future__ import annotations
 
-import atexit
-import collections
-import os
 import posixpath
-import shlex
-import shutil
-import signal
 import socket
-import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Sequence
 
-from trainer.environments.swe.tasks import check_tree
-from trainer.process import process_start_time
-
-# --------------------------------------------------------------------------------------------------------------
-# Shared pieces
-# --------------------------------------------------------------------------------------------------------------
-
-SUPERVISOR = r'''
-import os, signal, sys, time
-limit = float(sys.argv[1])
-purge_user = sys.argv[2] == "user"
-rlimits = [item.split("=") for item in sys.argv[3].split(",") if item]
-argv = sys.argv[4:]
-try:  # become the reaper of the command's orphans, so that killed ones do not linger as zombies
-    import ctypes
-    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-except Exception:
-    pass
-def reap():
-    while True:
-        try:
-            if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                return
-        except OSError:
-            return
-try:
-    pid = os.fork()
-except OSError as exc:
-    sys.stderr.write("supervisor: cannot fork: %s\n" % exc)
-    sys.stderr.flush()
-    os._exit(125)
-if pid == 0:
-    os.setpgid(0, 0)
-    try:
-        for name in ("SIGPIPE", "SIGXFSZ"):  # Python ignores these; a shell command must not inherit that
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
-        import resource
-        for name, value in rlimits:
-            which = getattr(resource, "RLIMIT_" + name.upper())
-            resource.setrlimit(which, (int(value), int(value)))
-        os.execvp(argv[0], argv)
-    except Exception as exc:
-        sys.stderr.write("%s: %s\n" % (argv[0], exc))
-        sys.stderr.flush()
-    os._exit(127)
-try:
-    os.setpgid(pid, pid)
-except OSError:
-    pass
-expired = []
-def on_alarm(signum, frame):
-    expired.append(1)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass
-signal.signal(signal.SIGALRM, on_alarm)
-signal.setitimer(signal.ITIMER_REAL, limit)
-while True:
-    try:
-        status = os.waitpid(pid, 0)[1]
-        break
-    except InterruptedError:
-        continue
-signal.setitimer(signal.ITIMER_REAL, 0)
-for _ in range(400):
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        break
-    time.sleep(0.002)
-    reap()
-def survivors():
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            with open("/proc/%s/status" % name) as fh:
-                fields = dict(line.split(":", 1) for line in fh.read().splitlines() if ":" in line)
-        except (IOError, OSError):
-            continue
-        if fields.get("Uid", "").split()[:1] == [str(os.getuid())] and "Z" not in fields.get("State", "")[:3]:
-            found.append(int(name))
-    return found
-if purge_user:
-    try:
-        os.kill(-1, signal.SIGKILL)
-    except OSError:
-        pass
-    for _ in range(200):
-        alive = survivors()
-        if not alive:
-            break
-        for other in alive:
-            try:
-                os.kill(other, signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.002)
-        reap()
-if expired:
-    code = 124
-elif os.WIFEXITED(status):
-    code = os.WEXITSTATUS(status)
-else:
-    code = 128 + os.WTERMSIG(status)
-os._exit(code)
-'''
-"""Runs `argv` in its own process group with rlimits; kills the group at the deadline and when it returns.
-
-Arguments: timeout seconds; "group" or "user" (after the command, also kill every process of the calling
-user with kill(-1): only for an unprivileged user alone in a container, never locally, never as root);
-rlimits as "cpu=10,as=1073741824" (may be empty); then the command. Exit code: the command's, 128+signal if a
-signal ended it, 124 at the deadline, 125 if the supervisor could not fork, 127 if the command could not be
-executed. Kept compatible with old Pythons (3.6) because it runs with whatever Python the image has."""
+from trainer.environments.swe.containers import cleanup_stale_containers, disown, docker_client, own, owner_labels
+from trainer.environments.swe.sandbox import ExecResult, OutputCapture, SandboxError, SandboxFileError
+from trainer.environments.swe.supervisor import SUPERVISOR
 
 SANDBOX_PATH = "/root/.venv/bin:/root/.local/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """PATH inside containers (R2E-Gym's, minus ~/.cargo; the /root entries only matter when running as root)."""
-
-
-class SandboxError(RuntimeError):
-    """The sandbox could not be created or stopped working (not the agent's fault)."""
-
-
-class SandboxFileError(OSError):
-    """A file operation the agent asked for failed (missing file, permission denied, outside the sandbox)."""
-
-
-@dataclass(frozen=True)
-class ExecResult:
-    """What one command did."""
-
-    stdout: bytes
-    stderr: bytes
-    exit_code: int
-    """The command's exit status; 124 when it hit its deadline; -1 when the host had to stop it."""
-    timed_out: bool = False
-    """The deadline passed (inside the sandbox or on the host)."""
-    output_limited: bool = False
-    """The output passed `max_output_bytes` and the command was stopped."""
-    duration_s: float = 0.0
-
-
-class Sandbox(Protocol):
-    """What the tools need from a backend."""
-
-    repo_dir: str
-
-    def exec(self, argv: Sequence[str], timeout: float) -> ExecResult: ...
-
-    def read_file(self, path: str) -> bytes: ...
-
-    def write_file(self, path: str, data: bytes) -> None: ...
-
-    def path_kind(self, path: str) -> str: ...
-
-
-class OutputCapture:
-    """Keeps the first and last `limit // 2` bytes of a stream and counts what it dropped in between."""
-
-    def __init__(self, limit: int):
-        if limit < 2:
-            raise ValueError(f"capture limit must be at least 2 bytes, got {limit}")
-        self.half = limit // 2
-        self.head = bytearray()
-        self.tail: collections.deque[bytes] = collections.deque()
-        self.tail_size = 0
-        self.total = 0
-
-    def add(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        room = self.half - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        if not chunk:
-            return
-        self.tail.append(chunk)
-        self.tail_size += len(chunk)
-        while self.tail_size - len(self.tail[0]) >= self.half:
-            self.tail_size -= len(self.tail.popleft())
-
-    def value(self) -> bytes:
-        tail = b"".join(self.tail)[-self.half:] if self.tail else b""
-        dropped = self.total - len(self.head) - len(tail)
-        if dropped <= 0:
-            return bytes(self.head) + tail
-        return bytes(self.head) + f"\n<... {dropped} bytes of output omitted ...>\n".encode() + tail
-
-
-def rlimit_spec(limits: dict[str, int]) -> str:
-    """{"cpu": 10, "as": 2**30} -> "cpu=10,as=1073741824" (the supervisor's second argument)."""
-    return ",".join(f"{name}={int(value)}" for name, value in limits.items())
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Local backend
-# --------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class LocalConfig:
-    """Limits of the local backend (per command; see the module docstring: not a security boundary)."""
-
-    address_space_bytes: int = 4 * 1024**3
-    """RLIMIT_AS of each command (virtual memory, so generous: interpreters reserve more than they use)."""
-    file_size_bytes: int = 256 * 1024**2
-    """RLIMIT_FSIZE: the largest file a command may write."""
-    cpu_margin_s: int = 5
-    """RLIMIT_CPU is the command's timeout plus this many seconds (a backstop; the wall clock decides first)."""
-    max_processes: int = 512
-    """RLIMIT_NPROC when not running as root (it counts every process of the user, so keep it well above zero)."""
-    capture_bytes: int = 2 * 1024**2
-    """Bytes kept of each stream (half from the start, half from the end)."""
-    max_output_bytes: int = 64 * 1024**2
-    """A command producing more output than this is stopped."""
-    host_grace_s: float = 5.0
-    """Extra seconds the host waits past the supervisor's deadline before killing the session itself."""
-    python: str = sys.executable
-    """Interpreter running the supervisor and the hidden tests (it needs pytest)."""
-
-    def __post_init__(self) -> None:
-        for name in ("address_space_bytes", "file_size_bytes", "max_processes", "capture_bytes", "max_output_bytes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"LocalConfig.{name} must be positive, got {getattr(self, name)}")
-        if self.cpu_margin_s < 0 or self.host_grace_s < 0:
-            raise ValueError("LocalConfig.cpu_margin_s and host_grace_s must be >= 0")
-
-
-def _session_members(sid: int) -> list[int]:
-    """Pids whose session id is `sid` (Linux /proc)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) > 3 and int(fields[3]) == sid:
-            members.append(int(entry))
-    return members
-
-
-def _kill_session(sid: int) -> None:
-    """SIGKILL every process of session `sid`, a few rounds to catch late forks."""
-    for _ in range(5):
-        members = _session_members(sid)
-        if not members:
-            return
-        for pid in members:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        time.sleep(0.01)
-
-
-def _pump(stream, capture: OutputCapture, budget: list[int], on_overflow) -> None:
-    """Read a pipe to EOF into `capture`; call `on_overflow` once when all streams together pass the budget."""
-    while True:
-        chunk = stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536)
-        if not chunk:
-            return
-        capture.add(chunk)
-        budget[0] -= len(chunk)
-        if budget[0] < 0 and budget[1] == 0:
-            budget[1] = 1
-            on_overflow()
-
-
-class LocalBackend:
-    """The repository copied to a temporary directory; commands are subprocesses (NOT a security boundary)."""
-
-    def __init__(self, config: LocalConfig | None = None):
-        self.config = config or LocalConfig()
-        self.root: Path | None = None
-        self.repo_dir = ""
-        self.task = None
-
-    def start(self, task) -> None:
-        """Copy the task's repository fixture into a fresh temporary directory."""
-        if task.repo_path is None or task.hidden_tests_path is None:
-            raise SandboxError(f"task {task.task_id!r} has no repo_path/hidden_tests_path; the local backend needs "
-                               "a repository fixture (R2E-Gym entries without one need the docker backend)")
-        if not Path(task.repo_path).is_dir():
-            raise SandboxError(f"task {task.task_id!r}: repo_path {str(task.repo_path)!r} is not a directory")
-        if not Path(task.hidden_tests_path).is_dir():
-            raise SandboxError(f"task {task.task_id!r}: hidden_tests_path {str(task.hidden_tests_path)!r} "
-                               "is not a directory")
-        for name in ("repo_path", "hidden_tests_path"):
-            try:
-                check_tree(getattr(task, name), f"task {task.task_id!r} {name}")
-            except ValueError as exc:
-                raise SandboxError(str(exc)) from None
-        self.close()
-        self.task = task
-        self.root = Path(tempfile.mkdtemp(prefix="swe-local-")).resolve()
-        shutil.copytree(task.repo_path, self.root / "testbed", symlinks=True,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        (self.root / "home").mkdir()
-        (self.root / "tmp").mkdir()
-        self.repo_dir = str(self.root / "testbed")
-
-    def _env(self, home: str | None = None) -> dict[str, str]:
-        path = os.pathsep.join([str(Path(self.config.python).parent), os.environ.get("PATH", "/usr/bin:/bin")])
-        return {"PATH": path, "HOME": home or str(self.root / "home"), "TMPDIR": str(self.root / "tmp"),
-                "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "TERM": "dumb"}
-
-    def _limits(self, timeout: float) -> dict[str, int]:
-        limits = {"cpu": int(timeout) + 1 + self.config.cpu_margin_s, "as": self.config.address_space_bytes,
-                  "fsize": self.config.file_size_bytes, "core": 0}
-        if os.geteuid() != 0:
-            limits["nproc"] = self.config.max_processes
-        return limits
-
-    def exec(self, argv: Sequence[str], timeout: float, cwd: str | None = None, home: str | None = None
-             ) -> ExecResult:
-        """Run `argv` under the supervisor in the repository directory (HOME: the episode's, or `home`)."""
-        self._require_started()
-        if timeout <= 0:
-            raise ValueError(f"timeout must be positive, got {timeout}")
-        import subprocess
-
-        cmd = [self.config.python, "-c", SUPERVISOR, f"{timeout:g}", "group", rlimit_spec(self._limits(timeout)),
-               *argv]
-        started = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=cwd or self.repo_dir, env=self._env(home), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        out, err = OutputCapture(self.config.capture_bytes), OutputCapture(self.config.capture_bytes)
-        budget = [self.config.max_output_bytes, 0]
-        pumps = [threading.Thread(target=_pump, args=(stream, cap, budget, lambda: _kill_session(proc.pid)),
-                                  daemon=True) for stream, cap in ((proc.stdout, out), (proc.stderr, err))]
-        for thread in pumps:
-            thread.start()
-        host_timeout = False
-        try:
-            code = proc.wait(timeout + self.config.host_grace_s)
-        except subprocess.TimeoutExpired:
-            host_timeout = True
-            _kill_session(proc.pid)
-            code = proc.wait()
-        _kill_session(proc.pid)  # anything the command left behind in the supervisor's session
-        for thread in pumps:
-            thread.join(self.config.host_grace_s)
-        proc.stdout.close()
-        proc.stderr.close()
-        timed_out = host_timeout or code == 124
-        return ExecResult(out.value(), err.value(), -1 if host_timeout else code, timed_out=timed_out,
-                          output_limited=budget[1] == 1, duration_s=time.monotonic() - started)
-
-    def _inside(self, path: str) -> Path:
-        """Resolve `path` and refuse anything outside the episode's directory."""
-        self._require_started()
-        if not posixpath.isabs(path):
-            raise SandboxFileError(f"The path {path!r} is not absolute.")
-        resolved = Path(os.path.realpath(path))
-        if resolved != self.root and self.root not in resolved.parents:
-            raise SandboxFileError(f"Permission denied: {path!r} is outside the sandbox ({self.root}).")
-        return resolved
-
-    def read_file(self, path: str) -> bytes:
-        target = self._inside(path)
-        try:
-            if target.stat().st_size > self.config.capture_bytes:
-                raise SandboxFileError(f"{path} is larger than {self.config.capture_bytes} bytes")
-            return target.read_bytes()
-        except SandboxFileError:
-            raise
-        except OSError as exc:
-            raise SandboxFileError(f"{exc.strerror or exc}: {path!r}") from None
-
-    def write_file(self, path: str, data: bytes) -> None:
-        target = self._inside(path)
-        if len(data) > self.config.file_size_bytes:
-            raise SandboxFileError(f"File too large: {len(data)} bytes > {self.config.file_size_bytes}")
-        try:
-            target.write_bytes(data)
-        except OSError as exc:
-            raise SandboxFileError(f"{exc.strerror or exc}: {path!r}") from None
-
-    def path_kind(self, path: str) -> str:
-        target = self._inside(path)
-        if target.is_dir():
-            return "dir"
-        if target.is_file():
-            return "file"
-        return "other" if target.exists() else "missing"
-
-    def run_tests(self, timeout: float) -> ExecResult:
-        """Copy the hidden tests into the repository and run them; returns the pytest log."""
-        from trainer.environments.swe.grading import pytest_command
-
-        self._require_started()
-        tests_dir = Path(self.repo_dir) / "r2e_tests"
-        shutil.rmtree(tests_dir, ignore_errors=True)
-        if tests_dir.exists() or tests_dir.is_symlink():
-            tests_dir.unlink()
-        shutil.copytree(self.task.hidden_tests_path, tests_dir, symlinks=True,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-        script = pytest_command(python=shlex.quote(self.config.python), testbed=shlex.quote(self.repo_dir))
-        home = tempfile.mkdtemp(prefix="swe-grade-home-")  # not the agent's home, which it may have seeded
-        try:
-            return self.exec(["bash", "-c", script], timeout, home=home)
-        finally:
-            shutil.rmtree(tests_dir, ignore_errors=True)
-            shutil.rmtree(home, ignore_errors=True)
-
-    def _require_started(self) -> None:
-        if self.root is None:
-            raise SandboxError("the backend has no episode: call start(task) first")
-
-    def close(self) -> None:
-        """Delete the episode's directory."""
-        if self.root is not None:
-            shutil.rmtree(self.root, ignore_errors=True)
-        self.root = None
-        self.repo_dir = ""
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Docker backend
-# --------------------------------------------------------------------------------------------------------------
-
-LABEL = "harness.swe"
-"""Every container this module creates carries LABEL=1 and the owner labels below."""
-
-_OWNED: dict[str, object] = {}
-"""Container id -> docker client, for containers this process created and has not removed yet (atexit)."""
-_OWNED_LOCK = threading.Lock()
 
 
 @dataclass
@@ -589,76 +118,6 @@ def memory_bytes(size: str | int) -> int:
     return int(number) * unit
 
 
-def _owner_labels() -> dict[str, str]:
-    pid = os.getpid()
-    return {LABEL: "1", f"{LABEL}.owner_pid": str(pid), f"{LABEL}.owner_start": process_start_time(pid) or "",
-            f"{LABEL}.owner_host": socket.gethostname()}
-
-
-def _owner_alive(labels: dict[str, str]) -> bool:
-    """Whether the process named by a container's owner labels still runs (True when it cannot be told)."""
-    if labels.get(f"{LABEL}.owner_host") != socket.gethostname():
-        return True  # another machine's container: not ours to judge
-    try:
-        pid = int(labels.get(f"{LABEL}.owner_pid", ""))
-    except ValueError:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    start = labels.get(f"{LABEL}.owner_start", "")
-    return not start or process_start_time(pid) in (None, start)
-
-
-def docker_client(timeout: float = 60.0):
-    """A docker SDK client from the environment; raises SandboxError with the reason when there is no engine."""
-    try:
-        import docker
-    except ImportError as exc:
-        raise SandboxError("the docker backend needs the `docker` Python package (pip install docker)") from exc
-    try:
-        client = docker.from_env(timeout=int(timeout))
-        client.ping()
-    except Exception as exc:  # docker raises several types for "no engine"
-        raise SandboxError(f"no Docker engine reachable ({type(exc).__name__}: {exc})") from None
-    return client
-
-
-def cleanup_stale_containers(client) -> list[str]:
-    """Remove containers labelled by this module whose owner process is gone; returns their ids."""
-    import docker
-
-    removed = []
-    for container in client.containers.list(all=True, filters={"label": f"{LABEL}=1"}):
-        if _owner_alive(container.labels):
-            continue
-        try:
-            container.remove(force=True)
-            removed.append(container.id)
-        except docker.errors.NotFound:
-            pass
-        except docker.errors.APIError as exc:
-            if exc.status_code != 409:  # 409: removal already in progress elsewhere
-                raise
-    return removed
-
-
-def _remove_owned_containers() -> None:
-    """atexit: remove every container this process still holds."""
-    with _OWNED_LOCK:
-        owned = list(_OWNED.items())
-        _OWNED.clear()
-    for container_id, client in owned:
-        try:
-            client.api.remove_container(container_id, force=True)
-        except Exception:
-            pass
-
-
-atexit.register(_remove_owned_containers)
 
 WORK_EXCLUDES = "--exclude=./.venv --exclude=./.git --exclude=./r2e_tests"
 """What of /testbed is not the agent's work when grading in a fresh container: the repository's environment and
@@ -728,7 +187,7 @@ class DockerBackend:
             layout = {"storage_opt": {"size": self.config.storage_size}} if self.config.storage_size else {}
         try:
             self.container = self.client.containers.create(
-                task.docker_image, ["sleep", "infinity"], init=True, labels=_owner_labels(),
+                task.docker_image, ["sleep", "infinity"], init=True, labels=owner_labels(),
                 network_mode="none", mem_limit=mem, memswap_limit=mem, pids_limit=self.config.pids,
                 nano_cpus=int(self.config.cpus * 1e9), working_dir=self.repo_dir, user="root",
                 cap_drop=["ALL"], cap_add=["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL"],
@@ -739,8 +198,7 @@ class DockerBackend:
                 **layout)
         except docker.errors.APIError as exc:
             raise SandboxError(f"task {task.task_id!r}: could not create a container: {exc}") from None
-        with _OWNED_LOCK:
-            _OWNED[self.container.id] = self.client
+        own(self.container.id, self.client)
         try:
             # a created container's archive reads the image's files, not the tmpfs places mounted at start
             seeds = [(self._archive(path), into) for path, into in (("/testbed", "/"), ("/r2e_tests", "/root"))
@@ -799,8 +257,7 @@ class DockerBackend:
         container, self.container = self.container, None
         if container is None:
             return
-        with _OWNED_LOCK:
-            _OWNED.pop(container.id, None)
+        disown(container.id)
         try:
             container.remove(force=True)
         except Exception as exc:
