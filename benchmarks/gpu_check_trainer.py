@@ -11,7 +11,7 @@ It downloads nothing and needs no vLLM (benchmarks/gpu_check_vllm.py checks that
 2. writes a real-checkpoint-like directory: a Qwen3 model built from a config (random weights, saved in bf16) and
    a `PreTrainedTokenizerFast` with a ChatML chat template trained locally, so the trainer meets it through
    `HFChatFormat`, as it meets MiniCPM5-2B or Qwen3.5-4B;
-3. builds a cell config as the workflow does (workflow/scripts/cell_config.py; paper-like settings: fp32 master
+3. builds a cell config as the workflow does (trainer/study.py; paper-like settings: fp32 master
    weights, bf16 compute, lagged or async rollouts, but the HF engine for vLLM, minirepo for swe, lr 1e-5) and runs
    `python -m trainer train` on it on the GPU, recipe no_tool: with Muon in lagged mode with checkpoints, and with
    Adam in async mode (a rollout thread beside the updates on the same device); every update must be logged,
@@ -45,9 +45,9 @@ import pandas as pd
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "workflow" / "scripts")]
+sys.path.insert(0, str(ROOT))
 
-from cell_config import cell_config, write_yaml  # noqa: E402
+from trainer.study import cell_config, write_yaml  # noqa: E402
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

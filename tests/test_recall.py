@@ -98,5 +98,5 @@ def test_suite_wires_the_family_and_its_tokenizer_has_one_token_per_key():
     fmt = TinyFormat(build_tokenizer(suite.sample_texts(), vocab_size=384))
     for key in "abcd":
         assert len(fmt.encode_text(f" {key}")) == 1 and fmt.decode_action(fmt.encode_text(f" {key}")).strip() == key
-    with pytest.raises(ValueError, match="unknown key 'n_key' for recall"):
+    with pytest.raises(ValueError, match=r"unknown config key 'env.options.n_key' .*\(recall\)"):
         family_config("recall", {"n_key": 2})

@@ -21,8 +21,10 @@ def test_swe_suite_builds_nested_sections_and_reads_the_task_file():
 
 
 @pytest.mark.parametrize("options, named", [
-    ({"backend": "local", "max_trun": 3}, r"env.options: unknown key 'max_trun' for swe"),
-    ({"tools": {"command_timeout": 5}}, r"env.options.tools: unknown key 'command_timeout' for swe"),
+    ({"backend": "local", "max_trun": 3}, r"unknown config key 'env.options.max_trun' .*\(swe\)"),
+    ({"tools": {"command_timeout": 5}}, r"unknown config key 'env.options.tools.command_timeout' .*\(swe\)"),
+    ({"docker": {"memory": 2}}, r"env.options.docker.memory: expected a string, got 2 \(swe\)"),
+    ({"tools": {"blocked_commands": "pip"}}, r"env.options.tools.blocked_commands: expected a list, got 'pip'"),
 ])
 def test_swe_option_typos_are_named_with_their_path(options, named):
     with pytest.raises(ValueError, match=named):

@@ -19,7 +19,8 @@ import yaml
 from trainer.analysis import load_metrics, summarize, summarize_companion
 from trainer.analysis.horizon import (figure_horizon, horizon_run_table, horizon_summary_table, plot_horizon,
                                       summarize_horizon)
-from trainer.analysis.logs import LR_RUN_KEYS, RUN_KEYS, lr_label
+from trainer.analysis.logs import LR_RUN_KEYS, RUN_KEYS
+from trainer.study import lr_label
 from trainer.analysis.stability import (STABILITY_COLUMNS, figure_stability, plot_stability, select_lrs,
                                         select_pooled_lrs,
                                         selected_lr_yaml, stability_summary_table, summarize_stability,

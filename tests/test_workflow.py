@@ -1,7 +1,7 @@
 """The Snakemake workflow: study configs -> cells, the DAG, bad input, and real runs of the smoke study.
 
-Three layers. (1) The pure helpers of workflow/scripts/cell_config.py against hand-written expectations, and
-the schema against the trainer's dataclasses (so the two cannot drift apart). (2) `snakemake` itself as a
+Three layers. (1) The study model (trainer/study.py) against hand-written expectations, and its checks of the
+trainer blocks naming the key. (2) `snakemake` itself as a
 subprocess on a temporary copy of the repository: dry-runs for the DAG shape, `--lint`, and every kind of bad
 config failing before any job starts. (3) The users' commands for real on configs/smoke.yaml (run once, shared
 by a module fixture): the whole study, rerunning one cell and then its figures, regenerating only the figures,
@@ -10,7 +10,6 @@ Outside CI the snakemake tests skip when Snakemake is missing; with CI=true that
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import importlib.util
 import itertools
@@ -31,9 +30,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trainer
-from trainer.config import (RECIPES, EnvConfig, ModelConfig, OptimConfig, RLConfig, RolloutConfig, RunConfig,
-                            SFTConfig, config_from_dict, load_sft_config)
-from trainer.policy.tiny import TINY_PRESETS
+import trainer.study as cc
+from trainer.config import RECIPES, config_from_dict, load_sft_config
 
 REPO = Path(__file__).resolve().parents[1]
 COPIED = ["Snakefile", "config.yaml", "configs", "workflow", "envs", "slurm", "trainer"]
@@ -41,16 +39,6 @@ COPIED = ["Snakefile", "config.yaml", "configs", "workflow", "envs", "slurm", "t
 SMOKE = ["--configfile", "configs/smoke.yaml"]
 SMOKE_DIR = Path("studies/smoke")  # configs/smoke.yaml's workdir: targets and outputs are relative to it
 TIMING = ["rollout_s", "train_s", "wall_s"]
-
-
-def _load_cell_config_module():
-    spec = importlib.util.spec_from_file_location("cell_config", REPO / "workflow" / "scripts" / "cell_config.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-cc = _load_cell_config_module()
 
 
 def _study(name: str) -> dict:
@@ -62,19 +50,6 @@ STUDY_FILES = ["config.yaml", *sorted(str(p.relative_to(REPO)) for p in (REPO / 
 
 
 # -- (1) pure helpers ------------------------------------------------------------------------------------------
-def test_recipe_optimizers_mirror_the_trainer_recipes():
-    assert list(cc.RECIPE_OPTIMIZER) == list(RECIPES)  # same names, same (Figure-2) order
-    for recipe, optimizer in cc.RECIPE_OPTIMIZER.items():
-        assert RECIPES[recipe]["optim"]["name"] == optimizer
-
-
-def test_schema_collapse_columns_mirror_the_analysis():
-    from trainer.analysis.logs import NONFINITE_COLUMNS
-    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
-    nonfinite = schema["properties"]["analysis"]["properties"]["collapse"]["properties"]["nonfinite"]
-    assert nonfinite["items"]["enum"] == list(NONFINITE_COLUMNS)
-
-
 def test_a_companion_study_must_validate_and_compare_estimators():
     study = _study("configs/companion-smoke.yaml")
     cc.check_study(study)
@@ -87,37 +62,6 @@ def test_a_companion_study_must_validate_and_compare_estimators():
     bad["grid"][0]["recipes"] = ["full"]
     with pytest.raises(cc.StudyError, match=r"recipes \['full'\] belong to the main study"):
         cc.check_study(bad)
-
-
-def test_schema_lists_exactly_the_trainer_fields():
-    """Each trainer section of the schema = the dataclass fields minus the keys each cell sets itself."""
-    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
-    cell = schema["properties"]["cell"]["properties"]
-    recipe_keys = {"estimator", "length_penalty", "tool_penalty", "agg", "tis_cap"}
-    per_cell = {"model": {"preset", "path"}, "optim": {"name"}, "run": {"seed", "threads"},
-                "rl": recipe_keys | {"offline_stats"}}
-    sections = {"model": ModelConfig, "env": EnvConfig, "optim": OptimConfig, "rl": RLConfig,
-                "rollout": RolloutConfig, "run": RunConfig}
-    for name, cls in sections.items():
-        fields = {f.name for f in dataclasses.fields(cls)}
-        assert set(cell[name]["properties"]) == fields - per_cell.get(name, set()), name
-        assert cell[name]["additionalProperties"] is False
-    # the recipe-defining keys really are the recipes' keys
-    assert recipe_keys == set().union(*(r["rl"] for r in RECIPES.values()))
-    warm = schema["properties"]["warm_start"]["properties"]
-    sft_fields = {f.name for f in dataclasses.fields(SFTConfig)} - {"model", "env", "rollout", "threads"}
-    assert set(warm) == sft_fields | {"allow_out_of_band"}
-    grid_recipes = schema["properties"]["grid"]["items"]["properties"]["recipes"]["items"]["enum"]
-    assert grid_recipes == list(RECIPES)
-    presets = schema["properties"]["models"]["additionalProperties"]["properties"]["preset"]["enum"]
-    assert sorted(presets) == sorted(TINY_PRESETS)
-
-
-def test_schema_collapse_keys_are_the_criterion_fields():
-    from trainer.analysis.collapse import CollapseCriterion
-    schema = yaml.safe_load((REPO / "workflow/schemas/config.schema.yaml").read_text())
-    collapse = schema["properties"]["analysis"]["properties"]["collapse"]["properties"]
-    assert set(collapse) == {f.name for f in dataclasses.fields(CollapseCriterion)}
 
 
 def test_grid_of_the_default_study():
@@ -214,19 +158,52 @@ def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_pat
     pytest.param(lambda s: s["grid"][0].update(models=["m", "nope"]), r"grid\[0\].models: 'nope'",
                  id="unknown-model"),
     pytest.param(lambda s: s.update(warm_start={"band": [0.5, 0.2]}), "warm_start.band", id="band"),
-    pytest.param(lambda s: s["grid"][0].update(recipes=["gigpo"]), r"cell.rl.group_size: recipes \['gigpo'\]",
+    pytest.param(lambda s: s["grid"][0].update(recipes=["gigpo"]), r"rl.estimator 'gigpo' needs rl.group_size >= 2",
                  id="group-estimator-without-groups"),
     pytest.param(lambda s: s.update(workdir="../../x"), r"workdir: '../../x' is outside the repository",
                  id="workdir-up"),
     pytest.param(lambda s: s.update(workdir="/tmp/x"), r"workdir: '/tmp/x' is outside the repository",
                  id="workdir-absolute"),
+    # the trainer blocks, checked by the trainer's own dataclasses
+    pytest.param(lambda s: s.update(cell={"recipe": "full"}), r"cell.recipe: each cell's recipe comes from the grid",
+                 id="cell-recipe"),
+    pytest.param(lambda s: s.update(cell={"optim": {"name": "adam"}}), r"cell.optim.name: each cell sets it",
+                 id="cell-optimizer"),
+    pytest.param(lambda s: s.update(cell={"run": {"seed": 3}}), r"cell.run.seed: each cell sets it", id="cell-seed"),
+    pytest.param(lambda s: s.update(cell={"rl": {"agg": "token-mean"}}), r"cell.rl.agg: each cell sets it",
+                 id="cell-recipe-key"),
+    pytest.param(lambda s: s.update(cell={"rollout": {"top_p": 1.5}}), r"cell.rollout.top_p: must be <= 1, got 1.5",
+                 id="cell-range"),
+    pytest.param(lambda s: s.update(cell={"optim": {"betas": [0.9, 1.0]}}), r"cell.optim.betas: must be < 1, got 1.0",
+                 id="cell-tuple-range"),
+    pytest.param(lambda s: s.update(cell={"rollout": {"batch_size": 10 ** 9}}),
+                 r"cell.rollout.batch_size: 1,000,000,000 is above 65,536", id="cell-limit"),
+    pytest.param(lambda s: s.update(cell={"env": {"eval_taks": 3}}), r"unknown config key 'cell.env.eval_taks'",
+                 id="cell-typo"),
+    pytest.param(lambda s: s.update(warm_start={"nosie": 0.1}), r"unknown config key 'warm_start.nosie'",
+                 id="warm-start-typo"),
+    pytest.param(lambda s: s.update(warm_start={"vocab_size": 100}), r"warm_start.vocab_size: must be >= 261",
+                 id="warm-start-range"),
+    pytest.param(lambda s: s.update(warm_start={"threads": 2}), r"warm_start.threads: set per model", id="warm-threads"),
+    pytest.param(lambda s: s["models"]["m"].update(preset="gpt-tiny"), r"models.m.preset: 'gpt-tiny' is not a tiny",
+                 id="preset"),
+    pytest.param(lambda s: s["grid"][0].update(optimizer="sgd"), r"grid\[0\].optimizer: 'sgd' is not 'recipe'",
+                 id="optimizer"),
+    pytest.param(lambda s: s.update(analysis={"collapse": {"warmpu": 3}}), r"analysis.collapse: .*'warmpu'",
+                 id="collapse-typo"),
+    pytest.param(lambda s: s.update(analysis={"collapse": {"drop_fraction": 1.5}}),
+                 r"analysis.collapse: .*drop_fraction", id="collapse-range"),
 ])
 def test_check_study_names_the_broken_key(edit, named):
+    def check(study):  # what common.smk runs before any job
+        cc.check_study(study)
+        cc.check_cells(study, cc.grid_frame(study), root=REPO)
+
     study = {"models": {"m": {"preset": "qwen-tiny"}}, "grid": [{"recipes": ["full"], "seeds": [0]}]}
-    cc.check_study(study)  # the unedited study is fine
+    check(study)  # the unedited study is fine
     edit(study)
     with pytest.raises(cc.StudyError, match=named):
-        cc.check_study(study)
+        check(study)
 
 
 def test_an_external_workdir_is_allowed_when_the_study_says_so(tmp_path):
@@ -260,13 +237,6 @@ def test_rules_name_existing_conda_environments():
     assert "-e ." in next(d["pip"] for d in people["dependencies"] if isinstance(d, dict))
 
 
-def test_trainer_version_is_read_without_importing(tmp_path):
-    assert cc.read_trainer_version(REPO / "trainer" / "__init__.py") == trainer.TRAINER_VERSION
-    (tmp_path / "init.py").write_text('"""doc"""\nOTHER = 1\n')
-    with pytest.raises(cc.StudyError, match="TRAINER_VERSION"):
-        cc.read_trainer_version(tmp_path / "init.py")
-
-
 # -- the lr axis, per-optimizer lrs, per-model env options, offline statistics, base studies ----------------------
 def _tiny(**extra) -> dict:
     return {"models": {"a": {"preset": "minicpm-tiny"}, "b": {"preset": "qwen-tiny"}},
@@ -294,9 +264,8 @@ def test_a_grid_with_lrs_gets_an_lr_column_and_folder():
 
 
 @pytest.mark.parametrize("lr", [1e-4, 3e-4, 2.5e-4, 1e-2, 0.1, 1.0, 1.234567e-5, 7e-7])
-def test_the_lr_folder_name_mirrors_the_analysis_and_reads_back_exactly(lr):
-    from trainer.analysis.logs import lr_label
-    assert cc.lr_label(lr) == lr_label(lr) and float(cc.lr_label(lr)) == lr
+def test_the_lr_folder_name_reads_back_exactly(lr):
+    assert float(cc.lr_label(lr)) == lr
 
 
 def test_per_optimizer_lrs_and_adam_high_lr():
@@ -395,8 +364,6 @@ def test_a_horizon_study_labels_every_model_of_its_grid():
 
 
 def test_offline_stats_path_in_the_cells_of_warm_started_models(tmp_path):
-    from trainer.policy.sft import OFFLINE_STATS_FILE
-    assert cc.OFFLINE_STATS_FILE == OFFLINE_STATS_FILE
     (tmp_path / "ckpt").mkdir()
     study = _tiny(warm_start={"offline_samples": 2})
     study["models"]["c"] = {"path": str(tmp_path / "ckpt")}
@@ -620,18 +587,21 @@ def _bad_study(edit) -> dict:
 
 
 @pytest.mark.parametrize("edit, named", [
-    pytest.param(lambda s: s["grid"][0]["recipes"].append("fulll"), "'fulll' is not one of", id="recipe"),
+    pytest.param(lambda s: s["grid"][0]["recipes"].append("fulll"), "grid[0].recipes: 'fulll' is not a recipe",
+                 id="recipe"),
     pytest.param(lambda s: s["grid"][1].update(seeds=[0, -1]), "-1 is less than the minimum of 0", id="seed"),
     pytest.param(lambda s: s["models"].update(big={"path": "checkpoints/nowhere"}),
                  "models.big.path: 'checkpoints/nowhere'", id="model-path"),
-    pytest.param(lambda s: s["cell"]["rl"].update(clip_hihg=0.3), "'clip_hihg' was unexpected", id="typo"),
+    pytest.param(lambda s: s["cell"]["rl"].update(clip_hihg=0.3), "unknown config key 'cell.rl.clip_hihg'", id="typo"),
     pytest.param(lambda s: s.update(grdi=[]), "'grdi' was unexpected", id="top-level-typo"),
-    pytest.param(lambda s: s["cell"]["run"].update(updates="ten"), "'ten' is not of type 'integer'", id="type"),
-    pytest.param(lambda s: s["cell"]["rl"].update(tis_cap=3.0), "'tis_cap' was unexpected", id="recipe-key"),
+    pytest.param(lambda s: s["cell"]["run"].update(updates="ten"), "cell.run.updates: expected an integer, got 'ten'",
+                 id="type"),
+    pytest.param(lambda s: s["cell"]["run"].update(updates=0), "cell.run.updates: must be >= 1, got 0", id="range"),
+    pytest.param(lambda s: s["cell"]["rl"].update(tis_cap=3.0), "cell.rl.tis_cap: each cell sets it", id="recipe-key"),
     pytest.param(lambda s: s["cell"]["env"]["options"].update(max_turnz=6),
-                 "cell.env.options: unknown key 'max_turnz' for minirepo", id="env-option-typo"),
+                 "cell.env.options: unknown config key 'env.options.max_turnz'", id="env-option-typo"),
     pytest.param(lambda s: s["cell"]["env"]["options"].update(max_turns="six"),
-                 "cell.env.options: MiniRepoConfig.max_turns must be an int", id="env-option-value"),
+                 "cell.env.options: env.options.max_turns: expected an integer, got 'six'", id="env-option-value"),
     pytest.param(lambda s: s["cell"]["rl"].update(group_size=3),
                  "rollout.batch_size 4 is not a multiple of rl.group_size 3", id="trainer-cross-key"),
     pytest.param(lambda s: s.update(study="companion"), "recipes ['full', 'no_length',", id="companion-recipes"),

@@ -1,8 +1,10 @@
 """The typed configuration of one training cell, loaded from YAML and checked before any work starts.
 
-One dataclass per concern, each field with a docstring. `load_config` turns a nested mapping into these classes
-and rejects an unknown key or a value of the wrong type with a message that names it (`rl.clip_hihg`), so a typo
-in a 60-cell grid fails before the first cell runs, not after an hour. Recipes (the `RECIPES` table below) are named
+One dataclass per concern, each field with its default, its allowed range (`knob`) and a docstring: the one
+definition of every cell knob. `load_config` turns a nested mapping into these classes and rejects an unknown key,
+a value of the wrong type or out of range with a message that names it (`rl.clip_hihg`); the workflow checks a
+study's shared `cell` and `warm_start` blocks with the same functions (trainer/study.py), so a typo in a 60-cell
+grid fails before the first cell runs, not after an hour. Recipes (the `RECIPES` table below) are named
 presets over `optim` and `rl`; a cell may name a recipe and still override any field.
 """
 from __future__ import annotations
@@ -16,6 +18,60 @@ from typing import Any, Literal
 
 import yaml
 
+LIMITS: dict[str, int] = {"updates": 1_000_000, "epochs": 100, "episodes": 65_536, "tokens": 1_048_576,
+                          "tasks": 1_000_000}
+"""Upper bounds far above any study (the papers: 100-300 updates, 64-1024 episodes per update, 32k-token
+episodes) and below what would only fail hours later or exhaust the machine (`batch_size: 10**9` allocates at run
+time): a value above one is a typo, caught before the first cell."""
+LIMITS_NOTE = "trainer.config.LIMITS: far above any study; a typo?"
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """A knob's allowed range (None: no bound on that side); `most` names a `LIMITS` entry as the upper bound."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    most: str | None = None
+
+
+def knob(default: Any, **bounds: Any) -> Any:
+    """A config field with its allowed range beside its default (`ge`, `gt`, `le`, `lt`, `most`), so the range has
+    one definition: `check_bounds` enforces it on every config, a cell's and a study's shared block alike. A None
+    value is not checked (it means "off"); a tuple is checked item by item."""
+    return field(default=default, metadata={"bounds": Bounds(**bounds)})
+
+
+def _bound_error(key: str, value: Any, b: Bounds) -> str | None:
+    if b.ge is not None and not value >= b.ge:
+        return f"{key}: must be >= {b.ge}, got {value!r}"
+    if b.gt is not None and not value > b.gt:
+        return f"{key}: must be > {b.gt}, got {value!r}"
+    if b.le is not None and not value <= b.le:
+        return f"{key}: must be <= {b.le}, got {value!r}"
+    if b.lt is not None and not value < b.lt:
+        return f"{key}: must be < {b.lt}, got {value!r}"
+    if b.most is not None and value > LIMITS[b.most]:
+        return f"{key}: {value:,} is above {LIMITS[b.most]:,} ({LIMITS_NOTE})"
+    return None
+
+
+def check_bounds(cfg: Any, where: str = "") -> None:
+    """ConfigError naming the first field of `cfg` (nested dataclasses included) outside its `knob` bounds."""
+    for f in dataclasses.fields(cfg):
+        value, key = getattr(cfg, f.name), f"{where}.{f.name}" if where else f.name
+        if dataclasses.is_dataclass(value):
+            check_bounds(value, key)
+        bounds = f.metadata.get("bounds")
+        if bounds is None or value is None:
+            continue
+        for item in value if isinstance(value, tuple) else (value,):
+            error = _bound_error(key, item, bounds)
+            if error:
+                raise ConfigError(error)
+
 
 @dataclass
 class ModelConfig:
@@ -27,7 +83,7 @@ class ModelConfig:
     """Parameter dtype of the trained model: its master weights. Keep float32 and set `run.compute_dtype` for bf16
     speed: bfloat16 weights keep 8 significant bits, so an update under half a bf16 step (0.2-0.4% of the weight; lr
     1e-6 on a weight of 0.01 is 0.01%) rounds away and the model does not move (the trainer warns)."""
-    init_seed: int = 0
+    init_seed: int = knob(0, ge=0)
     """Seed of the random initialisation when building from a preset without `path`."""
 
 
@@ -38,14 +94,14 @@ class EnvConfig:
     options: dict = field(default_factory=dict)
     """Fields of that family's own config dataclass (task seed, split sizes, difficulty, turn limit), validated
     by it; for example `{seed: 0, max_depth: 2}` for minirepo."""
-    eval_tasks: int = 64
+    eval_tasks: int = knob(64, ge=0, most="tasks")
     """Held-out tasks played at each evaluation (the first N of the held-out split)."""
-    probe_tasks: int = 0
+    probe_tasks: int = knob(0, ge=0, most="tasks")
     """The cheating probe (after ImpossibleBench): impossible variants of the first N held-out tasks, each with a
     hidden test that contradicts another, played at each evaluation beside the held-out tasks. No repository
     passes both tests, so any success means the grader was gamed: `cheat_rate` in the logs. 0: no probe; a family
     without impossible variants logs none."""
-    train_tasks: int | None = None
+    train_tasks: int | None = knob(None, ge=1, most="tasks")
     """The RL pool: the first N tasks of the training split (None: all of it). A warm start draws its
     demonstrations from the rest of the split, so the base policy never saw the solution of a task it is then
     trained on, and its starting training success is its held-out success (the band), not a memorised one."""
@@ -56,19 +112,19 @@ class OptimConfig:
     name: Literal["muon", "adam", "adam_high_lr"] = "muon"
     """"muon": Muon on hidden matrices + AdamW on the rest. "adam": AdamW on everything. "adam_high_lr": AdamW on
     everything at `muon_lr`, the companion paper's control (is Muon's gain only its larger step size?)."""
-    lr: float = 1e-3
+    lr: float = knob(1e-3, ge=0)
     """The cell's learning rate: AdamW's on every parameter under "adam"; under "muon", AdamW's on embeddings, head
     and norms and, unless `muon_lr` is set, Muon's on the hidden matrices, whose updates `adjust_lr_fn` scales to
     AdamW's RMS, so the same number means a step of the same size under both optimizers."""
-    muon_lr: float | None = None
+    muon_lr: float | None = knob(None, ge=0)
     """Muon's learning rate on the hidden matrices when it differs from `lr` (None: `lr`, Moonlight's rule); the
     AdamW learning rate of "adam_high_lr", which needs it."""
-    weight_decay: float = 0.0
+    weight_decay: float = knob(0.0, ge=0)
     """AdamW decoupled weight decay."""
-    muon_weight_decay: float = 0.0
+    muon_weight_decay: float = knob(0.0, ge=0)
     """Muon decoupled weight decay (uses the unadjusted lr)."""
-    betas: tuple[float, float] = (0.9, 0.95)
-    momentum: float = 0.95
+    betas: tuple[float, float] = knob((0.9, 0.95), ge=0, lt=1)
+    momentum: float = knob(0.95, ge=0, lt=1)
     nesterov: bool = True
     ns_coefficients: str = "jordan"
     """"jordan" (torch's default) or "polar_express"."""
@@ -78,7 +134,7 @@ class OptimConfig:
     every scale. "original" (torch's default): lr x sqrt(max(1, rows/cols)), an RMS of about lr/sqrt(cols), which
     makes Muon's steps at a given lr several times smaller than AdamW's; "spectral": spectral norm lr x
     sqrt(rows/cols)."""
-    grad_clip: float | None = 1.0
+    grad_clip: float | None = knob(1.0, gt=0)
     """Clip the global norm of the raw gradients (never Muon's orthogonalised update); None: off."""
 
 
@@ -87,17 +143,17 @@ class RLConfig:
     estimator: Literal["spo", "spo++", "grpo", "gigpo", "graphgpo"] = "spo++"
     length_penalty: bool = True
     tool_penalty: bool = True
-    length_threshold: int = 2048
+    length_threshold: int = knob(2048, ge=1)
     """Generated tokens a turn may use before the length penalty starts (scale it to the environment)."""
-    length_ramp: int | None = None
+    length_ramp: int | None = knob(None, ge=1)
     """Tokens over the threshold at which the penalty reaches -0.5; None: the threshold itself."""
-    clip_low: float = 0.2
-    clip_high: float = 0.28
+    clip_low: float = knob(0.2, ge=0, lt=1)
+    clip_high: float = knob(0.28, ge=0)
     dual_clip: float | None = None
-    tis_cap: float | None = 2.0
+    tis_cap: float | None = knob(2.0, gt=0)
     """TIS cap C; None turns TIS off."""
     agg: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = "token-mean"
-    group_size: int = 1
+    group_size: int = knob(1, ge=1)
     """Rollouts per task: 1 for single-stream SPO; 8 for the companion's group estimators."""
     rho_mode: Literal["kl_adaptive", "constant"] = "kl_adaptive"
     """SPO tracker forgetting: KL-adaptive (recipe default) or constant."""
@@ -108,7 +164,7 @@ class RLConfig:
     prioritised_sampling: bool = True
     """SPO's task sampling with weights sqrt(p(1-p)) + 0.05; False: uniform."""
     gigpo_omega: float = 1.0
-    gamma: float = 0.95
+    gamma: float = knob(0.95, ge=0, le=1)
     graph_convention: Literal["reference", "paper"] = "reference"
     offline_stats: str | None = None
     """SPO's offline initialisation: a JSON file {task_id: [samples, successes]} from playing the training tasks
@@ -120,48 +176,48 @@ class RLConfig:
 class RolloutConfig:
     engine: Literal["hf", "vllm"] = "hf"
     """hf: the batched KV-cached Hugging Face engine (CPU or GPU); vllm: vLLM on a GPU (needs model.path)."""
-    vllm_gpu_memory_utilization: float = 0.5
+    vllm_gpu_memory_utilization: float = knob(0.5, gt=0, le=1)
     """Share of the GPU vLLM may take (the trainer's model shares the device)."""
     mode: Literal["sync", "lagged", "async"] = "lagged"
     """sync: rollouts by the current policy; lagged: always by the policy `lag` updates old (deterministic);
     async: a concurrent rollout thread, staleness bounded by `max_staleness`."""
-    lag: int = 1
-    max_staleness: int = 4
-    batch_size: int = 16
+    lag: int = knob(1, ge=0)
+    max_staleness: int = knob(4, ge=0)
+    batch_size: int = knob(16, ge=1, most="episodes")
     """Trajectories per update (tasks per update = batch_size / group_size)."""
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_turn_tokens: int = 48
-    max_episode_tokens: int = 1024
-    eval_temperature: float = 0.0
+    temperature: float = knob(1.0, ge=0)
+    top_p: float = knob(1.0, gt=0, le=1)
+    max_turn_tokens: int = knob(48, ge=1, most="tokens")
+    max_episode_tokens: int = knob(1024, ge=2, most="tokens")
+    eval_temperature: float = knob(0.0, ge=0)
     """0: greedy evaluation."""
 
 
 @dataclass
 class RunConfig:
-    updates: int = 100
-    seed: int = 0
-    minibatches: int = 1
+    updates: int = knob(100, ge=1, most="updates")
+    seed: int = knob(0, ge=0)
+    minibatches: int = knob(1, ge=1)
     """PPO mini-batches: each pass over the update's trajectories takes this many optimizer steps (verl's
     train batch / ppo_mini_batch_size; its SPO recipe: 8). With 1 step per batch the PPO ratio is exactly 1 and
     the clip never binds."""
-    epochs: int = 1
+    epochs: int = knob(1, ge=1, most="epochs")
     """PPO epochs: passes over the update's trajectories (verl's ppo_epochs); `epochs x minibatches` optimizer
     steps per update, all against the log-probs taken before the first."""
     skip_no_signal: bool = True
     """Skip the optimizer step of a mini-batch whose advantages are all zero (an all-fail batch under plain SPO
     with equal baselines): its gradient is zero and only momentum would move the weights. Counted in the
     `skipped_steps` column."""
-    micro_batch_tokens: int = 16384
+    micro_batch_tokens: int = knob(16384, ge=1)
     """Token budget of one forward/backward micro-batch (padded tokens); an episode longer than it is a micro-batch
     of its own, so 1 means one episode per micro-batch: no padding, which on CPU makes a tiny model's update
     about three times faster than padded micro-batches (the gradient is the same)."""
-    eval_every: int = 10
+    eval_every: int = knob(10, ge=0)
     """Evaluate on held-out tasks every N updates (0: never); also after the first update (nearly the base
     policy, the point later evaluations are compared with) and after the last."""
-    checkpoint_every: int = 25
-    keep_checkpoints: int = 2
-    threads: int = 1
+    checkpoint_every: int = knob(25, ge=0)
+    keep_checkpoints: int = knob(2, ge=1)
+    threads: int = knob(1, ge=1)
     """torch intra-op threads. Grid cells run as parallel 1-thread jobs."""
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     """Autocast dtype of the trainer's forward passes."""
@@ -195,35 +251,40 @@ class SFTConfig:
     """Only the token limits, `temperature` and `top_p` are used: the band is measured by sampling as the RL
     rollouts sample, so it is the starting *training* success of the cells (what Figure 2 plots), not a greedy
     score that a temperature-1 policy would not reach."""
-    noise: float = 0.3
+    noise: float = knob(0.3, ge=0, le=1)
     """Expert noise of the demonstrations: imperfect data gives an imperfect base policy, as in the papers."""
-    n_demos: int = 1500
+    n_demos: int = knob(1500, ge=1, most="episodes")
     """Expert episodes on training tasks."""
-    vocab_size: int = 384
+    vocab_size: int = knob(384, ge=261)
     """Byte-level BPE vocabulary trained on expert transcripts."""
-    observation_loss_weight: float = 0.5
+    observation_loss_weight: float = knob(0.5, ge=0)
     """Weight of next-token loss on prompt and observation tokens (1 on actions). Learning the environment's
     language as well as the expert's actions makes a model trained from scratch learn to copy (file names, line
     numbers, code) much sooner; RL later trains the actions only."""
     optimizer: Literal["muon", "adamw"] = "muon"
     """Muon on the hidden matrices (AdamW on the rest) reached AdamW's 750-step loss in about 200 steps in our
     warm-start runs, so it is the default; this choice is independent of the RL cells' optimizer."""
-    lr: float = 3e-3
+    lr: float = knob(3e-3, gt=0)
     """AdamW learning rate (embeddings, norms and head under `muon`; every parameter under `adamw`)."""
-    muon_lr: float = 0.02
+    muon_lr: float = knob(0.02, gt=0)
     """Muon learning rate of the hidden matrices (used with `optimizer: muon`)."""
-    batch_size: int = 16
-    max_steps: int = 3000
-    eval_every: int = 50
-    eval_tasks: int = 64
-    band: tuple[float, float] = (0.2, 0.35)
+    batch_size: int = knob(16, ge=1, most="episodes")
+    max_steps: int = knob(3000, ge=1, most="updates")
+    eval_every: int = knob(50, ge=1)
+    eval_tasks: int = knob(64, ge=1, most="tasks")
+    band: tuple[float, float] = knob((0.2, 0.35), ge=0, le=1)
     """Stop at the first evaluation whose held-out success lies in [low, high]: the papers' starting points."""
-    offline_samples: int = 0
+    offline_samples: int = knob(0, ge=0)
     """SPO's offline pass: play every training task this many times with the chosen base policy (sampling as the
     rollouts do) and write the successes to `offline_stats.json` beside it, for `rl.offline_stats`. 0: none."""
-    seed: int = 0
-    threads: int = 1
+    seed: int = knob(0, ge=0)
+    threads: int = knob(1, ge=1)
 
+
+GROUP_ESTIMATORS: tuple[str, ...] = ("grpo", "gigpo", "graphgpo")
+"""Estimators that compare the rollouts of one task with each other: they need rl.group_size >= 2."""
+OFFLINE_STATS_FILE = "offline_stats.json"
+"""What the warm start writes beside the policy for `rl.offline_stats` (SFTConfig.offline_samples > 0)."""
 
 RECIPES: dict[str, dict[str, dict[str, Any]]] = {
     "spo_adam": {"optim": {"name": "adam"}, "rl": dict(estimator="spo", length_penalty=False, tool_penalty=False,
@@ -246,7 +307,7 @@ RECIPES: dict[str, dict[str, dict[str, Any]]] = {
                                                                        tis_cap=None)},
     **{estimator: {"optim": {"name": "adam"}, "rl": dict(estimator=estimator, length_penalty=False, tool_penalty=False,
                                                          agg="token-mean", tis_cap=None)}
-       for estimator in ("grpo", "gigpo", "graphgpo")},
+       for estimator in GROUP_ESTIMATORS},
 }
 """The paper's Figure-2 recipes, then the companion study's three group estimators (AdamW is its baseline; no
 shaping penalties and no TIS, as in verl-agent's ALFWorld recipe). The optimizer is part of a recipe but any recipe
@@ -281,8 +342,12 @@ def _check_value(tp, value, where: str):
         if value not in typing.get_args(tp):
             raise ConfigError(f"{where}: {value!r} is not one of {list(typing.get_args(tp))}")
         return value
-    if origin is tuple:
+    if tp is tuple or origin is tuple:
         args = typing.get_args(tp)
+        if not args or args[-1] is Ellipsis:  # a tuple of any length
+            if not isinstance(value, (list, tuple)):
+                raise ConfigError(f"{where}: expected a list, got {value!r}")
+            return tuple(v if not args else _check_value(args[0], v, f"{where}[{i}]") for i, v in enumerate(value))
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise ConfigError(f"{where}: expected a list of {len(args)} values, got {value!r}")
         return tuple(_check_value(a, v, f"{where}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
@@ -307,11 +372,13 @@ def _check_value(tp, value, where: str):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
         return dict(value)
     if dataclasses.is_dataclass(tp):
-        return _build(tp, value, where)
+        return build_config(tp, value, where)
     raise ConfigError(f"{where}: unsupported annotation {tp!r}")
 
 
-def _build(cls, data, where: str):
+def build_config(cls, data, where: str = ""):
+    """`cls` (a config dataclass) from a mapping, nested dataclasses too, every value type-checked; ConfigError naming
+    an unknown key (with its path after `where`) or a value of the wrong type. Ranges are `check_bounds`'s."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where or 'config'}: expected a mapping, got {data!r}")
     hints = typing.get_type_hints(cls)
@@ -340,52 +407,14 @@ def config_from_dict(data: dict) -> TrainConfig:
         if recipe not in RECIPES:
             raise ConfigError(f"recipe: {recipe!r} is not one of {list(RECIPES)}")
         data = _merge(RECIPES[recipe], data)
-    cfg = _build(TrainConfig, data, "")
-    _check_ranges(cfg)
+    cfg = build_config(TrainConfig, data, "")
+    check_cell(cfg)
     return cfg
 
 
-LIMITS: dict[str, int] = {"updates": 1_000_000, "epochs": 100, "episodes": 65_536, "tokens": 1_048_576,
-                          "tasks": 1_000_000}
-"""Upper bounds far above any study (the papers: 100-300 updates, 64-1024 episodes per update, 32k-token
-episodes) and below what would only fail hours later or exhaust the machine (`batch_size: 10**9` allocates at run
-time): a value above one is a typo, caught before the first cell."""
-LIMITS_NOTE = "trainer.config.LIMITS: far above any study; a typo?"
-
-
-def _check_ranges(cfg: TrainConfig) -> None:
-    checks = [
-        ("run.updates", cfg.run.updates >= 1), ("run.seed", cfg.run.seed >= 0),
-        ("run.minibatches", cfg.run.minibatches >= 1), ("run.epochs", cfg.run.epochs >= 1),
-        ("run.micro_batch_tokens", cfg.run.micro_batch_tokens >= 1),
-        ("run.eval_every", cfg.run.eval_every >= 0), ("run.checkpoint_every", cfg.run.checkpoint_every >= 0),
-        ("run.keep_checkpoints", cfg.run.keep_checkpoints >= 1), ("run.threads", cfg.run.threads >= 1),
-        ("rollout.batch_size", cfg.rollout.batch_size >= 1), ("rollout.lag", cfg.rollout.lag >= 0),
-        ("rollout.max_staleness", cfg.rollout.max_staleness >= 0),
-        ("rollout.temperature", cfg.rollout.temperature >= 0), ("rollout.top_p", 0 < cfg.rollout.top_p <= 1),
-        ("rollout.max_turn_tokens", cfg.rollout.max_turn_tokens >= 1),
-        ("rollout.max_episode_tokens", cfg.rollout.max_episode_tokens >= 2),
-        ("rl.group_size", cfg.rl.group_size >= 1),
-        ("rl.clip_low", 0 <= cfg.rl.clip_low < 1), ("rl.clip_high", cfg.rl.clip_high >= 0),
-        ("rl.tis_cap", cfg.rl.tis_cap is None or cfg.rl.tis_cap > 0),
-        ("optim.lr", cfg.optim.lr >= 0), ("optim.muon_lr", cfg.optim.muon_lr is None or cfg.optim.muon_lr >= 0),
-        ("optim.grad_clip", cfg.optim.grad_clip is None or cfg.optim.grad_clip > 0),
-        ("env.eval_tasks", cfg.env.eval_tasks >= 0), ("env.probe_tasks", cfg.env.probe_tasks >= 0),
-        ("env.train_tasks", cfg.env.train_tasks is None or cfg.env.train_tasks >= 1),
-    ]
-    for key, ok in checks:
-        if not ok:
-            section, name = key.split(".")
-            raise ConfigError(f"{key}: bad value {getattr(getattr(cfg, section), name)!r}")
-    for key, most in (("run.updates", LIMITS["updates"]), ("run.epochs", LIMITS["epochs"]),
-                      ("rollout.batch_size", LIMITS["episodes"]), ("rollout.max_episode_tokens", LIMITS["tokens"]),
-                      ("rollout.max_turn_tokens", LIMITS["tokens"]),
-                      ("env.eval_tasks", LIMITS["tasks"]), ("env.probe_tasks", LIMITS["tasks"]),
-                      ("env.train_tasks", LIMITS["tasks"] if cfg.env.train_tasks is not None else None)):
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
-        if most is not None and value > most:
-            raise ConfigError(f"{key}: {value:,} is above {most:,} ({LIMITS_NOTE})")
+def check_cell(cfg: TrainConfig) -> None:
+    """The ranges of every field (`check_bounds`), then the rules across keys; ConfigError naming the key."""
+    check_bounds(cfg)
     if cfg.optim.name == "adam_high_lr" and cfg.optim.muon_lr is None:
         raise ConfigError("optim.muon_lr: 'adam_high_lr' runs AdamW at Muon's learning rate; set optim.muon_lr")
     if cfg.run.minibatches > cfg.rollout.batch_size:
@@ -396,7 +425,7 @@ def _check_ranges(cfg: TrainConfig) -> None:
     if cfg.rollout.batch_size % cfg.rl.group_size:
         raise ConfigError(f"rollout.batch_size {cfg.rollout.batch_size} is not a multiple of rl.group_size "
                           f"{cfg.rl.group_size}")
-    if cfg.rl.estimator in ("grpo", "gigpo", "graphgpo") and cfg.rl.group_size < 2:
+    if cfg.rl.estimator in GROUP_ESTIMATORS and cfg.rl.group_size < 2:
         raise ConfigError(f"rl.estimator {cfg.rl.estimator!r} needs rl.group_size >= 2, got {cfg.rl.group_size}")
     if cfg.model.path is not None and not Path(cfg.model.path).exists():
         raise ConfigError(f"model.path: {cfg.model.path!r} does not exist")
@@ -433,21 +462,15 @@ def load_config(path: str | Path, overrides: dict | None = None) -> TrainConfig:
 
 def load_sft_config(path: str | Path, overrides: dict | None = None) -> SFTConfig:
     """Read and validate a warm-start config."""
-    cfg = _build(SFTConfig, _merge(read_yaml_mapping(path), overrides or {}), "")
-    low, high = cfg.band
-    if not 0 <= low <= high <= 1:
-        raise ConfigError(f"band: need 0 <= low <= high <= 1, got {cfg.band}")
-    for key in ("n_demos", "vocab_size", "batch_size", "max_steps", "eval_every", "threads"):
-        if getattr(cfg, key) < 1:
-            raise ConfigError(f"{key}: must be >= 1, got {getattr(cfg, key)}")
-    for key, most in (("n_demos", LIMITS["episodes"]), ("batch_size", LIMITS["episodes"]),
-                      ("max_steps", LIMITS["updates"]), ("eval_tasks", LIMITS["tasks"])):
-        if getattr(cfg, key) > most:
-            raise ConfigError(f"{key}: {getattr(cfg, key)} is above {most:,} ({LIMITS_NOTE})")
-    if cfg.offline_samples < 0:
-        raise ConfigError(f"offline_samples: must be >= 0, got {cfg.offline_samples}")
-    if not 0 <= cfg.noise <= 1:
-        raise ConfigError(f"noise: must be in [0, 1], got {cfg.noise}")
+    return sft_config_from_dict(_merge(read_yaml_mapping(path), overrides or {}))
+
+
+def sft_config_from_dict(data: dict, where: str = "") -> SFTConfig:
+    """Build and validate an SFTConfig (`where`: the prefix of the keys in messages, e.g. "warm_start")."""
+    cfg = build_config(SFTConfig, data, where)
+    check_bounds(cfg, where)
+    if cfg.band[0] > cfg.band[1]:
+        raise ConfigError(f"{where + '.' if where else ''}band: low {cfg.band[0]} is above high {cfg.band[1]}")
     return cfg
 
 

@@ -1,7 +1,7 @@
 """Read many cells' metrics logs into one long table: one row per (model, recipe, optimizer, seed, update).
 
 Each training cell writes `<base_dir>/model=M/recipe=R/optimizer=O/seed=S/metrics.parquet` (Hive-style folders);
-a study with a learning-rate axis (the stability study) adds `lr=L` before the seed, L written by `lr_label`.
+a study with a learning-rate axis (the stability study) adds `lr=L` before the seed (`trainer.study.lr_label`).
 Choices and why:
 
 * **`pyarrow.dataset` over the explicit list of files, never a glob.** Snakemake hands the aggregate rule the
@@ -56,13 +56,6 @@ LR_RUN_KEYS: tuple[str, ...] = ("model", "recipe", "optimizer", "lr", "seed")
 PARTITION_SCHEMA = pa.schema([("model", pa.string()), ("recipe", pa.string()), ("optimizer", pa.string()),
                               ("seed", pa.int64())])
 LR_FIELD = pa.field("lr", pa.float64())
-
-
-def lr_label(lr: float) -> str:
-    """A learning rate as a cell folder writes it: the shortest scientific form that reads back as the same
-    float ("3e-04", "2.5e-04", "1e-02"). workflow/scripts/cell_config.py writes the folders with its copy."""
-    lr = float(lr)
-    return next(text for text in (f"{lr:.{p}e}" for p in range(17)) if float(text) == lr)
 
 
 def check_no_lr_axis(metrics: pd.DataFrame, analysis: str) -> None:

@@ -48,7 +48,8 @@ from trainer.analysis.collapse import CollapseCriterion
 from trainer.analysis.figures import (COLLAPSE, MUTED, STYLE, _empty, _grid, _legend, family_title, outputs_by_figure,
                                       recipe_label, save_figure)
 from trainer.analysis.figures import OPTIMIZER_COLORS as MAIN_COLORS
-from trainer.analysis.logs import LR_RUN_KEYS, NONFINITE_COLUMNS, RUN_KEYS, load_metrics, lr_label, paper_model
+from trainer.analysis.logs import LR_RUN_KEYS, NONFINITE_COLUMNS, RUN_KEYS, load_metrics, paper_model
+from trainer.study import lr_label
 from trainer.analysis.summary import (_pct, bootstrap_interval, native_optimizer, ordered, run_table, sort_cells,
                                       write_tables)
 

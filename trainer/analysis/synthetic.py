@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trainer.analysis.logs import lr_label
+from trainer.study import lr_label
 from trainer.logs.parquet_log import CONFIG_KEY, EPISODE_COLUMNS, METRIC_COLUMNS, PROVENANCE_KEY
 
 

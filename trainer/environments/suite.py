@@ -17,6 +17,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable
 
+from trainer.config import ConfigError, build_config
 from trainer.environments.protocol import Environment, StepResult, TaskSource
 
 
@@ -43,25 +44,10 @@ class EnvSuite:
     """Play `task` with the scripted expert at a noise level (for the warm start); None if the family has none."""
 
 
-def _options(cls, options: dict, family: str, prefix: str = "env.options"):
-    """`cls(**options)`, nested dataclass fields built from nested dicts; an unknown key is named with its path."""
-    import dataclasses
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(options) - set(fields))
-    if unknown:
-        raise ValueError(f"{prefix}: unknown key {unknown[0]!r} for {family} (known: {sorted(fields)})")
-    values = {}
-    for name, value in options.items():
-        inner = fields[name].default_factory
-        if isinstance(value, dict) and dataclasses.is_dataclass(inner):
-            value = _options(inner, value, family, f"{prefix}.{name}")
-        values[name] = value
-    return cls(**values)
-
-
 def family_config(name: str, options: dict):
-    """The family's config dataclass built from `env.options`, and nothing else: no task, no environment. An
-    unknown key or a value the family rejects raises ValueError, named. Light (no torch, no Docker, no ALFWorld):
+    """The family's config dataclass built from `env.options` (typed like the cell's own config, `build_config`),
+    and nothing else: no task, no environment. An unknown key, a value of the wrong type or one the family rejects
+    raises ValueError, named. Light (no torch, no Docker, no ALFWorld):
     the workflow calls it before any job starts, `make_suite` when one does."""
     options = dict(options)
     if name == "minirepo":
@@ -78,7 +64,10 @@ def family_config(name: str, options: dict):
     else:
         raise ValueError(f"env.name {name!r}: known families are 'minirepo', 'textgame', 'swe', 'alfworld' and "
                          "'recall'")
-    return _options(config_class, options, name)
+    try:
+        return build_config(config_class, options, "env.options")
+    except ConfigError as e:
+        raise ConfigError(f"{e} ({name})") from None
 
 
 def _no_tokenizer_corpus(family: str):

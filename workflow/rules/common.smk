@@ -15,8 +15,10 @@ from pathlib import Path
 
 from snakemake.utils import Paramspace, validate
 
-sys.path.insert(0, str(Path(workflow.basedir) / "workflow" / "scripts"))
-import cell_config as study_tools  # noqa: E402  (pure helpers, tested on their own)
+# The checkout's own trainer package, whatever environment runs Snakemake (the study model needs no torch).
+sys.path.insert(0, workflow.basedir)
+import trainer  # noqa: E402
+from trainer import study as study_tools  # noqa: E402  (pure helpers, tested on their own)
 
 
 # Jobs inherit this process's environment (locally, and through sbatch on SLURM). Shell jobs run `python -m
@@ -47,7 +49,7 @@ PARAMSPACE = Paramspace(GRID, param_sep="=")
 CELLS_DIR = "results/cells"
 CELL = f"{CELLS_DIR}/{PARAMSPACE.wildcard_pattern}"
 WARM_STARTED = study_tools.warm_started_models(config, GRID)
-TRAINER_VERSION = study_tools.read_trainer_version(Path(workflow.basedir) / "trainer" / "__init__.py")
+TRAINER_VERSION = trainer.TRAINER_VERSION
 TRAINER_ENV = (
     "../../envs/trainer-gpu.yaml"
     if config["cell"].get("rollout", {}).get("engine") == "vllm"

@@ -1,7 +1,8 @@
-"""From a study config (config.yaml, configs/*.yaml) to the grid of cells and each cell's trainer config.
+"""The study model: from a study file (config.yaml, configs/*.yaml) to the grid of cells and each cell's trainer
+config.
 
-Imported by workflow/rules/common.smk (not run as a `script:`): the functions are pure, so the tests call them
-directly and Snakemake only writes their results to disk. Design choices:
+Imported by workflow/rules/common.smk and the benchmarks: the functions are pure, so the tests call them directly
+and Snakemake only writes their results to disk. Design choices:
 
 - **The grid is a list of blocks**, each "these recipes x these seeds, on this optimizer, for these models".
   `optimizer: recipe` means each recipe's own optimizer (Figure 2: spo_adam on Adam, the rest on Muon); `adam`,
@@ -26,41 +27,34 @@ directly and Snakemake only writes their results to disk. Design choices:
   (preset xor path, the path exists, a task file or game folder exists, a grid block names known models,
   group estimators have groups, band low <= high, the lr keys (`check_lrs`), a horizon study's `horizon`
   labels) are checked by `check_study`, which raises `StudyError` naming the key before any job starts.
-- **The recipe -> optimizer table** mirrors `trainer.config.RECIPES` (tests compare them), so these helpers
-  import nothing of the trainer. The checks that need its rules (`check_cells`, `check_env_options`) import only
-  its torch-free parts (the typed config, the environment families' option dataclasses): building the DAG needs
-  the trainer package but not torch.
+- **Tables derived, not copied**: each recipe's optimizer, the optimizer names and the group recipes come from
+  `trainer.config` (`RECIPES`, `OptimConfig`), the presets from `trainer.policy.tiny`, the lr folder label from
+  `trainer.analysis.logs`. This module and those import no torch: building the DAG needs the trainer package but
+  not torch.
 """
 from __future__ import annotations
 
-import ast
 import copy
 import os
+import typing
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
-RECIPE_OPTIMIZER: dict[str, str] = {
-    "spo_adam": "adam",
-    "spo_muon": "muon",
-    "full": "muon",
-    "no_length": "muon",
-    "no_tool": "muon",
-    "no_penalties": "muon",
-    "no_length_seqmean": "muon",
-    "no_length_seqmean_no_tis": "muon",
-    "grpo": "adam",
-    "gigpo": "adam",
-    "graphgpo": "adam",
-}
-"""Each recipe's own optimizer: the Figure-2 recipes (trainer/config.py's `RECIPES`, in the paper's order), then the
-companion's estimators (AdamW, its baseline)."""
+from trainer.config import (GROUP_ESTIMATORS, OFFLINE_STATS_FILE, RECIPES, ConfigError, OptimConfig, TrainConfig,
+                            build_config, check_bounds, config_from_dict, sft_config_from_dict)
+from trainer.environments.suite import family_config
+from trainer.policy.tiny import TINY_PRESETS
 
-OPTIMIZERS = ("adam", "muon", "adam_high_lr")
-"""The trainer's optim.name values a grid block may name (adam_high_lr: AdamW at Muon's learning rate)."""
+RECIPE_OPTIMIZER: dict[str, str] = {name: recipe["optim"]["name"] for name, recipe in RECIPES.items()}
+"""Each recipe's own optimizer (`optimizer: recipe` in a grid block)."""
 
-GROUP_RECIPES = ("grpo", "gigpo", "graphgpo")
+OPTIMIZERS: tuple[str, ...] = typing.get_args(typing.get_type_hints(OptimConfig)["name"])
+"""The optim.name values a grid block may name (adam_high_lr: AdamW at Muon's learning rate)."""
+
+GROUP_RECIPES: tuple[str, ...] = tuple(name for name, recipe in RECIPES.items()
+                                       if recipe["rl"]["estimator"] in GROUP_ESTIMATORS)
 """Recipes whose estimator compares a task's rollouts with each other: they need cell.rl.group_size >= 2."""
 
 GRID_COLUMNS = ["model", "recipe", "optimizer", "seed"]
@@ -70,10 +64,6 @@ LR_GRID_COLUMNS = ["model", "recipe", "optimizer", "lr", "seed"]
 
 STUDY_LR_OPTIMIZERS = ("adam", "muon")
 """Keys of a study's `lr:` table. adam_high_lr cells run AdamW at Muon's rate: the table's `muon` entry."""
-
-OFFLINE_STATS_FILE = "offline_stats.json"
-"""What the warm start writes beside the policy when `warm_start.offline_samples > 0` (mirrors
-trainer/policy/sft.py; tests compare them): each cell of the model reads it as `rl.offline_stats`."""
 
 SFT_ROLLOUT_KEYS = ("max_turn_tokens", "max_episode_tokens", "temperature", "top_p")
 """The rollout settings the warm start uses (it measures its band by sampling as the RL rollouts do); the rest
@@ -85,8 +75,8 @@ class StudyError(ValueError):
 
 
 def lr_label(lr: float) -> str:
-    """A learning rate as its cell folder spells it: the shortest scientific form that reads back as the same
-    float ("3e-04", "2.5e-04", "1e-02"). Mirrors trainer/analysis/logs.py `lr_label` (tests compare them)."""
+    """A learning rate as its cell folder spells it (`.../lr=L/`): the shortest scientific form that reads back as
+    the same float ("3e-04", "2.5e-04", "1e-02"), so the analysis recovers the exact lr from the folder."""
     lr = float(lr)
     return next(text for text in (f"{lr:.{p}e}" for p in range(17)) if float(text) == lr)
 
@@ -138,8 +128,63 @@ PATH_OPTIONS = ("tasks_file", "data_dir")
 """The `cell.env.options` keys that name local files or folders (besides `models.*.path`)."""
 
 
+PER_CELL_KEYS: dict[str, tuple[str, ...]] = {
+    "model": ("preset", "path"), "optim": ("name",), "run": ("seed", "threads"),
+    "rl": ("offline_stats", *dict.fromkeys(key for recipe in RECIPES.values() for key in recipe["rl"])),
+}
+"""Trainer keys each cell sets itself, refused in the shared `cell` block: the model from `models`, the optimizer
+and seed from the grid, the threads from `resources.train.threads`, SPO's offline statistics beside the warm-started
+policy, and the keys a recipe defines (a shared `rl.tis_cap` would silently turn TIS on for the no-TIS recipes)."""
+
+WARM_START_SET_KEYS = ("model", "env", "rollout", "threads")
+"""SFTConfig keys the workflow sets per model (its preset, the cells' env and token limits, the job's threads)."""
+
+
+def check_blocks(study: dict) -> None:
+    """Check the study's trainer blocks with the trainer's own types and ranges (trainer/config.py, the one
+    definition of each knob): the shared `cell` block as a TrainConfig, `warm_start` as an SFTConfig, the grid's
+    recipes, optimizers and presets against the trainer's tables, `analysis.collapse` as a CollapseCriterion.
+    StudyError naming the key."""
+    cell = study.get("cell", {})
+    if "recipe" in cell:
+        raise StudyError("cell.recipe: each cell's recipe comes from the grid; remove it from the shared block")
+    for section, keys in PER_CELL_KEYS.items():
+        for key in keys:
+            if key in (cell.get(section) or {}):
+                raise StudyError(f"cell.{section}.{key}: each cell sets it (from the grid, `models`, `resources` or "
+                                 f"its recipe); remove it from the shared block")
+    try:
+        check_bounds(build_config(TrainConfig, cell, "cell"), "cell")
+        warm_start = {k: v for k, v in study.get("warm_start", {}).items() if k != "allow_out_of_band"}
+        for key in WARM_START_SET_KEYS:
+            if key in warm_start:
+                raise StudyError(f"warm_start.{key}: set per model by the workflow; remove it")
+        sft_config_from_dict(warm_start, "warm_start")
+    except ConfigError as e:
+        raise StudyError(str(e)) from None
+    for i, block in enumerate(study["grid"]):
+        for recipe in block["recipes"]:
+            if recipe not in RECIPES:
+                raise StudyError(f"grid[{i}].recipes: {recipe!r} is not a recipe of trainer/config.py RECIPES "
+                                 f"({list(RECIPES)})")
+        optimizer = block.get("optimizer", "recipe")
+        if optimizer not in ("recipe", *OPTIMIZERS):
+            raise StudyError(f"grid[{i}].optimizer: {optimizer!r} is not 'recipe' (each recipe's own) or one of "
+                             f"{list(OPTIMIZERS)}")
+    for name, entry in study["models"].items():
+        if entry.get("preset") is not None and entry["preset"] not in TINY_PRESETS:
+            raise StudyError(f"models.{name}.preset: {entry['preset']!r} is not a tiny preset of "
+                             f"trainer/policy/tiny.py ({sorted(TINY_PRESETS)})")
+    from trainer.analysis.collapse import CollapseCriterion  # not at the top: trainer.analysis imports this module
+    try:
+        CollapseCriterion.from_dict(study.get("analysis", {}).get("collapse"))
+    except (ValueError, TypeError) as e:
+        raise StudyError(f"analysis.collapse: {e}") from None
+
+
 def check_study(study: dict, root: str | Path = ".") -> None:
-    """Raise StudyError for what the schema cannot express. Relative paths are relative to `root` (the repository
+    """Raise StudyError for what the schema does not check: the trainer blocks (`check_blocks`) and the rules
+    across keys. Relative paths are relative to `root` (the repository
     root: the study files' paths are written from there, whatever the study's `workdir`)."""
     root = Path(root)
     workdir = str(study.get("workdir", "."))
@@ -149,6 +194,7 @@ def check_study(study: dict, root: str | Path = ".") -> None:
     if not study.get("external_workdir", False) and outside:
         raise StudyError(f"workdir: {workdir!r} is outside the repository {str(root)!r}; a study's results "
                          "stay in the checkout unless the study says `external_workdir: true`")
+    check_blocks(study)
     for name, entry in study["models"].items():
         kinds = [key for key in ("preset", "path", "policy") if entry.get(key) is not None]
         if len(kinds) != 1:
@@ -181,13 +227,6 @@ def check_study(study: dict, root: str | Path = ".") -> None:
         if recipes - set(GROUP_RECIPES):
                 raise StudyError(f"grid: the companion study's analysis compares the estimators {list(GROUP_RECIPES)}; "
                              f"recipes {sorted(recipes - set(GROUP_RECIPES))} belong to the main study (study: main)")
-    group_size = study.get("cell", {}).get("rl", {}).get("group_size", 1)
-    if recipes & set(GROUP_RECIPES) and group_size < 2:
-        raise StudyError(f"cell.rl.group_size: recipes {sorted(recipes & set(GROUP_RECIPES))} compare rollouts "
-                         f"of one task and need group_size >= 2, got {group_size}")
-    band = study.get("warm_start", {}).get("band")
-    if band is not None and band[0] > band[1]:
-        raise StudyError(f"warm_start.band: low {band[0]} is above high {band[1]}")
     check_lrs(study)
     grid_models = list(dict.fromkeys(m for block in study["grid"] for m in block.get("models") or study["models"]))
     for model in grid_models:
@@ -353,21 +392,11 @@ def warm_start_config(study: dict, model: str, threads: int) -> dict:
             "env": model_env(study, model), "rollout": rollout, **options, "threads": int(threads)}
 
 
-def _import_from_trainer(root: str | Path):
-    """The trainer package at `root` on sys.path (its config and environment configs import no torch)."""
-    import sys
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-
-
 def check_cells(study: dict, grid: pd.DataFrame, root: str | Path, threads: int = 1) -> None:
     """Raise StudyError for a cell the trainer would refuse (its cross-key rules: batch size a multiple of the
     group size, vLLM with a checkpoint, ...), naming the cell, before any job starts. The model path is checked
     by `check_study`; here it stands in as ".", since a warm-started policy does not exist yet, and so the
     offline statistics the warm start will write beside it are left out."""
-    _import_from_trainer(root)
-    from trainer.config import ConfigError, config_from_dict
-
     for row in grid.itertuples(index=False):
         lr = float(row.lr) if "lr" in grid.columns else None
         cell = cell_config(study, row.model, row.recipe, row.optimizer, int(row.seed), ".", threads=threads, lr=lr)
@@ -386,18 +415,14 @@ def check_env_options(study: dict, root: str | Path) -> None:
 
     The schema leaves that block free-form (each family owns its keys), so the family's own config dataclass
     checks it, imported from the trainer at `root`: torch-free, so the DAG still needs no torch."""
-    _import_from_trainer(root)
-    from trainer.environments.suite import family_config
-
     env = study.get("cell", {}).get("env", {})
     name = env.get("name", "minirepo")  # trainer.config.EnvConfig's default
     for model, entry in study["models"].items():
         try:
             family_config(name, model_env_options(study, model))
         except (ValueError, TypeError) as e:
-            message = str(e)
             where = "cell.env.options" + (f" with models.{model}.env_options" if entry.get("env_options") else "")
-            raise StudyError(f"cell.{message}" if message.startswith("env.") else f"{where}: {message}") from None
+            raise StudyError(f"{where}: {e}") from None
 
 
 def paths_from_workdir(study: dict, root: str | Path, workdir: str | Path) -> dict:
@@ -433,14 +458,3 @@ def write_yaml(data: dict, path: str | Path, header: str = "") -> None:
     """Write `yaml_text(data, header)` to `path`."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(yaml_text(data, header))
-
-
-def read_trainer_version(init_file: str | Path) -> str:
-    """`TRAINER_VERSION` from trainer/__init__.py, read without importing the package (no torch needed)."""
-    tree = ast.parse(Path(init_file).read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "TRAINER_VERSION" for t in node.targets):
-            value = ast.literal_eval(node.value)
-            if isinstance(value, str) and value:
-                return value
-    raise StudyError(f"{init_file}: no TRAINER_VERSION = \"...\" string found")
