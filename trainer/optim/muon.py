@@ -1,17 +1,31 @@
 """Muon: momentum, then Newton-Schulz orthogonalisation, for hidden weight matrices.
 
 `Muon` is a drop-in for `torch.optim.Muon` (torch 2.13): same constructor, same defaults, and with equal settings
-the same parameters after every step (bit-for-bit on CPU for fp32 parameters; tested). What it adds:
+the same fp32 parameters after every step, bit for bit (tested on CPU, including shapes on which batched matmuls
+round differently). It holds because wherever the order or the kernel of an op could change a rounding, we call
+torch's op on the same operands:
 
-* **Speed.** torch loops over parameters one by one. We group same-shape matrices, stack them and run one batched
-  Newton-Schulz (bmm / baddbmm) in bf16, and do momentum, weight decay and the update with `_foreach` kernels. The
-  stacked computation is bitwise the per-matrix one, so parity holds.
+* **Newton-Schulz in bf16 (the default) runs per matrix with torch's calls**: `norm`, `X @ X.T`, then
+  `addmm(A, A, A, beta=b, alpha=c)` and `addmm(X, B, X, beta=a)`, on the transposed view when rows > cols, in
+  bf16 (`_newton_schulz_matrix`). Stacking same-shape matrices into one bmm/baddbmm is the same arithmetic but not
+  the same kernel: PyTorch picks oneDNN, a naive loop or a BLAS gemm by size and batch count, their accumulation
+  orders differ, and in bf16 a result near a rounding tie then rounds the other way (seen on CPU for a few inputs when
+  min(rows, cols) <= 16, e.g. a 7x130 matrix). So bf16 NS is not batched.
+* Momentum is `lerp_` / `lerp` as in torch (`_foreach` forms, which compute the same per element), weight decay
+  `p *= 1 - lr * wd` before `p -= adjusted_lr * O`, and the lr factor is torch's formula in Python floats.
+
+What it adds:
+
+* **Speed where parity allows.** Momentum, weight decay and the update use `_foreach` kernels over same-shape
+  buckets, and NS in fp32/fp64 (`ns_dtype`, which torch does not offer) runs batched over each bucket (bmm /
+  baddbmm, `_newton_schulz_batched`); it is not bitwise a per-matrix computation (batched and single gemm
+  kernels round differently), and has no torch counterpart to match.
 * **No aliasing.** torch 2.13 normalises the momentum buffer in place when a parameter is bf16 and
-  `nesterov=False` (`buf.bfloat16()` is `buf` itself, then `div_`). Stacking always copies, so our state is never
-  touched by NS, and `p.grad` is never written.
+  `nesterov=False` (`buf.bfloat16()` is `buf` itself, then `div_`). Our NS divides out of place (same values),
+  so our state is never touched by NS, and `p.grad` is never written.
 * **Options.** `adjust_lr_fn="spectral"` (sqrt(r/c), dion's rule) beside torch's "original" and
   "match_rms_adamw"; `ns_coefficients="polar_express"` (per-step minimax coefficients of arXiv:2505.16932, with
-  the 1.02 normalisation safety factor); NS in bf16 (default, as torch) or fp32 (`ns_dtype`).
+  the 1.02 normalisation safety factor); NS in bf16 (default, as torch) or fp32/fp64 (`ns_dtype`).
 * **Diagnostics.** With `track_stats=True` each step records, per parameter group, the RMS of the applied update
   and a power-iteration estimate of its largest spectral norm: the mechanism the paper argues about, logged.
 * **More than 2 dims.** A conv-like tensor is treated as the matrix (shape[0], rest), its lr factor taken from
@@ -19,7 +33,8 @@ the same parameters after every step (bit-for-bit on CPU for fp32 parameters; te
   where Muon would silently do nothing sensible.
 
 Momentum is torch's EMA form (buf <- lerp(buf, g, 1 - mu); nesterov: lerp(g, buf, mu)), kept in fp32 even for
-bf16 parameters. Weight decay is decoupled and uses the unadjusted lr, as every public Muon does.
+bf16 parameters (so bf16 parameters do not match torch, whose buffer is bf16). Weight decay is decoupled and uses
+the unadjusted lr, as every public Muon does.
 """
 from __future__ import annotations
 
@@ -75,12 +90,54 @@ def resolve_coefficients(ns_coefficients, ns_steps: int) -> tuple[list[tuple[flo
 
 def newton_schulz(G: torch.Tensor, coefficients: Sequence[tuple[float, float, float]], *, eps: float = 1e-7,
                   norm_scale: float = 1.0, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """Approximate the orthogonal polar factor U V^T of each matrix in G ([..., r, c]), in `dtype`.
+    """Approximate the orthogonal polar factor U V^T of a matrix G [r, c], or of each matrix in G [n, r, c].
 
-    Works on the wide orientation (the Gram matrix X X^T is min(r, c) square). The input is divided by its
-    Frobenius norm (times `norm_scale`), clamped below at `eps`, so every singular value starts in [0, 1].
+    Computed in `dtype`, on the wide orientation (X = G^T when r > c, so the Gram matrix X X^T is min(r, c)
+    square). X is divided by its Frobenius norm (times `norm_scale`), clamped below at `eps`, so every singular
+    value starts in [0, 1]; then per step A = X X^T, B = b A + c A A, X = a X + B X. G is never written.
+
+    In bf16 each matrix goes through `_newton_schulz_matrix` (torch.optim.Muon's exact op sequence, so the result
+    is torch's bit for bit); in fp32/fp64, which torch does not offer, the stack goes through one batched
+    computation (`_newton_schulz_batched`).
     """
-    X = G.to(dtype)  # a copy whenever G is not already `dtype`; callers pass fresh tensors otherwise
+    if G.dim() not in (2, 3):
+        raise ValueError(f"newton_schulz needs a matrix [r, c] or a stack [n, r, c], got shape {tuple(G.shape)}")
+    if dtype != torch.bfloat16:
+        return _newton_schulz_batched(G, coefficients, eps, norm_scale, dtype)
+    if G.dim() == 3:
+        return _stack_like_batched([_newton_schulz_matrix(g, coefficients, eps, norm_scale, dtype)
+                                    for g in G.unbind(0)])
+    return _newton_schulz_matrix(G, coefficients, eps, norm_scale, dtype)
+
+
+def _newton_schulz_matrix(G: torch.Tensor, coefficients: Sequence[tuple[float, float, float]], eps: float,
+                          norm_scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """NS on one 2-D matrix with the calls of torch's `_zeropower_via_newtonschulz` (torch 2.13), one for one.
+
+    Same ops (`norm`, `@`, `addmm`), operand layouts (the transposed view for tall G) and dtype, hence the same
+    kernels and roundings: with torch's coefficients the result is torch's bit for bit. Not batched on purpose
+    (see the module docstring). The one departure from torch's code: the normalisation is out of place (torch's
+    in-place `div_` writes into G when G is already `dtype`); the values are the same.
+    """
+    X = G.to(dtype)  # G itself when it is already `dtype`: nothing below writes into X
+    tall = G.size(0) > G.size(1)
+    if tall:
+        X = X.T
+    norm = X.norm()
+    if norm_scale != 1.0:
+        norm = norm * norm_scale
+    X = X / norm.clamp(min=eps)
+    for a, b, c in coefficients:
+        A = X @ X.T
+        B = torch.addmm(A, A, A, beta=b, alpha=c)
+        X = torch.addmm(X, B, X, beta=a)
+    return X.T if tall else X
+
+
+def _newton_schulz_batched(G: torch.Tensor, coefficients: Sequence[tuple[float, float, float]], eps: float,
+                           norm_scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """The same iteration on a stack [n, r, c] (or one matrix) at once with bmm/baddbmm (see `newton_schulz`)."""
+    X = G.to(dtype)  # a copy whenever G is not already `dtype`; the division below is out of place regardless
     batched = X.dim() == 3
     if not batched:
         X = X.unsqueeze(0)
@@ -135,8 +192,16 @@ def _as_matrix(t: torch.Tensor) -> torch.Tensor:
     return t if t.dim() == 2 else t.reshape(t.size(0), -1)
 
 
+def _stack_like_batched(ortho: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per-matrix NS outputs [r, c] as one [n, r, c] with the layout `_newton_schulz_batched` returns (for tall
+    matrices the transpose of a contiguous [n, c, r]), so that reductions over it round as they do on that."""
+    if ortho[0].size(0) > ortho[0].size(1):
+        return torch.stack([o.T for o in ortho]).mT
+    return torch.stack(ortho)
+
+
 class Muon(Optimizer):
-    """Drop-in for `torch.optim.Muon`, batched by shape. See the module docstring."""
+    """Drop-in for `torch.optim.Muon`, bit-identical for fp32 parameters. See the module docstring."""
 
     def __init__(self, params: Iterable, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
                  nesterov: bool = True, ns_coefficients=JORDAN_COEFFICIENTS, eps: float = 1e-7, ns_steps: int = 5,
@@ -192,7 +257,7 @@ def check_muon_param(p: torch.Tensor, name: str = "") -> None:
 
 
 def muon_group_step(group: dict, state: dict, *, track_stats: bool = False) -> dict[str, float]:
-    """One Muon step on a parameter group, batched over same-shape matrices. Returns the group's stats."""
+    """One Muon step on a parameter group, bucketed by shape (see the module docstring). Returns its stats."""
     lr, wd, mu = float(group["lr"]), group["weight_decay"], group["momentum"]
     coefficients, norm_scale = resolve_coefficients(group["ns_coefficients"], group["ns_steps"])
 
@@ -219,19 +284,25 @@ def muon_group_step(group: dict, state: dict, *, track_stats: bool = False) -> d
             grads = [g.to(bufs[0].dtype) for g in grads]
         torch._foreach_lerp_(bufs, grads, 1.0 - mu)
         updates = torch._foreach_lerp(grads, bufs, mu) if group["nesterov"] else bufs
-        # torch.stack copies: NS below never sees the momentum buffers themselves
-        stacked = torch.stack([_as_matrix(u) for u in updates])
-        ortho = newton_schulz(stacked, coefficients, eps=group["eps"], norm_scale=norm_scale,
-                              dtype=group["ns_dtype"])
-        rows, cols = stacked.shape[-2:]
+        matrices = [_as_matrix(u) for u in updates]
+        if group["ns_dtype"] == torch.bfloat16:
+            # torch's per-matrix op sequence on the updates as they are (see _newton_schulz_matrix)
+            ortho = [_newton_schulz_matrix(m, coefficients, group["eps"], norm_scale, torch.bfloat16)
+                     for m in matrices]
+            stacked = None
+        else:
+            # torch.stack copies, so NS never sees the momentum buffers themselves
+            stacked = _newton_schulz_batched(torch.stack(matrices), coefficients, group["eps"], norm_scale,
+                                             group["ns_dtype"])
+            ortho = stacked.unbind(0)
+        rows, cols = matrices[0].shape
         adjusted = lr * lr_shape_factor(group["adjust_lr_fn"], rows, cols)
         if wd != 0:
             torch._foreach_mul_(params, 1.0 - lr * wd)
-        ortho_list = [o.view(shape) for o in ortho.unbind(0)]
-        for p, o in zip(params, ortho_list):
-            p.add_(o, alpha=-adjusted)
+        for p, o in zip(params, ortho):
+            p.add_(o.reshape(shape), alpha=-adjusted)
         if track_stats:
-            rms, spec = matrix_update_stats(ortho)
+            rms, spec = matrix_update_stats(_stack_like_batched(ortho) if stacked is None else stacked)
             sq_sum += float((rms * adjusted).pow(2).sum()) * rows * cols
             count += rows * cols * len(params)
             spec_max = max(spec_max, float(spec.max()) * adjusted)
