@@ -184,7 +184,8 @@ def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_pat
                  id="warm-start-typo"),
     pytest.param(lambda s: s.update(warm_start={"vocab_size": 100}), r"warm_start.vocab_size: must be >= 261",
                  id="warm-start-range"),
-    pytest.param(lambda s: s.update(warm_start={"threads": 2}), r"warm_start.threads: set per model", id="warm-threads"),
+    pytest.param(lambda s: s.update(warm_start={"threads": 2}), r"warm_start.threads: set per model",
+                 id="warm-threads"),
     pytest.param(lambda s: s["models"]["m"].update(preset="gpt-tiny"), r"models.m.preset: 'gpt-tiny' is not a tiny",
                  id="preset"),
     pytest.param(lambda s: s["grid"][0].update(optimizer="sgd"), r"grid\[0\].optimizer: 'sgd' is not 'recipe'",
@@ -480,6 +481,7 @@ def test_dry_run_of_the_default_study_has_one_train_job_per_cell(scratch_repo):
     assert not (scratch_repo / "results").exists()
 
 
+@pytest.mark.slow
 def test_paper_study_uses_checkpoints_instead_of_a_warm_start(scratch_repo):
     r = snakemake(scratch_repo, "-n", "--cores", "all", "--configfile", "configs/paper.yaml")
     assert r.returncode != 0
@@ -528,6 +530,7 @@ def test_paths_are_rebased_from_the_repository_root_to_the_studys_workdir(tmp_pa
         cc.check_study(only_a, root=tmp_path / "studies" / "p")
 
 
+@pytest.mark.slow
 def test_a_study_with_a_workdir_and_a_checkpoint_writes_cells_that_find_it(tmp_path):
     """configs/companion-paper.yaml: repository-relative checkpoint and game paths, jobs in studies/companion-paper/.
     The cell config rule runs for real; the paths in cell.yaml must resolve from the folder the job runs in."""
@@ -544,6 +547,7 @@ def test_a_study_with_a_workdir_and_a_checkpoint_writes_cells_that_find_it(tmp_p
     assert (study / cell["env"]["options"]["data_dir"]).resolve() == (repo / "data" / "alfworld").resolve()
 
 
+@pytest.mark.slow
 def test_dry_run_of_the_companion_study(scratch_repo):
     r = snakemake(scratch_repo, "-n", "--cores", "all", "--configfile", "configs/companion.yaml")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -554,6 +558,7 @@ def test_dry_run_of_the_companion_study(scratch_repo):
     assert "figures/companion_bars.pdf" in out and "fig2" not in out
 
 
+@pytest.mark.slow
 def test_dry_run_of_the_stability_and_horizon_studies(scratch_repo):
     r = snakemake(scratch_repo, "-n", "--cores", "all", "--configfile", "configs/stability.yaml")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -574,6 +579,7 @@ def test_dry_run_of_the_stability_and_horizon_studies(scratch_repo):
     assert "figures/horizon.png" in out and "lr=" not in out and "minicpm-tiny" not in out
 
 
+@pytest.mark.slow
 def test_lint_passes(scratch_repo):
     r = snakemake(scratch_repo, "--lint")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -588,30 +594,39 @@ def _bad_study(edit) -> dict:
 
 @pytest.mark.parametrize("edit, named", [
     pytest.param(lambda s: s["grid"][0]["recipes"].append("fulll"), "grid[0].recipes: 'fulll' is not a recipe",
-                 id="recipe"),
-    pytest.param(lambda s: s["grid"][1].update(seeds=[0, -1]), "-1 is less than the minimum of 0", id="seed"),
+                 id="recipe", marks=pytest.mark.slow),
+    pytest.param(lambda s: s["grid"][1].update(seeds=[0, -1]), "-1 is less than the minimum of 0", id="seed",
+                 marks=pytest.mark.slow),
     pytest.param(lambda s: s["models"].update(big={"path": "checkpoints/nowhere"}),
-                 "models.big.path: 'checkpoints/nowhere'", id="model-path"),
+                 "models.big.path: 'checkpoints/nowhere'", id="model-path", marks=pytest.mark.slow),
     pytest.param(lambda s: s["cell"]["rl"].update(clip_hihg=0.3), "unknown config key 'cell.rl.clip_hihg'", id="typo"),
-    pytest.param(lambda s: s.update(grdi=[]), "'grdi' was unexpected", id="top-level-typo"),
+    pytest.param(lambda s: s.update(grdi=[]), "'grdi' was unexpected", id="top-level-typo", marks=pytest.mark.slow),
     pytest.param(lambda s: s["cell"]["run"].update(updates="ten"), "cell.run.updates: expected an integer, got 'ten'",
-                 id="type"),
-    pytest.param(lambda s: s["cell"]["run"].update(updates=0), "cell.run.updates: must be >= 1, got 0", id="range"),
-    pytest.param(lambda s: s["cell"]["rl"].update(tis_cap=3.0), "cell.rl.tis_cap: each cell sets it", id="recipe-key"),
+                 id="type", marks=pytest.mark.slow),
+    pytest.param(lambda s: s["cell"]["run"].update(updates=0), "cell.run.updates: must be >= 1, got 0", id="range",
+                 marks=pytest.mark.slow),
+    pytest.param(lambda s: s["cell"]["rl"].update(tis_cap=3.0), "cell.rl.tis_cap: each cell sets it", id="recipe-key",
+                 marks=pytest.mark.slow),
     pytest.param(lambda s: s["cell"]["env"]["options"].update(max_turnz=6),
-                 "cell.env.options: unknown config key 'env.options.max_turnz'", id="env-option-typo"),
+                 "cell.env.options: unknown config key 'env.options.max_turnz'", id="env-option-typo",
+                 marks=pytest.mark.slow),
     pytest.param(lambda s: s["cell"]["env"]["options"].update(max_turns="six"),
-                 "cell.env.options: env.options.max_turns: expected an integer, got 'six'", id="env-option-value"),
+                 "cell.env.options: env.options.max_turns: expected an integer, got 'six'", id="env-option-value",
+                 marks=pytest.mark.slow),
     pytest.param(lambda s: s["cell"]["rl"].update(group_size=3),
-                 "rollout.batch_size 4 is not a multiple of rl.group_size 3", id="trainer-cross-key"),
-    pytest.param(lambda s: s.update(study="companion"), "recipes ['full', 'no_length',", id="companion-recipes"),
+                 "rollout.batch_size 4 is not a multiple of rl.group_size 3", id="trainer-cross-key",
+                 marks=pytest.mark.slow),
+    pytest.param(lambda s: s.update(study="companion"), "recipes ['full', 'no_length',", id="companion-recipes",
+                 marks=pytest.mark.slow),
     pytest.param(lambda s: s.update(base="configs/nope.yaml"), "base: 'configs/nope.yaml' is not a study file",
-                 id="missing-base"),
-    pytest.param(lambda s: s.update(lr={"adma": 1e-3}), "'adma' was unexpected", id="lr-table-typo"),
+                 id="missing-base", marks=pytest.mark.slow),
+    pytest.param(lambda s: s.update(lr={"adma": 1e-3}), "'adma' was unexpected", id="lr-table-typo",
+                 marks=pytest.mark.slow),
     pytest.param(lambda s: s["grid"][0].update(lrs=[1e-3]), "grid[0].lrs: only a `study: stability` has an lr axis",
-                 id="lr-axis-in-main"),
+                 id="lr-axis-in-main", marks=pytest.mark.slow),
     pytest.param(lambda s: s["models"]["qwen-tiny"].update(env_options={"max_bugs": 9}),
-                 "cell.env.options with models.qwen-tiny.env_options: MiniRepoConfig", id="model-env-options"),
+                 "cell.env.options with models.qwen-tiny.env_options: MiniRepoConfig", id="model-env-options",
+                 marks=pytest.mark.slow),
 ])
 def test_bad_config_fails_before_any_job_with_the_key_named(scratch_repo, edit, named):
     study = scratch_repo / f"bad_{os.getpid()}_{time.monotonic_ns()}.yaml"
