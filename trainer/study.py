@@ -42,8 +42,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from trainer.config import (GROUP_ESTIMATORS, OFFLINE_STATS_FILE, RECIPES, ConfigError, OptimConfig, TrainConfig,
-                            build_config, check_bounds, config_from_dict, sft_config_from_dict)
+from trainer.config import (GROUP_ESTIMATORS, OFFLINE_STATS_FILE, RECIPES, ConfigError, EnvConfig, OptimConfig,
+                            TrainConfig, build_config, check_bounds, config_from_dict, sft_config_from_dict)
 from trainer.environments.suite import family_config
 from trainer.policy.tiny import TINY_PRESETS
 
@@ -416,7 +416,7 @@ def check_env_options(study: dict, root: str | Path) -> None:
     The schema leaves that block free-form (each family owns its keys), so the family's own config dataclass
     checks it, imported from the trainer at `root`: torch-free, so the DAG still needs no torch."""
     env = study.get("cell", {}).get("env", {})
-    name = env.get("name", "minirepo")  # trainer.config.EnvConfig's default
+    name = env.get("name", EnvConfig.name)
     for model, entry in study["models"].items():
         try:
             family_config(name, model_env_options(study, model))
