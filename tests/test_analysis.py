@@ -5,7 +5,10 @@ written in the workflow's Hive layout by the synthetic writer and by the trainer
 """
 from __future__ import annotations
 
+import inspect
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,17 +16,23 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import trainer.analysis
 from trainer.analysis import (DEFAULT_MODELS, CollapseCriterion, bootstrap_interval, detect_collapse, ema,
                               first_sustained, load_metrics, load_paper_numbers, paper_model, run_table, summarize,
                               summary_markdown, summary_table, window_size)
 from trainer.analysis.collapse import ema_by_run, judge
-from trainer.analysis.summary import native_optimizer
+from trainer.analysis.figures import EMA_SPAN
+from trainer.analysis.kinds import PAPER_NUMBERS, STUDY_KINDS
+from trainer.analysis.summary import BOOTSTRAP_SEED, WINDOW_FRACTION, native_optimizer
 from trainer.analysis.synthetic import cell_path, synthetic_metrics, write_metrics
 from trainer.config import FIGURE2_RECIPES, RECIPES
 from trainer.logs.parquet_log import METRIC_COLUMNS, MetricsLog
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def run_frame(success, **columns) -> pd.DataFrame:
@@ -461,3 +470,54 @@ def test_summarize_writes_the_three_outputs(tmp_path):
     assert "| minicpm-tiny | MiniCPM5-2B | full | muon | 2 |" in (out / "summary.md").read_text()
     assert any("qwen-tiny" in n for n in notes) and "4 runs" in notes[0]
     assert pq.read_schema(out / "runs.parquet").field("collapse_update").type == pa.int64()
+    # The paper's numbers are the file given: a copy with one value changed changes the table, nothing else.
+    numbers = tmp_path / "numbers.csv"
+    paper = pd.read_csv(PAPER_NUMBERS)
+    paper.loc[(paper["model"] == "MiniCPM5-2B") & (paper["recipe"] == "full"), "success_updates_90_100_pct"] = 12.5
+    paper.to_csv(numbers, index=False)
+    summarize(paths, base, out / "edited.csv", out / "edited.md", out / "edited.parquet", collapse={"warmup": 5},
+              numbers=numbers)
+    edited = pd.read_csv(out / "edited.csv")
+    full = edited["recipe"] == "full"
+    assert summary.loc[full, "paper_success_pct"].tolist() == [74.1]
+    assert edited.loc[full, "paper_success_pct"].tolist() == [12.5]
+    assert edited.loc[full, "diff_pct_points"].iloc[0] == pytest.approx(edited.loc[full, "success_pct_mean"].iloc[0]
+                                                                        - 12.5, abs=1e-3)
+    pd.testing.assert_frame_equal(edited.drop(columns=["paper_success_pct", "diff_pct_points"]),
+                                  summary.drop(columns=["paper_success_pct", "diff_pct_points"]))
+
+
+# -- the kinds of study ------------------------------------------------------------------------------------
+def test_the_workflow_reads_the_kinds_without_matplotlib():
+    """common.smk imports `trainer.analysis.kinds` while it builds the DAG: nothing heavy may come with it."""
+    code = ("import sys\nimport trainer.analysis.kinds\n"
+            "print(sorted(m for m in ('matplotlib', 'seaborn', 'pandas', 'pyarrow', 'torch') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_every_kind_of_study_matches_the_schema_and_its_functions():
+    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    assert sorted(STUDY_KINDS) == sorted(schema["properties"]["study"]["enum"])
+    for name, kind in STUDY_KINDS.items():
+        summarize_params = inspect.signature(getattr(trainer.analysis, kind.summarize)).parameters
+        plot_params = inspect.signature(getattr(trainer.analysis, kind.plot)).parameters
+        # what the scripts pass, by the record's flags, is what the functions take
+        assert ("numbers" in summarize_params) == ("numbers" in plot_params) == (kind.numbers is not None), name
+        assert ("horizons" in summarize_params) == kind.horizons, name
+        assert ("ema_span" in plot_params) == kind.ema_span, name
+        assert set(kind.extra_outputs) <= set(summarize_params), name
+        assert kind.numbers is None or kind.numbers.is_file()
+        assert {"collapse", "models", "window_fraction", "bootstrap_seed"} <= set(summarize_params)
+        assert {"models", "bootstrap_seed"} <= set(plot_params)
+
+
+def test_library_defaults_are_the_workflows():
+    """Calls without the analysis parameters get the schema's defaults (each a single constant in the package)."""
+    analysis = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())["properties"][
+        "analysis"]["properties"]
+    assert analysis["window_fraction"]["default"] == WINDOW_FRACTION
+    assert analysis["bootstrap_seed"]["default"] == BOOTSTRAP_SEED
+    assert analysis["ema_span"]["default"] == EMA_SPAN
+    assert CollapseCriterion.from_dict(analysis["collapse"]["default"]) == CollapseCriterion()

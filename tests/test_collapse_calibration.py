@@ -20,7 +20,7 @@ from trainer.analysis.calibration import (FPR_LEVELS, calibrate, criterion_of, e
                                           flag_rate, power, recommend, scenario_rng, simulate_success,
                                           success_drop_rows)
 from trainer.analysis.collapse import judge
-from trainer.analysis.companion import COMPANION_MODELS
+from trainer.analysis.kinds import COMPANION_MODELS, COMPANION_NUMBERS, DEFAULT_MODELS, PAPER_NUMBERS
 from trainer.analysis.summary import add_collapse_note, collapse_note, study_shape, write_collapse_note
 from trainer.analysis.synthetic import cell_path, companion_grid, synthetic_metrics, write_metrics
 
@@ -148,8 +148,10 @@ def test_summary_script_writes_the_false_positive_sentence(tmp_path):
     collapse = {"warmup": 5, "patience": 5}
     out = tmp_path / "results"
     outputs = SimpleNamespace(csv=str(out / "summary.csv"), md=str(out / "summary.md"), runs=str(out / "runs.parquet"))
-    params = {"base_dir": str(base), "collapse": collapse, "window_fraction": 0.1, "bootstrap_seed": 0}
-    smk = snakemake_object(SimpleNamespace(metrics=paths), outputs, params, tmp_path / "s.log")
+    params = {"study": "main", "base_dir": str(base), "collapse": collapse, "models": DEFAULT_MODELS,
+              "window_fraction": 0.1, "bootstrap_seed": 0}
+    smk = snakemake_object(SimpleNamespace(metrics=paths, paper_numbers=str(PAPER_NUMBERS)), outputs, params,
+                           tmp_path / "s.log")
     runpy.run_path(str(REPO / "workflow" / "scripts" / "summarize.py"), init_globals={"snakemake": smk})
     worst, _ = false_positive_rate(CollapseCriterion.from_dict(collapse), 8, 40)
     method = next(line for line in (out / "summary.md").read_text().splitlines() if "Collapse = " in line)
@@ -169,7 +171,8 @@ def test_companion_summary_script_writes_the_sentence_too(tmp_path):
     outputs = SimpleNamespace(csv=str(out / "summary.csv"), md=str(out / "summary.md"), runs=str(out / "runs.parquet"))
     params = {"study": "companion", "base_dir": str(base), "collapse": {"warmup": 2},
               "models": COMPANION_MODELS, "window_fraction": 0.2, "bootstrap_seed": 0}
-    smk = snakemake_object(SimpleNamespace(metrics=paths), outputs, params, tmp_path / "s.log")
+    smk = snakemake_object(SimpleNamespace(metrics=paths, paper_numbers=str(COMPANION_NUMBERS)), outputs, params,
+                           tmp_path / "s.log")
     runpy.run_path(str(REPO / "workflow" / "scripts" / "summarize.py"), init_globals={"snakemake": smk})
     worst, _ = false_positive_rate(CollapseCriterion(warmup=2), 16, 10)
     method = next(line for line in (out / "summary.md").read_text().splitlines() if "Collapse = " in line)

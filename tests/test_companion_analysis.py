@@ -96,7 +96,7 @@ def test_run_table_columns_by_hand_and_missing_grad_snr():
     assert muon["train_success_window"] == pytest.approx(0.5) and not muon["collapsed"]
     assert adam["update_rms_mean"] == pytest.approx(0.02) and adam["update_spectral_norm_mean"] == pytest.approx(0.9)
     assert math.isnan(adam["grad_snr_median"])  # b has no grad_snr values at all (NaN after the concat)
-    no_column = companion_run_table(run_rows({9: 0.5}))  # a log older than the statistic
+    no_column = companion_run_table(run_rows({9: 0.5}))  # a log without the column
     assert math.isnan(no_column["grad_snr_median"].iloc[0])
 
 
@@ -189,6 +189,23 @@ def grid(tmp_path_factory):
                            metrics=load_metrics(paths, base, COMPANION_COLUMNS))
 
 
+def test_the_numbers_given_are_the_numbers_compared(grid, tmp_path):
+    raw = pd.read_csv(COMPANION_NUMBERS)
+    raw.loc[(raw["advantage"] == "gigpo") & (raw["optimizer"] == "muon")
+            & (raw["metric"] == "final-window validation success"), "value"] = 0.125
+    raw.to_csv(tmp_path / "numbers.csv", index=False)
+    out = [tmp_path / n for n in ("summary.csv", "summary.md", "runs.parquet")]
+    summarize_companion(grid.paths, grid.base, *out, collapse={"warmup": 5}, numbers=tmp_path / "numbers.csv")
+    edited = pd.read_csv(out[0]).set_index(["recipe", "optimizer"])
+    original = grid.summary.set_index(["recipe", "optimizer"])
+    assert original.loc[("gigpo", "muon"), "companion_final_pct"] == pytest.approx(54.6)
+    assert edited.loc[("gigpo", "muon"), "companion_final_pct"] == pytest.approx(12.5)
+    changed = ["companion_final_pct", "final_diff_pp"]
+    pd.testing.assert_frame_equal(edited.drop(columns=changed).drop(index=[("gigpo", "muon")]),
+                                  original.drop(columns=changed).drop(index=[("gigpo", "muon")]))
+    assert "| 12.5 |" in out[1].read_text()
+
+
 def test_grid_summary_files_and_collapsed_control(grid):
     assert len(grid.runs) == 18 and len(grid.summary) == 9
     high = grid.runs[grid.runs["optimizer"] == "adam_high_lr"]
@@ -235,7 +252,7 @@ def test_diagnostics_panels_and_all_nan_grad_snr(grid, tmp_path):
     fig = figure_companion_diagnostics(grid.metrics, COMPANION_MODELS)
     assert len(fig.axes) == 12 and fig.axes[0].get_yscale() == "log"
     assert not any(t.get_text() == "not measured" for ax in fig.axes for t in ax.texts)
-    # An older log without grad_snr: the first row says so, the tables carry NaN, nothing fails.
+    # A log without grad_snr: the first row says so, the tables carry NaN, nothing fails.
     base = tmp_path / "cells"
     paths = companion_grid(base, MODEL, ["grpo", "gigpo"], ["adam", "muon"], [0], n_updates=10, grad_snr=False)
     metrics = load_metrics(paths, base, COMPANION_COLUMNS)
@@ -281,18 +298,20 @@ def test_scripts_run_as_snakemake_scripts(tmp_path):
               "window_fraction": 0.2, "bootstrap_seed": 0}
     out = tmp_path / "results"
     outputs = SimpleNamespace(csv=str(out / "summary.csv"), md=str(out / "summary.md"), runs=str(out / "runs.parquet"))
-    smk = snakemake_object(SimpleNamespace(metrics=paths), outputs, params, tmp_path / "logs" / "s.log")
+    numbers = str(COMPANION_NUMBERS)
+    smk = snakemake_object(SimpleNamespace(metrics=paths, paper_numbers=numbers), outputs, params,
+                           tmp_path / "logs" / "s.log")
     runpy.run_path(str(REPO / "workflow" / "scripts" / "summarize.py"), init_globals={"snakemake": smk})
     assert sorted(pd.read_csv(out / "summary.csv")["optimizer"]) == ["adam", "muon"]
     assert "no runs of estimator(s) grpo, graphgpo" in (tmp_path / "logs" / "s.log").read_text()
     figures = [str(tmp_path / "figures" / f"{n}.{e}") for n in COMPANION_FIGURES for e in ("png", "pdf")]
-    smk = snakemake_object(SimpleNamespace(metrics=paths, runs=outputs.runs), figures, params,
+    smk = snakemake_object(SimpleNamespace(metrics=paths, runs=outputs.runs, paper_numbers=numbers), figures, params,
                            tmp_path / "logs" / "p.log")
     runpy.run_path(str(REPO / "workflow" / "scripts" / "plot_figures.py"), init_globals={"snakemake": smk})
     assert all(Path(f).stat().st_size > 0 for f in figures)
     assert "wrote" in (tmp_path / "logs" / "p.log").read_text()
     # A failure is logged with its traceback, then raised.
-    smk = snakemake_object(SimpleNamespace(metrics=[]), outputs, {"study": "companion", "base_dir": str(base)},
+    smk = snakemake_object(SimpleNamespace(metrics=[], paper_numbers=numbers), outputs, params,
                            tmp_path / "logs" / "f.log")
     with pytest.raises(ValueError, match="no metrics files"):
         runpy.run_path(str(REPO / "workflow" / "scripts" / "summarize.py"), init_globals={"snakemake": smk})

@@ -19,7 +19,9 @@ from matplotlib.colors import to_hex
 
 from trainer.analysis import (CollapseCriterion, add_ema, draw_figure, ema, load_metrics, load_paper_numbers, run_table,
                               save_figure, write_figures)
-from trainer.analysis.figures import FIGURES, FULL_BAR, figure_bars, figure_family, recipe_label
+from trainer.analysis.figures import FIGURES, FULL_BAR, figure_bars, figure_family
+from trainer.analysis.kinds import PAPER_NUMBERS, STUDY_KINDS
+from trainer.analysis.plotting import recipe_label
 from trainer.analysis.synthetic import cell_path, synthetic_grid, synthetic_metrics, write_metrics
 from trainer.config import FIGURE2_RECIPES as RECIPES  # the main figures draw these
 
@@ -169,20 +171,27 @@ def test_scripts_run_as_snakemake_scripts_on_a_smoke_grid(tmp_path):
     rng = np.random.default_rng(0)
     paths = [str(write_metrics(cell_path(base, "minicpm-tiny", r, o, 0), synthetic_metrics(6, 0.5, rng)))
              for r, o in [("spo_adam", "adam"), ("full", "muon")]]
-    params = {"base_dir": str(base), "collapse": {"warmup": 2}, "models": MODELS, "window_fraction": 0.1,
-              "bootstrap_seed": 0}
+    params = {"study": "main", "base_dir": str(base), "collapse": {"warmup": 2}, "models": MODELS,
+              "window_fraction": 0.1, "bootstrap_seed": 0}
+    # The rule's declared numbers are the ones compared with: here a copy with the full recipe's value changed.
+    numbers = tmp_path / "numbers.csv"
+    paper = pd.read_csv(PAPER_NUMBERS)
+    paper.loc[(paper["model"] == "MiniCPM5-2B") & (paper["recipe"] == "full"), "success_updates_90_100_pct"] = 12.5
+    paper.to_csv(numbers, index=False)
     out = tmp_path / "results"
     summary_outputs = SimpleNamespace(csv=str(out / "summary.csv"), md=str(out / "summary.md"),
                                       runs=str(out / "runs.parquet"))
-    smk = snakemake_object(SimpleNamespace(metrics=paths), summary_outputs, params, tmp_path / "logs" / "s.log")
+    smk = snakemake_object(SimpleNamespace(metrics=paths, paper_numbers=str(numbers)), summary_outputs, params,
+                           tmp_path / "logs" / "s.log")
     runpy.run_path(str(REPO / "workflow" / "scripts" / "summarize.py"), init_globals={"snakemake": smk})
     summary = pd.read_csv(out / "summary.csv")
     assert sorted(summary["recipe"]) == ["full", "spo_adam"]
+    assert summary.set_index("recipe").loc["full", "paper_success_pct"] == 12.5
     assert "no runs of model(s) qwen-tiny" in (tmp_path / "logs" / "s.log").read_text()
 
     figures = [str(tmp_path / "figures" / f"{n}.{e}") for n in FIGURES for e in ("png", "pdf")]
-    smk = snakemake_object(SimpleNamespace(metrics=paths, runs=str(out / "runs.parquet")), figures,
-                           {**params, "ema_span": 5}, tmp_path / "logs" / "p.log")
+    smk = snakemake_object(SimpleNamespace(metrics=paths, runs=str(out / "runs.parquet"), paper_numbers=str(numbers)),
+                           figures, {**params, "ema_span": 5}, tmp_path / "logs" / "p.log")
     runpy.run_path(str(REPO / "workflow" / "scripts" / "plot_figures.py"), init_globals={"snakemake": smk})
     assert all(Path(f).stat().st_size > 0 for f in figures)
     log = (tmp_path / "logs" / "p.log").read_text()
@@ -190,8 +199,10 @@ def test_scripts_run_as_snakemake_scripts_on_a_smoke_grid(tmp_path):
 
 
 def test_script_failure_is_logged(tmp_path):
-    smk = snakemake_object(SimpleNamespace(metrics=[]), SimpleNamespace(csv="a", md="b", runs="c"),
-                           {"base_dir": str(tmp_path)}, tmp_path / "s.log")
+    params = {"study": "main", "base_dir": str(tmp_path), "collapse": {}, "models": MODELS, "window_fraction": 0.1,
+              "bootstrap_seed": 0}
+    smk = snakemake_object(SimpleNamespace(metrics=[], paper_numbers=str(PAPER_NUMBERS)),
+                           SimpleNamespace(csv="a", md="b", runs="c"), params, tmp_path / "s.log")
     with pytest.raises(ValueError, match="no metrics files"):
         runpy.run_path(str(REPO / "workflow" / "scripts" / "summarize.py"), init_globals={"snakemake": smk})
     assert "no metrics files" in (tmp_path / "s.log").read_text()
@@ -202,5 +213,6 @@ def test_scripts_have_no_future_import_and_captions_exist():
     for script in ("summarize.py", "plot_figures.py"):
         text = (REPO / "workflow" / "scripts" / script).read_text()
         assert not re.search(r"^from __future__ import", text, re.MULTILINE)
-    for name in (*FIGURES, "summary"):
-        assert len((REPO / "workflow" / "report" / f"{name}.rst").read_text().strip()) > 100
+    for kind in STUDY_KINDS.values():
+        for name in (*kind.figures, kind.summary_caption):
+            assert len((REPO / "workflow" / "report" / f"{name}.rst").read_text().strip()) > 100, name

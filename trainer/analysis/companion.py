@@ -30,19 +30,19 @@ Choices and why:
   runs' medians). The trainer's estimate (trainer/update.py `gradient_snr`) is unbiased, so it is near 0 and
   often negative when the per-episode gradients agree no more than noise, and it swings by orders of magnitude
   from update to update: a mean would be decided by a few updates, a geometric mean is undefined. NaN (not
-  measured) and +-inf are left out. A log without the column (from a trainer older than the statistic) reads
-  as all-NaN.
+  measured) and +-inf are left out. A log without the column reads as all-NaN.
   update_rms and update_spectral_norm use arithmetic means over the run's finite values: they vary little,
   and this is the main study's convention.
 * **Percent**, as in the main summary. The summary table is in percent, AUC included (it is a time-averaged
   success). The companion's fractions are multiplied by 100, and the differences (ours - theirs) are in
   percentage points. The per-run table keeps the trainer's fractions.
-* **The companion's numbers** ship with the package as `companion_numbers.csv`, a verbatim copy of the
-  reference table with every row kept. Two of its metrics are compared: "final-window validation success" and
-  "normalized validation AUC". Its optimizer names adamw / adamw_high_lr are our adam / adam_high_lr. Numbers
-  are matched on the paper model name (`models` maps our tiny stand-in to it), the estimator and the
-  optimizer. The companion ran ALFWorld with Qwen2.5-0.5B-Instruct; a tiny stand-in on the text game will
-  differ from it, so a difference measures how far the result transfers, not an error.
+* **The companion's numbers** ship with the package as `companion_numbers.csv`, every row the companion
+  reports; the workflow passes the file as the rules' declared input. Two of its metrics are compared:
+  "final-window validation success" and "normalized validation AUC". Its optimizer names adamw /
+  adamw_high_lr are our adam / adam_high_lr. Numbers are matched on the paper model name (`models` maps our
+  tiny stand-in to it), the estimator and the optimizer. The companion ran ALFWorld with
+  Qwen2.5-0.5B-Instruct; a tiny stand-in on the text game will differ from it, so a difference measures how far
+  the result transfers, not an error.
 * **Intervals** are `bootstrap_interval` over a cell's evaluated seeds, with the same seed for every cell. The
   bar figure draws the summary table's own numbers, so the figure and the table cannot disagree.
 * **Figures**. `companion_curves` has one panel per estimator (one row per model family): for each optimizer,
@@ -54,15 +54,13 @@ Choices and why:
   norm and grad norm, and one column per estimator: the median over seeds per update, with the seed range
   (min..max) shaded. A row is on a log scale when all its values are positive (grad_snr otherwise on a
   symmetric log scale, linear within +-0.01), and a panel with no finite value says "not measured". Colours
-  are fixed: Muon blue, AdamW orange, AdamW at Muon's lr purple, collapse red. Each optimizer also has its own
-  line style, so the curves read in grey too.
+  and line styles per optimizer: `plotting`.
 """
 from __future__ import annotations
 
 import math
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import matplotlib
@@ -71,31 +69,26 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
-from matplotlib.ticker import LogLocator, NullFormatter
 
 from trainer.analysis.collapse import CollapseCriterion
-from trainer.analysis.figures import (ADAM, COLLAPSE, COLLAPSE_HANDLE, DIAGNOSTICS, MODEL_STYLES, MUON, MUTED,
-                                      PLAIN, STYLE, _curve_axes, _empty, _grid, _label_outer, _legend, _lines,
-                                      _mark_collapses, check_same_runs, family_title, outputs_by_figure,
-                                      save_figure)
+from trainer.analysis.figures import DIAGNOSTICS
+from trainer.analysis.kinds import COMPANION, COMPANION_MODELS, COMPANION_NUMBERS
 from trainer.analysis.logs import RUN_KEYS, check_no_lr_axis, load_metrics
-from trainer.analysis.summary import (CELL_KEYS, _pct, bootstrap_interval, ordered, run_bounds, run_table,
+from trainer.analysis.plotting import (COLLAPSE_HANDLE, COLLAPSED_SEED_HANDLE, LINE_STYLES, MUTED,
+                                       OPTIMIZER_COLORS, OPTIMIZER_LABELS, OPTIMIZER_STYLES, SEED_HANDLE, STYLE,
+                                       curve_axes, empty, error_bars, family_handles, family_title, grid,
+                                       label_outer, legend, lines, log_y, mark_collapses, median_band,
+                                       outputs_by_figure, save_figures, seed_dots, suptitle)
+from trainer.analysis.summary import (BOOTSTRAP_SEED, CELL_KEYS, WINDOW_FRACTION, check_same_runs, ci_text,
+                                      collapsed_text, markdown_head, ordered, pct, read_numbers, run_bounds,
+                                      run_table, seed_stats, sort_rows, summary_notes, table_head, table_row,
                                       window_size, write_tables)
 
 ESTIMATORS: tuple[str, ...] = ("grpo", "gigpo", "graphgpo")
 """The companion's advantage estimators (the `recipe` key), in its order."""
 ESTIMATOR_LABELS = {"grpo": "GRPO", "gigpo": "GiGPO", "graphgpo": "GraphGPO"}
 OPTIMIZERS: tuple[str, ...] = ("adam", "muon", "adam_high_lr")
-OPTIMIZER_LABELS = {"adam": "AdamW", "muon": "Muon", "adam_high_lr": "AdamW at Muon's lr"}
-HIGH_LR = "#8e4fb5"
-OPTIMIZER_COLORS = {"adam": ADAM, "muon": MUON, "adam_high_lr": HIGH_LR}
-OPTIMIZER_STYLES = {"adam": "--", "muon": "-", "adam_high_lr": "-."}
 
-COMPANION_MODELS: dict[str, str] = {"qwen2.5-tiny": "Qwen2.5-0.5B-Instruct"}
-"""Embedded stand-in -> the companion's model (the default `models`)."""
-
-COMPANION_NUMBERS = Path(__file__).with_name("companion_numbers.csv")
-"""The companion's reported values, shipped with the package (users do not have the reference folder)."""
 NUMBER_OPTIMIZERS = {"adamw": "adam", "muon": "muon", "adamw_high_lr": "adam_high_lr"}
 NUMBER_METRICS = {"final-window validation success": "final", "normalized validation AUC": "auc"}
 """The companion's metric names -> the summary's column prefixes; its other metrics are not compared."""
@@ -110,15 +103,15 @@ DIAGNOSTIC_ROWS: tuple[tuple[str, str], ...] = (
     ("grad_snr", "Gradient SNR"), *((c, _TITLES[c]) for c in ("update_rms", "update_spectral_norm", "grad_norm")))
 """(column, title) of the diagnostics figure's rows; titles shared with the main diagnostics figure."""
 
-COMPANION_FIGURES: tuple[str, ...] = ("companion_curves", "companion_bars", "companion_diagnostics")
+COMPANION_FIGURES: tuple[str, ...] = tuple(COMPANION.figures)
 BAR_PANELS: tuple[tuple[str, str], ...] = (("final", "Final-window validation success (%)"),
                                            ("auc", "Normalised validation AUC (%)"))
 
 
 # -- reading and checking ----------------------------------------------------------------------------------
 def with_grad_snr(metrics: pd.DataFrame) -> pd.DataFrame:
-    """`metrics` with an all-NaN `grad_snr` column when it has none. `load_metrics` already reads a log older than
-    the SNR statistic as null; this covers a table built another way."""
+    """`metrics` with an all-NaN `grad_snr` column when it has none. `load_metrics` already reads a log without
+    the column as null; this covers a table built another way."""
     return metrics if "grad_snr" in metrics.columns else metrics.assign(grad_snr=np.nan)
 
 
@@ -139,12 +132,8 @@ def check_companion(frame: pd.DataFrame, required: Sequence[str] = REQUIRED_COLU
 def sort_companion(frame: pd.DataFrame, models: Mapping[str, str] | None = None,
                    extra: Sequence[str] = ()) -> pd.DataFrame:
     """Rows in reading order: models as in `models`, then the estimator order, the optimizer order and `extra`."""
-    rank = {"model": {m: i for i, m in enumerate(ordered(frame["model"], list(models or {})))},
-            "recipe": {e: i for i, e in enumerate(ESTIMATORS)}, "optimizer": {o: i for i, o in enumerate(OPTIMIZERS)}}
-    key = pd.DataFrame({column: frame[column].map(order) for column, order in rank.items()}, index=frame.index)
-    for column in extra:
-        key[column] = frame[column]
-    return frame.loc[key.sort_values(list(key.columns), kind="stable").index].reset_index(drop=True)
+    return sort_rows(frame, {"model": ordered(frame["model"], list(models or {})), "recipe": ESTIMATORS,
+                             "optimizer": OPTIMIZERS}, extra)
 
 
 # -- definitions -------------------------------------------------------------------------------------------
@@ -154,7 +143,7 @@ def validation_curve(run: pd.DataFrame) -> pd.DataFrame:
     return curve.sort_values("update", kind="stable", ignore_index=True)
 
 
-def final_window_success(run: pd.DataFrame, window_fraction: float = 0.1) -> float:
+def final_window_success(run: pd.DataFrame, window_fraction: float = WINDOW_FRACTION) -> float:
     """Mean validation success of the evaluations in the run's final window; the last evaluation if the window
     holds none; NaN if the run was never evaluated."""
     updates = np.sort(run["update"].to_numpy())
@@ -191,7 +180,8 @@ def finite_mean(values: Sequence[float] | np.ndarray) -> float:
 
 # -- tables ------------------------------------------------------------------------------------------------
 def companion_run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | None = None,
-                        window_fraction: float = 0.1, models: Mapping[str, str] | None = None) -> pd.DataFrame:
+                        window_fraction: float = WINDOW_FRACTION,
+                        models: Mapping[str, str] | None = None) -> pd.DataFrame:
     """One row per run (fractions), as below.
 
     The columns are the run keys, `paper_model`, `n_updates`, `window_first` and `window_last`,
@@ -223,11 +213,8 @@ def companion_run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | No
 def load_companion_numbers(path: str | os.PathLike = COMPANION_NUMBERS) -> pd.DataFrame:
     """The companion's compared numbers in our names: model (paper name), recipe, optimizer, metric ("final" or
     "auc"), value (fraction), source_note. The file's other metrics are left out here."""
-    table = pd.read_csv(path)
-    needed = ["model", "advantage", "optimizer", "metric", "value", "source_note"]
-    missing = [c for c in needed if c not in table.columns]
-    if missing:
-        raise ValueError(f"{path}: companion numbers lack column(s) {missing}")
+    table = read_numbers(path, ["model", "advantage", "optimizer", "metric", "value", "source_note"],
+                         "companion numbers")
     table = table[table["metric"].isin(list(NUMBER_METRICS))]
     unknown = sorted(set(table["optimizer"]) - set(NUMBER_OPTIMIZERS))
     if unknown:
@@ -241,7 +228,8 @@ def load_companion_numbers(path: str | os.PathLike = COMPANION_NUMBERS) -> pd.Da
     return numbers
 
 
-def companion_summary_table(runs: pd.DataFrame, numbers: pd.DataFrame | None = None, bootstrap_seed: int = 0,
+def companion_summary_table(runs: pd.DataFrame, numbers: pd.DataFrame | None = None,
+                            bootstrap_seed: int = BOOTSTRAP_SEED,
                             models: Mapping[str, str] | None = None, level: float = 0.95) -> pd.DataFrame:
     """One row per model x estimator x optimizer (percent): for final-window success (`final_`) and AUC (`auc_`)
     the mean over evaluated seeds, its bootstrap interval, the companion's number and our difference; plus
@@ -257,9 +245,7 @@ def companion_summary_table(runs: pd.DataFrame, numbers: pd.DataFrame | None = N
                                "n_evaluated": int(cell["final_window_success"].notna().sum())}
         sources = []
         for metric, column in (("final", "final_window_success"), ("auc", "val_auc")):
-            values = 100 * cell[column].dropna().to_numpy(dtype=float)
-            low, high = bootstrap_interval(values, bootstrap_seed, level=level)
-            ours = float(values.mean()) if len(values) else math.nan
+            ours, low, high = seed_stats(cell, column, bootstrap_seed, level)
             key = (name, recipe, optimizer, metric)
             companion = 100 * float(theirs.loc[key, "value"]) if key in theirs.index else math.nan
             if key in theirs.index:
@@ -305,11 +291,8 @@ def companion_coverage_notes(runs: pd.DataFrame, numbers: pd.DataFrame | None = 
     return notes
 
 
-def _ci(low: float, high: float) -> str:
-    return "n/a" if not np.isfinite(low) else f"[{low:.1f}, {high:.1f}]"
-
-
-def companion_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_fraction: float = 0.1) -> str:
+def companion_markdown(summary: pd.DataFrame, notes: Sequence[str] = (),
+                       window_fraction: float = WINDOW_FRACTION) -> str:
     """The companion summary as a Markdown page: method, coverage notes, one table row per cell."""
     method = (f"Final = mean validation success (`eval_success`) over the evaluations in the last "
               f"{window_fraction:.0%} of each run's updates (the last evaluation if none falls there); AUC = "
@@ -320,22 +303,19 @@ def companion_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_
               "reports none). Train = training success over the same window. SNR = median of `grad_snr` over "
               "updates (mean over seeds). Collapse = the rule in `trainer/analysis/collapse.py`, on training "
               "success.")
-    lines = ["# Validation success, ours beside Ruan et al. (When Does Muon Help Agentic RL?)", "", method, ""]
-    lines += [f"- {note}" for note in notes]
-    if notes:
-        lines.append("")
-    header = ["model", "paper model", "estimator", "optimizer", "seeds", "final %", "95% CI", "companion %",
-              "diff (pp)", "AUC %", "95% CI", "companion %", "diff (pp)", "train %", "collapsed", "SNR"]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = markdown_head("Validation success, ours beside Ruan et al. (When Does Muon Help Agentic RL?)", method,
+                          notes)
+    lines += table_head(["model", "paper model", "estimator", "optimizer", "seeds", "final %", "95% CI",
+                         "companion %", "diff (pp)", "AUC %", "95% CI", "companion %", "diff (pp)", "train %",
+                         "collapsed", "SNR"])
     for row in summary.itertuples(index=False):
-        collapsed = f"{row.n_collapsed}/{row.n_seeds}" + (f" (seeds {row.collapsed_seeds})" if row.n_collapsed else "")
-        cells = [row.model, row.paper_model, ESTIMATOR_LABELS[row.recipe], OPTIMIZER_LABELS[row.optimizer],
-                 str(row.n_seeds), _pct(row.final_pct_mean), _ci(row.final_pct_ci_low, row.final_pct_ci_high),
-                 _pct(row.companion_final_pct), _pct(row.final_diff_pp), _pct(row.auc_pct_mean),
-                 _ci(row.auc_pct_ci_low, row.auc_pct_ci_high), _pct(row.companion_auc_pct), _pct(row.auc_diff_pp),
-                 _pct(row.train_pct_mean), collapsed,
-                 "–" if not np.isfinite(row.grad_snr_median) else f"{row.grad_snr_median:.3g}"]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(table_row([
+            row.model, row.paper_model, ESTIMATOR_LABELS[row.recipe], OPTIMIZER_LABELS[row.optimizer],
+            str(row.n_seeds), pct(row.final_pct_mean), ci_text(row.final_pct_ci_low, row.final_pct_ci_high),
+            pct(row.companion_final_pct), pct(row.final_diff_pp), pct(row.auc_pct_mean),
+            ci_text(row.auc_pct_ci_low, row.auc_pct_ci_high), pct(row.companion_auc_pct), pct(row.auc_diff_pp),
+            pct(row.train_pct_mean), collapsed_text(row),
+            "–" if not np.isfinite(row.grad_snr_median) else f"{row.grad_snr_median:.3g}"]))
     return "\n".join(lines) + "\n"
 
 
@@ -346,24 +326,20 @@ def _layout(runs: pd.DataFrame, models: Mapping[str, str] | None) -> tuple[list[
             [o for o in OPTIMIZERS if o in set(runs["optimizer"])])
 
 
-def _suptitle(fig: Figure, text: str) -> None:
-    fig.suptitle(text, fontsize=12, y=1 - 0.15 / fig.get_figheight())
-
-
 def figure_companion_curves(metrics: pd.DataFrame, runs: pd.DataFrame,
                             models: Mapping[str, str] | None = None) -> Figure:
     """Validation success over updates, one panel per estimator (a row per model family): seeds thin, mean bold,
     collapse points red."""
     evaluated = metrics[metrics["eval_success"].notna()].sort_values([*RUN_KEYS, "update"], kind="stable")
     if evaluated.empty:
-        return _empty("companion curves: no run in these logs was evaluated (no eval_success)")
+        return empty("companion curves: no run in these logs was evaluated (no eval_success)")
     model_list, estimators, optimizers = _layout(runs, models)
     curves = {key: np.column_stack([evaluated["update"].to_numpy(dtype=float)[a:b],
                                     100 * evaluated["eval_success"].to_numpy(dtype=float)[a:b]])
               for key, a, b in run_bounds(evaluated.reset_index(drop=True))}
     with matplotlib.rc_context(STYLE):
-        fig, axes = _grid(len(model_list), len(estimators), (3.3, 2.5), (0.75, 0.15, 0.7, 1.0), (0.25, 0.55),
-                          sharex=True, sharey=True)
+        fig, axes = grid(len(model_list), len(estimators), (3.3, 2.5), (0.75, 0.15, 0.7, 1.0), (0.25, 0.55),
+                         sharex=True, sharey=True)
         marked = False
         for i, model in enumerate(model_list):
             for j, estimator in enumerate(estimators):
@@ -375,7 +351,7 @@ def figure_companion_curves(metrics: pd.DataFrame, runs: pd.DataFrame,
                     if not mine:
                         continue
                     color, style = OPTIMIZER_COLORS[optimizer], OPTIMIZER_STYLES[optimizer]
-                    _lines(ax, list(mine.values()), 1, colors=color, linewidths=0.8, alpha=0.3, linestyles=style)
+                    lines(ax, list(mine.values()), 1, colors=color, linewidths=0.8, alpha=0.3, linestyles=style)
                     stacked = np.concatenate(list(mine.values()))
                     mean = pd.Series(stacked[:, 1]).groupby(stacked[:, 0]).mean()
                     ax.plot(mean.index, mean.to_numpy(), color=color, ls=style, lw=2.0, alpha=0.95)
@@ -384,19 +360,19 @@ def figure_companion_curves(metrics: pd.DataFrame, runs: pd.DataFrame,
                     at = [(int(u), float(np.interp(u, mine[k][:, 0], mine[k][:, 1])))
                           for k, u in zip(hits[list(RUN_KEYS)].itertuples(index=False, name=None),
                                           hits["collapse_update"]) if k in mine]
-                    # _mark_collapses draws at (update, ema_pct); here the height is the validation curve's.
-                    marked |= _mark_collapses(ax, pd.DataFrame(at, columns=["update", "ema_pct"])) > 0
-                _curve_axes(ax, float(metrics["update"].max()))
+                    # mark_collapses draws at (update, ema_pct); here the height is the validation curve's.
+                    marked |= mark_collapses(ax, pd.DataFrame(at, columns=["update", "ema_pct"])) > 0
+                curve_axes(ax, float(metrics["update"].max()))
         for ax in axes[::len(estimators)]:
             ax.set_ylabel("Validation success (%)")
-        _label_outer(axes, len(estimators))
-        _suptitle(fig, "Validation success over updates" + (f": {family_title(model_list[0], models)}"
-                                                            if len(model_list) == 1 else ""))
+        label_outer(axes, len(estimators))
+        suptitle(fig, "Validation success over updates" + (f": {family_title(model_list[0], models)}"
+                                                           if len(model_list) == 1 else ""))
         handles = [Line2D([], [], color=OPTIMIZER_COLORS[o], ls=OPTIMIZER_STYLES[o], lw=2, label=OPTIMIZER_LABELS[o])
                    for o in optimizers]
         handles += [Line2D([], [], color=MUTED, lw=0.8, alpha=0.4, label="one seed"),
                     Line2D([], [], color=MUTED, lw=2, label="mean over seeds")]
-        _legend(fig, handles + ([COLLAPSE_HANDLE] if marked else []))
+        legend(fig, handles + ([COLLAPSE_HANDLE] if marked else []))
     return fig
 
 
@@ -411,7 +387,7 @@ def figure_companion_bars(runs: pd.DataFrame, summary: pd.DataFrame,
     model_list, estimators, optimizers = _layout(runs, models)
     slot = 0.8 / len(optimizers)
     with matplotlib.rc_context(STYLE):
-        fig, axes = _grid(len(model_list), 2, (4.4, 2.8), (0.75, 0.15, 0.7, 1.0), (0.6, 0.75), sharey=True)
+        fig, axes = grid(len(model_list), 2, (4.4, 2.8), (0.75, 0.15, 0.7, 1.0), (0.6, 0.75), sharey=True)
         x0 = np.arange(len(estimators), dtype=float)
         collapsed_seen = False
         for i, model in enumerate(model_list):
@@ -424,10 +400,8 @@ def figure_companion_bars(runs: pd.DataFrame, summary: pd.DataFrame,
                     means = cells[f"{metric}_pct_mean"].to_numpy(dtype=float)
                     ax.bar(center, means, width=0.62 * slot, color=OPTIMIZER_COLORS[optimizer], alpha=0.75,
                            edgecolor="#4d4d4d", linewidth=0.6, label=OPTIMIZER_LABELS[optimizer])
-                    low, high = cells[f"{metric}_pct_ci_low"].to_numpy(), cells[f"{metric}_pct_ci_high"].to_numpy()
-                    ok = np.isfinite(low)
-                    ax.errorbar(center[ok], means[ok], yerr=[means[ok] - low[ok], high[ok] - means[ok]], fmt="none",
-                                ecolor="black", elinewidth=1.0, capsize=2.5, zorder=4)
+                    error_bars(ax, center, means, cells[f"{metric}_pct_ci_low"].to_numpy(),
+                               cells[f"{metric}_pct_ci_high"].to_numpy())
                     for k, estimator in enumerate(estimators):
                         cell = runs[(runs["model"] == model) & (runs["recipe"] == estimator)
                                     & (runs["optimizer"] == optimizer)].sort_values("seed")
@@ -435,8 +409,7 @@ def figure_companion_bars(runs: pd.DataFrame, summary: pd.DataFrame,
                         dead = cell["collapsed"].to_numpy(dtype=bool)
                         collapsed_seen |= bool(dead.any())
                         jitter = np.linspace(-0.18, 0.18, len(seeds)) * slot if len(seeds) > 1 else np.zeros(len(seeds))
-                        ax.scatter(center[k] + jitter, seeds, s=np.where(dead, 16, 11),
-                                   color=np.where(dead, COLLAPSE, "#222222"), zorder=5, linewidth=0)
+                        seed_dots(ax, center[k] + jitter, seeds, dead)
                     theirs = cells[f"companion_{metric}_pct"].to_numpy(dtype=float)
                     has = np.isfinite(theirs)
                     ax.plot(center[has] + 0.45 * slot, theirs[has], ls="", marker="D", markerfacecolor="white",
@@ -446,15 +419,14 @@ def figure_companion_bars(runs: pd.DataFrame, summary: pd.DataFrame,
                 ax.set_title(title + (f" · {family_title(model, models)}" if len(model_list) > 1 else ""),
                              fontsize=10)
                 ax.grid(axis="x", visible=False)
-        _suptitle(fig, "Validation success by estimator and optimizer" + (
+        suptitle(fig, "Validation success by estimator and optimizer" + (
             f": {family_title(model_list[0], models)}" if len(model_list) == 1 else ""))
         handles = [Patch(facecolor=OPTIMIZER_COLORS[o], alpha=0.75, edgecolor="#4d4d4d",
                          label=OPTIMIZER_LABELS[o]) for o in optimizers]
-        handles += [Line2D([], [], color="black", lw=1.0, label="mean, 95% bootstrap CI"),
-                    Line2D([], [], marker="o", ls="", color="#222222", markersize=4, label="one seed")]
+        handles += [Line2D([], [], color="black", lw=1.0, label="mean, 95% bootstrap CI"), SEED_HANDLE]
         if collapsed_seen:
-            handles.append(Line2D([], [], marker="o", ls="", color=COLLAPSE, markersize=4, label="collapsed seed"))
-        _legend(fig, [*handles, COMPANION_HANDLE], ncol=4)
+            handles.append(COLLAPSED_SEED_HANDLE)
+        legend(fig, [*handles, COMPANION_HANDLE], ncol=4)
     return fig
 
 
@@ -478,8 +450,8 @@ def figure_companion_diagnostics(metrics: pd.DataFrame, models: Mapping[str, str
     ranges = diagnostic_ranges(metrics, columns)
     model_list, estimators, optimizers = _layout(metrics, models)
     with matplotlib.rc_context(STYLE):
-        fig, axes = _grid(len(DIAGNOSTIC_ROWS), len(estimators), (3.2, 1.9), (0.85, 0.15, 0.7, 1.0), (0.3, 0.35),
-                          sharex=True, sharey="row")
+        fig, axes = grid(len(DIAGNOSTIC_ROWS), len(estimators), (3.2, 1.9), (0.85, 0.15, 0.7, 1.0), (0.3, 0.35),
+                         sharex=True, sharey="row")
         for r, (column, title) in enumerate(DIAGNOSTIC_ROWS):
             row = axes[r * len(estimators):(r + 1) * len(estimators)]
             for ax, estimator in zip(row, estimators):
@@ -488,15 +460,8 @@ def figure_companion_diagnostics(metrics: pd.DataFrame, models: Mapping[str, str
                     for optimizer in optimizers:
                         q = ranges[(ranges["model"] == model) & (ranges["recipe"] == estimator)
                                    & (ranges["optimizer"] == optimizer)]
-                        ok = q[f"{column}_median"].notna().to_numpy()
-                        if not ok.any():
-                            continue
-                        color = OPTIMIZER_COLORS[optimizer]
-                        ax.fill_between(q["update"][ok], q[f"{column}_min"][ok], q[f"{column}_max"][ok],
-                                        color=color, alpha=0.15, linewidth=0)
-                        ax.plot(q["update"][ok], q[f"{column}_median"][ok], color=color, lw=1.5,
-                                ls=MODEL_STYLES[m % len(MODEL_STYLES)])
-                        drawn = True
+                        drawn |= median_band(ax, q, column, ("min", "median", "max"), OPTIMIZER_COLORS[optimizer],
+                                             LINE_STYLES[m % len(LINE_STYLES)])
                 if not drawn:
                     ax.text(0.5, 0.5, "not measured", transform=ax.transAxes, ha="center", va="center",
                             color="#777777")
@@ -505,27 +470,23 @@ def figure_companion_diagnostics(metrics: pd.DataFrame, models: Mapping[str, str
             row[0].set_ylabel(title, fontsize=9)
             finite = ranges[f"{column}_min"].dropna()
             if len(finite) and (finite > 0).all():
-                row[0].set_yscale("log")  # shared along the row
-                row[0].yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-                row[0].yaxis.set_major_formatter(PLAIN)
-                row[0].yaxis.set_minor_formatter(NullFormatter())
+                log_y(row[0])  # shared along the row
             elif len(finite) and column == "grad_snr":  # the unbiased SNR estimate dips below 0 in noise
                 row[0].set_yscale("symlog", linthresh=0.01)
                 for ax in row:
                     ax.axhline(0.0, color="#999999", lw=0.6)
-        _label_outer(axes, len(estimators))
-        _suptitle(fig, "Optimizer diagnostics: median over seeds per update, seed range shaded")
+        label_outer(axes, len(estimators))
+        suptitle(fig, "Optimizer diagnostics: median over seeds per update, seed range shaded")
         handles = [Line2D([], [], color=OPTIMIZER_COLORS[o], lw=1.5, label=OPTIMIZER_LABELS[o]) for o in optimizers]
         if len(model_list) > 1:
-            handles += [Line2D([], [], color=MUTED, lw=1.5, ls=MODEL_STYLES[m % len(MODEL_STYLES)],
-                               label=family_title(model, models)) for m, model in enumerate(model_list)]
+            handles += family_handles(model_list, models)
         handles.append(Patch(facecolor=MUTED, alpha=0.15, label="range over seeds"))
-        _legend(fig, handles, ncol=min(len(handles), 4))
+        legend(fig, handles, ncol=min(len(handles), 4))
     return fig
 
 
 def write_companion_figures(outputs: Sequence[str | os.PathLike], metrics: pd.DataFrame, runs: pd.DataFrame,
-                            models: Mapping[str, str] | None = None, bootstrap_seed: int = 0,
+                            models: Mapping[str, str] | None = None, bootstrap_seed: int = BOOTSTRAP_SEED,
                             numbers: pd.DataFrame | None = None) -> list[str]:
     """Draw each figure named by the outputs' stems once and write exactly those files (as `write_figures`).
 
@@ -533,47 +494,46 @@ def write_companion_figures(outputs: Sequence[str | os.PathLike], metrics: pd.Da
     by_name = outputs_by_figure(outputs, COMPANION_FIGURES)
     check_companion(metrics)
     check_same_runs(metrics, runs)
-    notes = []
-    for name, paths in by_name.items():
+
+    def draw(name: str) -> Figure:
         if name == "companion_curves":
-            fig = figure_companion_curves(metrics, runs, models)
-        elif name == "companion_bars":
-            fig = figure_companion_bars(runs, companion_summary_table(runs, numbers, bootstrap_seed, models), models)
-        else:
-            fig = figure_companion_diagnostics(metrics, models)
-        for path in paths:
-            save_figure(fig, path)
-            notes.append(f"wrote {path}")
-    return notes
+            return figure_companion_curves(metrics, runs, models)
+        if name == "companion_bars":
+            return figure_companion_bars(runs, companion_summary_table(runs, numbers, bootstrap_seed, models), models)
+        return figure_companion_diagnostics(metrics, models)
+
+    return save_figures(by_name, draw)
 
 
-# -- entry points (the workflow scripts call these) --------------------------------------------------------
+# -- entry points (named by `kinds.COMPANION`, called by the workflow's scripts) -------------------------------
 def summarize_companion(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
                         csv: str | os.PathLike, md: str | os.PathLike, runs_path: str | os.PathLike,
                         collapse: Mapping[str, Any] | None = None, models: Mapping[str, str] | None = None,
-                        window_fraction: float = 0.1, bootstrap_seed: int = 0) -> list[str]:
-    """Read the logs, judge every run, write the companion summary CSV and Markdown and the per-run Parquet table.
-
-    Returns notes for the log (counts, collapsed runs, what the grid lacks)."""
-    models = dict(COMPANION_MODELS if models is None else models)
+                        window_fraction: float = WINDOW_FRACTION, bootstrap_seed: int = BOOTSTRAP_SEED,
+                        numbers: str | os.PathLike = COMPANION_NUMBERS) -> list[str]:
+    """Read the logs, judge every run, write the companion summary CSV and Markdown (beside the companion's
+    `numbers`) and the per-run Parquet table. Returns notes for the log (counts, collapsed runs, what the grid
+    lacks)."""
+    models = dict(COMPANION.default_models if models is None else models)
     criterion = CollapseCriterion.from_dict(collapse)
     metrics = load_metrics(metrics_paths, base_dir, COMPANION_COLUMNS)
     check_no_lr_axis(metrics, "companion")
     runs = companion_run_table(metrics, criterion, window_fraction, models)
-    numbers = load_companion_numbers()
-    summary = companion_summary_table(runs, numbers, bootstrap_seed, models)
-    notes = companion_coverage_notes(runs, numbers, models)
+    reference = load_companion_numbers(numbers)
+    summary = companion_summary_table(runs, reference, bootstrap_seed, models)
+    notes = companion_coverage_notes(runs, reference, models)
     write_tables(summary, companion_markdown(summary, notes, window_fraction), runs, csv, md, runs_path)
-    return [f"{len(metrics_paths)} metrics files, {len(runs)} runs, {len(summary)} cells",
-            f"collapse criterion: {criterion}", f"{int(runs['collapsed'].sum())} collapsed run(s)", *notes]
+    return summary_notes(metrics_paths, runs, summary, criterion, notes)
 
 
 def plot_companion(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
                    runs_path: str | os.PathLike, outputs: Sequence[str | os.PathLike],
-                   models: Mapping[str, str] | None = None, bootstrap_seed: int = 0) -> list[str]:
-    """Read the logs and `summarize_companion`'s per-run table, draw and write exactly `outputs`; log notes."""
-    models = dict(COMPANION_MODELS if models is None else models)
+                   models: Mapping[str, str] | None = None, bootstrap_seed: int = BOOTSTRAP_SEED,
+                   numbers: str | os.PathLike = COMPANION_NUMBERS) -> list[str]:
+    """Read the logs and `summarize_companion`'s per-run table, draw and write exactly `outputs` (the bars beside
+    the companion's `numbers`); log notes."""
+    models = dict(COMPANION.default_models if models is None else models)
     metrics = load_metrics(metrics_paths, base_dir, COMPANION_COLUMNS)
     check_no_lr_axis(metrics, "companion")
     runs = pd.read_parquet(runs_path)
-    return write_companion_figures(outputs, metrics, runs, models, bootstrap_seed)
+    return write_companion_figures(outputs, metrics, runs, models, bootstrap_seed, load_companion_numbers(numbers))

@@ -20,54 +20,44 @@ What each figure shows, and the choices behind it:
   grid ran them, not recipe by recipe.
 
 EMA: `collapse.ema`'s definition (span 5, `adjust=False`, `ignore_na=True`, from the first observation), here
-computed for all runs at once with a grouped `ewm`. Colours are fixed per meaning (Muon blue, Adam orange, full
-recipe green, collapse red) and never reused for anything else. Absent model families or recipes (smoke grids)
-are left out, and a figure with nothing to show says so in its panel instead of failing: Snakemake still
-gets every file it asked for.
-
-Speed and reproducibility: pyplot is never used; each figure is a bare `matplotlib.figure.Figure` (Agg renders
-the PNG, the PDF backend the PDF), so there is no display, no global figure list and nothing to close. Panels
-have a fixed size in inches and the margins are fixed too (`_grid`), instead of `tight_layout`, which would
-lay out every text twice more; many lines of one style are one `LineCollection`. A 1,000-run grid thus draws
-in seconds. PNG at 150 dpi; PDF with no creation date, so a rerun writes identical bytes.
+computed for all runs at once with a grouped `ewm`. Only Muon and Adam have their colour and line style here; any
+other optimizer is grey and dotted. Absent model families or recipes (smoke grids) are left out, and a figure
+with nothing to show says so in its panel instead of failing: Snakemake still gets every file it asked for.
+Style, colours and files: `plotting`.
 """
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 import matplotlib
 import numpy as np
 import pandas as pd
 import seaborn as sns
-from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.textpath import TextPath
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from trainer.analysis import plotting
 from trainer.analysis.collapse import ema_by_run
-from trainer.analysis.logs import RUN_KEYS, paper_model
-from trainer.analysis.summary import bootstrap_interval, load_paper_numbers, native_optimizer, ordered, run_bounds
+from trainer.analysis.kinds import MAIN, PAPER_NUMBERS
+from trainer.analysis.logs import RUN_KEYS, check_no_lr_axis, load_metrics, paper_model
+from trainer.analysis.plotting import (ADAM, COLLAPSE_HANDLE, COLLAPSED_SEED_HANDLE, FULL, LINE_STYLES,
+                                       MUON, MUTED, SEED_HANDLE, SELECTED_COLORS, STYLE, curve_axes, empty,
+                                       error_bars, family_handles, family_title, grid, label_outer, legend, lines,
+                                       log_y, mark_collapses, median_band, outputs_by_figure, recipe_label,
+                                       save_figures, seed_dots, suptitle)
+from trainer.analysis.summary import (BOOTSTRAP_SEED, bootstrap_interval, check_same_runs, load_paper_numbers,
+                                      native_optimizer, ordered, run_bounds)
 from trainer.config import FIGURE2_RECIPES
 
-MUON, ADAM, FULL, COLLAPSE = "#2f6eba", "#e08a1e", "#2e9a4f", "#d62728"
-BAR, FULL_BAR, PAPER_EDGE, MUTED = "#c3cfdd", "#b9e4c4", "#6b6b6b", "#555555"
+BAR, FULL_BAR, PAPER_EDGE = "#c3cfdd", "#b9e4c4", "#6b6b6b"
 OPTIMIZER_COLORS = {"muon": MUON, "adam": ADAM}
 OPTIMIZER_STYLES = {"muon": "-", "adam": "--"}
-MODEL_STYLES = ("-", "--", ":", "-.")
-
-RECIPE_LABELS = {"spo_adam": "SPO + Adam", "spo_muon": "SPO + Muon", "full": "Full recipe (SPO++ + Muon)",
-                 "no_length": "w/o length penalty", "no_tool": "w/o tool-error penalty",
-                 "no_penalties": "w/o both penalties", "no_length_seqmean": "w/o length pen., seq-mean",
-                 "no_length_seqmean_no_tis": "w/o length pen., seq-mean, no TIS"}
-"""Display names of the Figure 2 recipes; an unknown recipe is shown by its own name."""
 
 SELECTED_RUNS: tuple[tuple[str, str], ...] = (("spo_adam", "adam"), ("spo_muon", "muon"), ("full", "muon"))
 """Figure 3's runs: (recipe, optimizer)."""
-SELECTED_COLORS = {("spo_adam", "adam"): ADAM, ("spo_muon", "muon"): MUON, ("full", "muon"): FULL}
 
 FAMILY_FIGURES: dict[str, str] = {"fig4": "MiniCPM5-2B", "fig5": "Qwen3.5-4B"}
 """Which paper model family each all-recipes figure shows."""
@@ -80,32 +70,14 @@ DIAGNOSTICS: tuple[tuple[str, str, bool], ...] = (
     ("tis_truncated_frac", "TIS truncated fraction", False))
 """(column, panel title, log scale when all values are positive) for the diagnostics figure."""
 
-FIGURES: tuple[str, ...] = ("fig2", "fig3", "fig4", "fig5", "diagnostics")
-FORMATS: tuple[str, ...] = ("png", "pdf")
-PNG_DPI = 150
-"""PNG resolution: sharp on screen and in the Snakemake report; the PDF is the vector version for print."""
-PNG_COMPRESSION = 1
-"""zlib level of the PNG: level 1 instead of the default 6 saves a few tenths of a second per figure of a
-1,000-run grid, for files about 10% larger (these figures are mostly flat colour)."""
-
-STYLE = {**sns.axes_style("ticks"), **sns.plotting_context("paper", font_scale=1.15),
-         "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True, "grid.color": "#e6e6e6",
-         "grid.linewidth": 0.6, "axes.axisbelow": True, "legend.frameon": False, "figure.dpi": 100,
-         "pdf.fonttype": 42, "figure.autolayout": False, "figure.constrained_layout.use": False}
-"""seaborn's "ticks" style and "paper" context, light grid; applied per figure with `rc_context`, never globally."""
-
-PLAIN = FuncFormatter(lambda value, _: f"{value:g}")
-"""Log-axis tick labels as plain numbers (0.01, 1, 10): easier to read than 10^-2, and no mathtext to typeset."""
-
-
-def recipe_label(recipe: str) -> str:
-    return RECIPE_LABELS.get(recipe, recipe)
-
-
-def family_title(model: str, models: Mapping[str, str] | None) -> str:
-    """"MiniCPM5-2B stand-in (minicpm-tiny)" at the embedded scale; the paper's name alone at paper scale."""
-    name = paper_model(model, models)
-    return name if name == model else f"{name} stand-in ({model})"
+FIGURES: tuple[str, ...] = tuple(MAIN.figures)
+PLOT_COLUMNS = ("update", "success_rate", *(column for column, _, _ in DIAGNOSTICS))
+"""The metrics `plot` reads (success curves and the diagnostics panels)."""
+EMA_SPAN = 5
+"""Span of the EMA drawn over raw success where a call gives none (the paper's; the workflow passes its
+config's)."""
+FORMATS = plotting.FORMATS
+"""The figures' file formats (benchmarks/bench_figures.py reads them from here)."""
 
 
 def add_ema(metrics: pd.DataFrame, span: int) -> pd.DataFrame:
@@ -115,48 +87,10 @@ def add_ema(metrics: pd.DataFrame, span: int) -> pd.DataFrame:
     return out
 
 
-def check_same_runs(metrics: pd.DataFrame, runs: pd.DataFrame) -> None:
-    """ValueError if the per-run table and the metrics do not cover exactly the same runs (a stale runs table)."""
-    logged = set(metrics[list(RUN_KEYS)].drop_duplicates().itertuples(index=False, name=None))
-    judged = set(runs[list(RUN_KEYS)].itertuples(index=False, name=None))
-    if logged != judged:
-        only_logs, only_runs = sorted(logged - judged)[:3], sorted(judged - logged)[:3]
-        raise ValueError(f"the runs table does not match the metrics: runs only in the logs {only_logs}, "
-                         f"only in the runs table {only_runs} (rebuild runs.parquet)")
-
-
-# -- layout and drawing helpers ----------------------------------------------------------------------------
-def _grid(nrows: int, ncols: int, panel: tuple[float, float], margins: tuple[float, float, float, float],
-          gaps: tuple[float, float], **subplot_kw) -> tuple[Figure, np.ndarray]:
-    """A figure of nrows x ncols panels of `panel` (w, h) inches; margins (left, right, top, bottom) and gaps
-    (between columns, between rows) in inches too, so text space does not shrink as panels are added."""
-    (w, h), (left, right, top, bottom), (wgap, hgap) = panel, margins, gaps
-    width, height = left + right + ncols * w + (ncols - 1) * wgap, top + bottom + nrows * h + (nrows - 1) * hgap
-    fig = Figure(figsize=(width, height))
-    axes = fig.subplots(nrows, ncols, squeeze=False, gridspec_kw={
-        "left": left / width, "right": 1 - right / width, "top": 1 - top / height, "bottom": bottom / height,
-        "wspace": wgap / w, "hspace": hgap / h}, **subplot_kw)
-    return fig, axes.ravel()
-
-
+# -- helpers -----------------------------------------------------------------------------------------------
 def _text_width(texts: Sequence[str], size: float) -> float:
     """Width in inches of the widest string at `size` points (from glyph outlines; no renderer needed)."""
     return max((TextPath((0, 0), t, size=size).get_extents().width for t in texts), default=0.0) / 72
-
-
-def _legend(fig: Figure, handles: list, ncol: int | None = None) -> None:
-    """One legend for the whole figure, centred in the bottom margin."""
-    fig.legend(handles=handles, loc="lower center", ncol=ncol or len(handles), bbox_to_anchor=(0.5, 0.0),
-               fontsize=8.5, handlelength=2.2, columnspacing=1.4)
-
-
-def _empty(message: str, size: tuple[float, float] = (7.0, 2.0)) -> Figure:
-    """A figure whose only panel says what is missing (Snakemake still gets the file it expects)."""
-    fig = Figure(figsize=size)
-    ax = fig.add_subplot()
-    ax.set_axis_off()
-    ax.text(0.5, 0.5, message, ha="center", va="center", fontsize=11, color="#444444", wrap=True)
-    return fig
 
 
 def _curves(frame: pd.DataFrame) -> dict[tuple, np.ndarray]:
@@ -173,12 +107,6 @@ def _pick(curves: dict[tuple, np.ndarray], model=None, recipe=None, optimizer=No
     return [c for key, c in curves.items() if all(w is None or w == k for w, k in zip(wanted, key))]
 
 
-def _lines(ax, curves: Sequence[np.ndarray], column: int, **style) -> None:
-    """Column 1 (raw) or 2 (EMA) of every curve against its update, as one LineCollection."""
-    if curves:
-        ax.add_collection(LineCollection([c[:, [0, column]] for c in curves], **style))
-
-
 def _collapse_points(frame: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """For every collapsed run in `frame`: its keys, collapse update and the EMA there (percent)."""
     hits = runs[runs["collapsed"].astype(bool)]
@@ -187,47 +115,22 @@ def _collapse_points(frame: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     return points.assign(ema_pct=100 * points["success_ema"].fillna(0.0))
 
 
-def _mark_collapses(ax, points: pd.DataFrame) -> int:
-    """Red crosses at the given collapse points; returns how many."""
-    if len(points):
-        ax.scatter(points["update"], points["ema_pct"], marker="X", s=55, color=COLLAPSE, edgecolor="white",
-                   linewidth=0.6, zorder=5)
-    return len(points)
-
-
-def _label_outer(axes: Sequence, ncols: int) -> None:
-    """Update tick labels and an "Update" label only on panels with no panel below (the last row may be short)."""
-    for i, ax in enumerate(axes):
-        bottom = i + ncols >= len(axes)
-        ax.xaxis.set_tick_params(labelbottom=bottom)
-        ax.set_xlabel("Update" if bottom else "")
-
-
-def _curve_axes(ax, max_update: float) -> None:
-    ax.set_xlim(0, max_update + 1)  # updates 0..99 on an axis to 100, the paper's "100 updates"
-    ax.set_ylim(-2, 102)
-
-
-COLLAPSE_HANDLE = Line2D([], [], marker="X", ls="", color=COLLAPSE, markersize=7, markeredgecolor="white",
-                         label="collapse")
-
-
 # -- the figures -------------------------------------------------------------------------------------------
 def figure_bars(runs: pd.DataFrame, paper: pd.DataFrame | None = None, models: Mapping[str, str] | None = None,
-                bootstrap_seed: int = 0) -> Figure:
+                bootstrap_seed: int = BOOTSTRAP_SEED) -> Figure:
     """Figure 2: per model family, our window success per recipe (mean, 95% CI, seeds) beside the paper's."""
     paper = load_paper_numbers() if paper is None else paper
     native = runs[[native_optimizer(r) == o for r, o in zip(runs["recipe"], runs["optimizer"])]]
     family_list = ordered(native["model"], list(models or {}))
     recipes = ordered(native["recipe"], list(FIGURE2_RECIPES))
     if not family_list:
-        return _empty("Figure 2: no run with its recipe's own optimizer in these logs")
+        return empty("Figure 2: no run with its recipe's own optimizer in these logs")
     paper_values = paper.set_index(["model", "recipe", "optimizer"])["success_updates_90_100_pct"]
     with matplotlib.rc_context(STYLE):
         labels = [recipe_label(r) for r in recipes]
         left = _text_width(labels, matplotlib.rcParams["ytick.labelsize"]) + 0.4  # + tick, pad, edge
-        fig, axes = _grid(1, len(family_list), (4.4, 0.52 * len(recipes)), (left, 0.15, 0.35, 1.0), (0.3, 0),
-                          sharey=True)
+        fig, axes = grid(1, len(family_list), (4.4, 0.52 * len(recipes)), (left, 0.15, 0.35, 1.0), (0.3, 0),
+                         sharey=True)
         y = np.arange(len(recipes), dtype=float)
         for ax, model in zip(axes, family_list):
             cells = native[native["model"] == model]
@@ -248,12 +151,10 @@ def figure_bars(runs: pd.DataFrame, paper: pd.DataFrame | None = None, models: M
                 ax.barh(y[i] - 0.19, ours, height=0.38, color=FULL_BAR if recipe == "full" else BAR,
                         edgecolor="#4d4d4d", linewidth=0.6, label="ours")
                 if np.isfinite(low):
-                    ax.errorbar(ours, y[i] - 0.19, xerr=[[ours - low], [high - ours]], fmt="none", ecolor="black",
-                                elinewidth=1.0, capsize=2.5, zorder=4)
+                    error_bars(ax, np.array([y[i] - 0.19]), np.array([ours]), np.array([low]), np.array([high]),
+                               horizontal=True)
                 jitter = np.linspace(-0.11, 0.11, len(seeds)) if len(seeds) > 1 else np.zeros(1)
-                dead = cell["collapsed"].to_numpy(dtype=bool)
-                ax.scatter(seeds, y[i] - 0.19 + jitter, s=np.where(dead, 16, 11),
-                           color=np.where(dead, COLLAPSE, "#222222"), zorder=5, linewidth=0)
+                seed_dots(ax, seeds, y[i] - 0.19 + jitter, cell["collapsed"].to_numpy(dtype=bool))
                 right = max(ours, high if np.isfinite(high) else ours, seeds.max())
                 ax.text(right + 1.5, y[i] - 0.19, f"{ours:.1f}", va="center", fontsize=8)
             ax.set_xlim(0, 108)
@@ -262,17 +163,16 @@ def figure_bars(runs: pd.DataFrame, paper: pd.DataFrame | None = None, models: M
             ax.grid(axis="y", visible=False)
         axes[0].set_yticks(y, labels)
         axes[0].set_ylim(len(recipes) - 0.45, -0.55)  # first recipe on top
-        _legend(fig, [Patch(facecolor=BAR, edgecolor="#4d4d4d", label="ours: mean over seeds, 95% bootstrap CI"),
-                      Patch(facecolor=FULL_BAR, edgecolor="#4d4d4d", label="ours: full recipe"),
-                      Patch(facecolor="white", edgecolor=PAPER_EDGE, hatch="////", label="Ruan et al. 2026, Fig. 2"),
-                      Line2D([], [], marker="o", ls="", color="#222222", markersize=4, label="one seed"),
-                      Line2D([], [], marker="o", ls="", color=COLLAPSE, markersize=4, label="collapsed seed")],
-                ncol=5 if len(family_list) > 1 else 3)
+        legend(fig, [Patch(facecolor=BAR, edgecolor="#4d4d4d", label="ours: mean over seeds, 95% bootstrap CI"),
+                     Patch(facecolor=FULL_BAR, edgecolor="#4d4d4d", label="ours: full recipe"),
+                     Patch(facecolor="white", edgecolor=PAPER_EDGE, hatch="////", label="Ruan et al. 2026, Fig. 2"),
+                     SEED_HANDLE, COLLAPSED_SEED_HANDLE],
+               ncol=5 if len(family_list) > 1 else 3)
     return fig
 
 
 def figure_selected(metrics: pd.DataFrame, runs: pd.DataFrame, models: Mapping[str, str] | None = None,
-                    selected: Sequence[tuple[str, str]] = SELECTED_RUNS, ema_span: int = 5) -> Figure:
+                    selected: Sequence[tuple[str, str]] = SELECTED_RUNS, ema_span: int = EMA_SPAN) -> Figure:
     """Figure 3: the selected (recipe, optimizer) runs per model family, raw thin and EMA bold.
 
     `metrics` must carry `success_ema` (`add_ema`); `ema_span` only labels the legend."""
@@ -282,12 +182,12 @@ def figure_selected(metrics: pd.DataFrame, runs: pd.DataFrame, models: Mapping[s
     picked = metrics[mask]
     family_list = ordered(picked["model"], list(models or {}))
     if not family_list:
-        return _empty("Figure 3: none of the selected runs (" + ", ".join(recipe_label(r) for r, _ in selected)
-                      + ") in these logs")
+        return empty("Figure 3: none of the selected runs (" + ", ".join(recipe_label(r) for r, _ in selected)
+                     + ") in these logs")
     palette = sns.color_palette("colorblind", len(selected))
     curves, points = _curves(picked), _collapse_points(picked, runs)
     with matplotlib.rc_context(STYLE):
-        fig, axes = _grid(1, len(family_list), (4.2, 2.8), (0.75, 0.15, 0.35, 1.0), (0.3, 0), sharey=True)
+        fig, axes = grid(1, len(family_list), (4.2, 2.8), (0.75, 0.15, 0.35, 1.0), (0.3, 0), sharey=True)
         handles = {}
         for ax, model in zip(axes, family_list):
             for i, (recipe, optimizer) in enumerate(selected):
@@ -295,19 +195,19 @@ def figure_selected(metrics: pd.DataFrame, runs: pd.DataFrame, models: Mapping[s
                 if not mine:
                     continue
                 color = SELECTED_COLORS.get((recipe, optimizer), palette[i])
-                _lines(ax, mine, 1, colors=color, linewidths=0.8, alpha=0.3)
-                _lines(ax, mine, 2, colors=color, linewidths=2.0, alpha=0.95)
+                lines(ax, mine, 1, colors=color, linewidths=0.8, alpha=0.3)
+                lines(ax, mine, 2, colors=color, linewidths=2.0, alpha=0.95)
                 handles[(recipe, optimizer)] = Line2D([], [], color=color, lw=2, label=recipe_label(recipe))
                 at = points[(points["model"] == model) & (points["recipe"] == recipe)
                             & (points["optimizer"] == optimizer)]
-                if _mark_collapses(ax, at):
+                if mark_collapses(ax, at):
                     handles["collapse"] = COLLAPSE_HANDLE
-            _curve_axes(ax, float(picked["update"].max()))
+            curve_axes(ax, float(picked["update"].max()))
             ax.set_xlabel("Update")
             ax.set_title(family_title(model, models))
         axes[0].set_ylabel("Training success (%)")
         order = [k for k in selected if k in handles] + (["collapse"] if "collapse" in handles else [])
-        _legend(fig, [handles[k] for k in order] + [
+        legend(fig, [handles[k] for k in order] + [
             Line2D([], [], color=MUTED, lw=0.8, alpha=0.4, label="raw"),
             Line2D([], [], color=MUTED, lw=2, label=f"EMA (span {ema_span})")],
             ncol=None if len(family_list) > 1 else 3)
@@ -315,21 +215,21 @@ def figure_selected(metrics: pd.DataFrame, runs: pd.DataFrame, models: Mapping[s
 
 
 def figure_family(metrics: pd.DataFrame, runs: pd.DataFrame, family: str, models: Mapping[str, str] | None = None,
-                  ncols: int = 4, ema_span: int = 5) -> Figure:
+                  ncols: int = 4, ema_span: int = EMA_SPAN) -> Figure:
     """Figures 4/5: every recipe of one paper model family, one panel each; Muon solid, Adam dashed.
 
     `metrics` must carry `success_ema` (`add_ema`); `ema_span` only labels the legend."""
     frame = metrics[metrics["model"].isin([m for m in metrics["model"].unique() if paper_model(m, models) == family])]
     recipes = ordered(frame["recipe"], list(FIGURE2_RECIPES))
     if not recipes:
-        return _empty(f"No runs of {family} (or a stand-in for it) in these logs")
+        return empty(f"No runs of {family} (or a stand-in for it) in these logs")
     tiny = sorted(set(frame["model"]))
     curves, points = _curves(frame), _collapse_points(frame, runs)
     ncols = min(len(recipes), ncols)
     nrows = -(-len(recipes) // ncols)
     with matplotlib.rc_context(STYLE):
-        fig, axes = _grid(nrows, ncols, (2.9, 2.1), (0.75, 0.15, 0.75, 1.0), (0.25, 0.55), sharex=True,
-                          sharey=True)
+        fig, axes = grid(nrows, ncols, (2.9, 2.1), (0.75, 0.15, 0.75, 1.0), (0.25, 0.55), sharex=True,
+                         sharey=True)
         for ax in axes[len(recipes):]:
             fig.delaxes(ax)
         axes = axes[:len(recipes)]
@@ -339,27 +239,26 @@ def figure_family(metrics: pd.DataFrame, runs: pd.DataFrame, family: str, models
                 mine = _pick(curves, None, recipe, optimizer)
                 color = FULL if recipe == "full" else OPTIMIZER_COLORS.get(optimizer, MUTED)
                 style = OPTIMIZER_STYLES.get(optimizer, ":")
-                _lines(ax, mine, 1, colors=color, linewidths=0.7, alpha=0.25, linestyles=style)
-                _lines(ax, mine, 2, colors=color, linewidths=1.8, alpha=0.95, linestyles=style)
+                lines(ax, mine, 1, colors=color, linewidths=0.7, alpha=0.25, linestyles=style)
+                lines(ax, mine, 2, colors=color, linewidths=1.8, alpha=0.95, linestyles=style)
                 at = points[(points["recipe"] == recipe) & (points["optimizer"] == optimizer)]
-                if _mark_collapses(ax, at):
+                if mark_collapses(ax, at):
                     seen.append("collapse")
                 seen.append(optimizer)
-            _curve_axes(ax, float(frame["update"].max()))
+            curve_axes(ax, float(frame["update"].max()))
             ax.set_title(recipe_label(recipe), color=FULL if recipe == "full" else "black",
                          fontweight="bold" if recipe == "full" else "normal", fontsize=10)
-        _label_outer(axes, ncols)
+        label_outer(axes, ncols)
         for ax in axes[::ncols]:
             ax.set_ylabel("Training success (%)")
         stand_in = f" (stand-in: {', '.join(tiny)})" if tiny != [family] else ""
-        fig.suptitle(f"{family}{stand_in}: training success across recipes", fontsize=12,
-                     y=1 - 0.15 / fig.get_figheight())
+        suptitle(fig, f"{family}{stand_in}: training success across recipes")
         handles = [Line2D([], [], color=OPTIMIZER_COLORS[o], ls=OPTIMIZER_STYLES[o], lw=1.8, label=o.capitalize())
                    for o in ("muon", "adam") if o in seen]
         handles += [Line2D([], [], color=FULL, lw=1.8, label="full recipe"),
                     Line2D([], [], color=MUTED, lw=0.7, alpha=0.4, label="raw"),
                     Line2D([], [], color=MUTED, lw=1.8, label=f"EMA (span {ema_span})")]
-        _legend(fig, handles + ([COLLAPSE_HANDLE] if "collapse" in seen else []))
+        legend(fig, handles + ([COLLAPSE_HANDLE] if "collapse" in seen else []))
     return fig
 
 
@@ -386,7 +285,7 @@ def figure_diagnostics(metrics: pd.DataFrame, models: Mapping[str, str] | None =
     optimizer_list = ordered(quantiles["optimizer"], ["muon", "adam"])
     nrows = -(-len(panels) // ncols)
     with matplotlib.rc_context(STYLE):
-        fig, axes = _grid(nrows, ncols, (3.4, 2.1), (0.7, 0.15, 0.7, 1.0), (0.75, 0.45), sharex=True)
+        fig, axes = grid(nrows, ncols, (3.4, 2.1), (0.7, 0.15, 0.7, 1.0), (0.75, 0.45), sharex=True)
         for ax in axes[len(panels):]:
             fig.delaxes(ax)
         axes = axes[:len(panels)]
@@ -396,52 +295,26 @@ def figure_diagnostics(metrics: pd.DataFrame, models: Mapping[str, str] | None =
             for m, model in enumerate(model_list):
                 for optimizer in optimizer_list:
                     q = quantiles[(quantiles["model"] == model) & (quantiles["optimizer"] == optimizer)]
-                    ok = q[f"{column}_q50"].notna().to_numpy()
-                    if not ok.any():
-                        continue
-                    color = OPTIMIZER_COLORS.get(optimizer, MUTED)
-                    ax.fill_between(q["update"], q[f"{column}_q25"], q[f"{column}_q75"], color=color, alpha=0.15,
-                                    linewidth=0)
-                    ax.plot(q["update"][ok], q[f"{column}_q50"][ok], color=color, lw=1.5,
-                            ls=MODEL_STYLES[m % len(MODEL_STYLES)])
-                    drawn = True
+                    drawn |= median_band(ax, q, column, ("q25", "q50", "q75"), OPTIMIZER_COLORS.get(optimizer, MUTED),
+                                         LINE_STYLES[m % len(LINE_STYLES)], band_gaps=True)
             if not drawn:
                 ax.text(0.5, 0.5, "not logged", transform=ax.transAxes, ha="center", va="center", color="#777777")
             elif log and (quantiles[f"{column}_q25"].dropna() > 0).all():
-                ax.set_yscale("log")
-                ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-                ax.yaxis.set_major_formatter(PLAIN)
-                ax.yaxis.set_minor_formatter(NullFormatter())
-        _label_outer(axes, ncols)
-        fig.suptitle("Optimizer diagnostics: median over runs per update", fontsize=12,
-                     y=1 - 0.15 / fig.get_figheight())
+                log_y(ax)
+        label_outer(axes, ncols)
+        suptitle(fig, "Optimizer diagnostics: median over runs per update")
         handles = [Line2D([], [], color=OPTIMIZER_COLORS.get(o, MUTED), lw=1.5, label=o.capitalize())
                    for o in optimizer_list]
-        handles += [Line2D([], [], color=MUTED, lw=1.5, ls=MODEL_STYLES[m % len(MODEL_STYLES)],
-                           label=family_title(model, models)) for m, model in enumerate(model_list)]
+        handles += family_handles(model_list, models)
         handles.append(Patch(facecolor=MUTED, alpha=0.15, label="interquartile range over runs"))
-        _legend(fig, handles, ncol=min(len(handles), 3))
+        legend(fig, handles, ncol=min(len(handles), 3))
     return fig
 
 
 # -- files -------------------------------------------------------------------------------------------------
-def save_figure(fig: Figure, path: str | os.PathLike) -> Path:
-    """Write `fig` as PNG (`PNG_DPI`) or PDF (no creation date, so the bytes are reproducible), by suffix."""
-    path = Path(path)
-    fmt = path.suffix.lower().lstrip(".")
-    if fmt not in FORMATS:
-        raise ValueError(f"figure file {str(path)!r}: unsupported format {fmt!r}; use one of {list(FORMATS)}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with matplotlib.rc_context(STYLE):
-        if fmt == "pdf":
-            fig.savefig(path, format="pdf", metadata={"CreationDate": None})
-        else:
-            fig.savefig(path, format="png", dpi=PNG_DPI, pil_kwargs={"compress_level": PNG_COMPRESSION})
-    return path
-
-
 def draw_figure(name: str, metrics: pd.DataFrame, runs: pd.DataFrame, models: Mapping[str, str] | None = None,
-                ema_span: int = 5, bootstrap_seed: int = 0, paper: pd.DataFrame | None = None) -> Figure:
+                ema_span: int = EMA_SPAN, bootstrap_seed: int = BOOTSTRAP_SEED,
+                paper: pd.DataFrame | None = None) -> Figure:
     """One of `FIGURES` by name; `metrics` must carry `success_ema` for the curve figures (`add_ema`)."""
     if name == "fig2":
         return figure_bars(runs, paper, models, bootstrap_seed)
@@ -454,23 +327,9 @@ def draw_figure(name: str, metrics: pd.DataFrame, runs: pd.DataFrame, models: Ma
     raise ValueError(f"unknown figure {name!r}; known: {list(FIGURES)}")
 
 
-def outputs_by_figure(outputs: Sequence[str | os.PathLike], known: Sequence[str]) -> dict[str, list[Path]]:
-    """Output paths grouped by figure (file stem), so each figure is drawn once; an unknown stem or format is a
-    ValueError naming the output, before anything is drawn."""
-    by_name: dict[str, list[Path]] = {}
-    for output in outputs:
-        path = Path(output)
-        if path.stem not in known:
-            raise ValueError(f"output {str(output)!r}: unknown figure {path.stem!r}; known: {list(known)}")
-        if path.suffix.lower().lstrip(".") not in FORMATS:
-            raise ValueError(f"output {str(output)!r}: unsupported format; use one of {list(FORMATS)}")
-        by_name.setdefault(path.stem, []).append(path)
-    return by_name
-
-
 def write_figures(outputs: Sequence[str | os.PathLike], metrics: pd.DataFrame, runs: pd.DataFrame,
-                  models: Mapping[str, str] | None = None, ema_span: int = 5, bootstrap_seed: int = 0,
-                  paper: pd.DataFrame | None = None) -> list[str]:
+                  models: Mapping[str, str] | None = None, ema_span: int = EMA_SPAN,
+                  bootstrap_seed: int = BOOTSTRAP_SEED, paper: pd.DataFrame | None = None) -> list[str]:
     """Draw each figure named by the outputs' file stems once and write exactly those files.
 
     `outputs` like ["figures/fig2.png", "figures/fig2.pdf", ...]; an unknown stem or suffix is a ValueError
@@ -484,9 +343,18 @@ def write_figures(outputs: Sequence[str | os.PathLike], metrics: pd.DataFrame, r
     absent = [r for r in FIGURE2_RECIPES if r not in set(metrics["recipe"])]
     if absent:
         notes.append(f"recipes not in these logs (left out of every figure): {', '.join(absent)}")
-    for name, paths in by_name.items():
-        fig = draw_figure(name, metrics, runs, models, ema_span, bootstrap_seed, paper)
-        for path in paths:
-            save_figure(fig, path)
-            notes.append(f"wrote {path}")
-    return notes
+    return notes + save_figures(by_name, lambda name: draw_figure(name, metrics, runs, models, ema_span,
+                                                                  bootstrap_seed, paper))
+
+
+# -- entry point (named by `kinds.MAIN`, called by the workflow's scripts) -------------------------------------
+def plot(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike, runs_path: str | os.PathLike,
+         outputs: Sequence[str | os.PathLike], models: Mapping[str, str] | None = None, ema_span: int = EMA_SPAN,
+         bootstrap_seed: int = BOOTSTRAP_SEED, numbers: str | os.PathLike = PAPER_NUMBERS) -> list[str]:
+    """Read the logs and the per-run table (`summarize`'s), draw and write exactly `outputs` (Figure 2 beside the
+    paper's `numbers`); returns log notes."""
+    models = dict(MAIN.default_models if models is None else models)
+    metrics = load_metrics(metrics_paths, base_dir, PLOT_COLUMNS)
+    check_no_lr_axis(metrics, "main")
+    runs = pd.read_parquet(runs_path)
+    return write_figures(outputs, metrics, runs, models, ema_span, bootstrap_seed, load_paper_numbers(numbers))

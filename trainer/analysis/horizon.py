@@ -27,27 +27,28 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import matplotlib
-import numpy as np
 import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FixedLocator, MaxNLocator, NullLocator
+from matplotlib.ticker import MaxNLocator
 
 from trainer.analysis.collapse import CollapseCriterion
-from trainer.analysis.figures import (MUTED, SELECTED_COLORS, STYLE, _empty, _grid, _legend, outputs_by_figure,
-                                      recipe_label, save_figure)
+from trainer.analysis.kinds import HORIZON
 from trainer.analysis.logs import RUN_KEYS, check_no_lr_axis, load_metrics, paper_model
-from trainer.analysis.stability import (STABILITY_COLUMNS, _ci, _seed_stats, check_same_sweep_runs,
-                                        evaluation_notes, sweep_run_table)
-from trainer.analysis.summary import _pct, native_optimizer, ordered, write_tables
+from trainer.analysis.plotting import (MUTED, SELECTED_COLORS, STYLE, empty, fixed_log_x, grid, interval_line,
+                                       legend, outputs_by_figure, recipe_label, save_figures)
+from trainer.analysis.stability import STABILITY_COLUMNS, evaluation_notes, sweep_run_table
+from trainer.analysis.summary import (BOOTSTRAP_SEED, WINDOW_FRACTION, ci_text, collapsed_text, markdown_head,
+                                      native_optimizer, ordered, pct, read_judged_runs, seed_stats, sort_rows,
+                                      summary_notes, table_head, table_row, write_tables)
 from trainer.config import FIGURE2_RECIPES
 
-HORIZON_FIGURES: tuple[str, ...] = ("horizon",)
+HORIZON_FIGURES: tuple[str, ...] = tuple(HORIZON.figures)
 
 
 def horizon_run_table(metrics: pd.DataFrame, horizons: Mapping[str, float],
-                      criterion: CollapseCriterion | None = None, window_fraction: float = 0.1,
+                      criterion: CollapseCriterion | None = None, window_fraction: float = WINDOW_FRACTION,
                       models: Mapping[str, str] | None = None) -> pd.DataFrame:
     """`sweep_run_table` with each run's `horizon` (from `horizons`, by model), in fractions.
     ValueError naming a model of the logs that has no horizon."""
@@ -61,37 +62,36 @@ def horizon_run_table(metrics: pd.DataFrame, horizons: Mapping[str, float],
 
 def sort_horizon(frame: pd.DataFrame, models: Mapping[str, str] | None = None) -> pd.DataFrame:
     """Rows in reading order: families as in `models`, recipes in Figure 2 order, optimizers, then horizon."""
-    families = ordered(frame["paper_model"], [paper_model(m, models) for m in (models or {})])
-    recipes = ordered(frame["recipe"], list(FIGURE2_RECIPES))
-    key = pd.DataFrame({"_f": frame["paper_model"].map({f: i for i, f in enumerate(families)}),
-                        "_r": frame["recipe"].map({r: i for i, r in enumerate(recipes)}),
-                        "_o": frame["optimizer"], "_h": frame["horizon"]}, index=frame.index)
-    return frame.loc[key.sort_values(list(key.columns), kind="stable").index].reset_index(drop=True)
+    return sort_rows(frame, {"paper_model": ordered(frame["paper_model"],
+                                                    [paper_model(m, models) for m in (models or {})]),
+                             "recipe": ordered(frame["recipe"], list(FIGURE2_RECIPES)), "optimizer": None,
+                             "horizon": None})
 
 
-def horizon_summary_table(runs: pd.DataFrame, bootstrap_seed: int = 0, models: Mapping[str, str] | None = None,
-                          level: float = 0.95) -> pd.DataFrame:
+def horizon_summary_table(runs: pd.DataFrame, bootstrap_seed: int = BOOTSTRAP_SEED,
+                          models: Mapping[str, str] | None = None, level: float = 0.95) -> pd.DataFrame:
     """One row per model (= family and horizon) x recipe x optimizer, in percent: final training success and
     learning (mean, bootstrap interval), held-out AUC and last evaluation, seeds and collapsed seeds."""
     rows = []
     for (model, recipe, optimizer), cell in runs.groupby(["model", "recipe", "optimizer"], sort=False):
         cell = cell.sort_values("seed")
-        final, final_low, final_high = _seed_stats(cell, "window_success", bootstrap_seed, level)
-        gain, gain_low, gain_high = _seed_stats(cell, "gain", bootstrap_seed, level)
+        final, final_low, final_high = seed_stats(cell, "window_success", bootstrap_seed, level)
+        gain, gain_low, gain_high = seed_stats(cell, "gain", bootstrap_seed, level)
         collapsed = cell["collapsed"].astype(bool)
         rows.append({"paper_model": paper_model(model, models), "horizon": float(cell["horizon"].iloc[0]),
                      "model": model, "recipe": recipe, "optimizer": optimizer, "n_seeds": len(cell),
                      "seeds": ",".join(str(s) for s in cell["seed"]),
                      "final_pct_mean": final, "final_pct_ci_low": final_low, "final_pct_ci_high": final_high,
                      "gain_pp_mean": gain, "gain_pp_ci_low": gain_low, "gain_pp_ci_high": gain_high,
-                     "auc_pct_mean": _seed_stats(cell, "heldout_auc", bootstrap_seed, level)[0],
-                     "heldout_last_pct_mean": _seed_stats(cell, "eval_success", bootstrap_seed, level)[0],
+                     "auc_pct_mean": seed_stats(cell, "heldout_auc", bootstrap_seed, level)[0],
+                     "heldout_last_pct_mean": seed_stats(cell, "eval_success", bootstrap_seed, level)[0],
                      "n_collapsed": int(collapsed.sum()),
                      "collapsed_seeds": ",".join(str(s) for s in cell.loc[collapsed, "seed"])})
     return sort_horizon(pd.DataFrame(rows), models)
 
 
-def horizon_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_fraction: float = 0.1) -> str:
+def horizon_markdown(summary: pd.DataFrame, notes: Sequence[str] = (),
+                     window_fraction: float = WINDOW_FRACTION) -> str:
     """The summary as a Markdown page: method, notes, one row per family, horizon, recipe and optimizer."""
     method = (f"Final = mean unsmoothed training success over the last {window_fraction:.0%} of each run's updates; "
               "learning = mean training success over the last fifth of the updates minus over the first fifth "
@@ -99,20 +99,14 @@ def horizon_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_fr
               "held-out AUC = mean of every held-out evaluation of the run; last held-out = the final evaluation. "
               "In percent, averaged over seeds; interval = 95% percentile bootstrap over seeds (n/a with one "
               "seed). Collapse = the rule in `trainer/analysis/collapse.py`.")
-    lines = ["# Training success against the task's horizon", "", method, ""]
-    lines += [f"- {note}" for note in notes]
-    if notes:
-        lines.append("")
-    header = ["family", "horizon", "model", "recipe", "optimizer", "final %", "95% CI", "learning (pp)", "95% CI",
-              "held-out AUC %", "last held-out %", "collapsed"]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = markdown_head("Training success against the task's horizon", method, notes)
+    lines += table_head(["family", "horizon", "model", "recipe", "optimizer", "final %", "95% CI", "learning (pp)",
+                         "95% CI", "held-out AUC %", "last held-out %", "collapsed"])
     for row in summary.itertuples(index=False):
-        collapsed = f"{row.n_collapsed}/{row.n_seeds}" + (f" (seeds {row.collapsed_seeds})" if row.n_collapsed else "")
-        cells = [row.paper_model, f"{row.horizon:g}", row.model, row.recipe, row.optimizer, _pct(row.final_pct_mean),
-                 _ci(row.final_pct_ci_low, row.final_pct_ci_high), _pct(row.gain_pp_mean),
-                 _ci(row.gain_pp_ci_low, row.gain_pp_ci_high), _pct(row.auc_pct_mean),
-                 _pct(row.heldout_last_pct_mean), collapsed]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(table_row([row.paper_model, f"{row.horizon:g}", row.model, row.recipe, row.optimizer,
+                                pct(row.final_pct_mean), ci_text(row.final_pct_ci_low, row.final_pct_ci_high),
+                                pct(row.gain_pp_mean), ci_text(row.gain_pp_ci_low, row.gain_pp_ci_high),
+                                pct(row.auc_pct_mean), pct(row.heldout_last_pct_mean), collapsed_text(row)]))
     return "\n".join(lines) + "\n"
 
 
@@ -139,12 +133,12 @@ def horizon_lines(summary: pd.DataFrame) -> dict[tuple[str, str], tuple[Any, str
 def figure_horizon(summary: pd.DataFrame, models: Mapping[str, str] | None = None) -> Figure:
     """Per family: final training success against horizon (error bars: bootstrap CI) and collapsed seeds."""
     if summary.empty:
-        return _empty("horizon: no runs in these logs")
+        return empty("horizon: no runs in these logs")
     families = list(dict.fromkeys(summary["paper_model"]))
     lines = horizon_lines(summary)
     most_seeds = int(summary["n_seeds"].max())
     with matplotlib.rc_context(STYLE):
-        fig, axes = _grid(len(families), 2, (4.0, 2.7), (0.8, 0.15, 0.45, 1.0), (0.75, 0.7))
+        fig, axes = grid(len(families), 2, (4.0, 2.7), (0.8, 0.15, 0.45, 1.0), (0.75, 0.7))
         for f, family in enumerate(families):
             rows = summary[summary["paper_model"] == family]
             horizons = sorted(set(rows["horizon"]))
@@ -154,21 +148,13 @@ def figure_horizon(summary: pd.DataFrame, models: Mapping[str, str] | None = Non
                 if line.empty:
                     continue
                 x = line["horizon"].to_numpy(dtype=float)
-                y = line["final_pct_mean"].to_numpy(dtype=float)
-                low = line["final_pct_ci_low"].to_numpy(dtype=float)
-                high = line["final_pct_ci_high"].to_numpy(dtype=float)
-                ok = np.isfinite(low)
-                success_ax.plot(x, y, color=color, lw=1.6, marker="o", markersize=4, zorder=3)
-                success_ax.errorbar(x[ok], y[ok], yerr=[y[ok] - low[ok], high[ok] - y[ok]], fmt="none", ecolor=color,
-                                    elinewidth=1.0, capsize=2.5, zorder=3)
+                interval_line(success_ax, x, line["final_pct_mean"].to_numpy(dtype=float),
+                              line["final_pct_ci_low"].to_numpy(dtype=float),
+                              line["final_pct_ci_high"].to_numpy(dtype=float), color)
                 shift = 2 ** (0.05 * (k - (len(lines) - 1) / 2))  # side by side on the log axis
                 collapse_ax.plot(x * shift, line["n_collapsed"], color=color, lw=1.4, marker="o", markersize=4)
             for ax in (success_ax, collapse_ax):
-                ax.set_xscale("log", base=2)
-                ax.xaxis.set_major_locator(FixedLocator(horizons))
-                ax.xaxis.set_minor_locator(NullLocator())
-                ax.set_xticklabels([f"{h:g}" for h in horizons])
-                ax.set_xlim(min(horizons) / 1.4, max(horizons) * 1.4)
+                fixed_log_x(ax, horizons, [f"{h:g}" for h in horizons], 1.4, base=2)
                 ax.set_xlabel("Horizon")
             success_ax.set_ylim(-2, 102)
             success_ax.set_ylabel("Final training success (%)")
@@ -180,17 +166,17 @@ def figure_horizon(summary: pd.DataFrame, models: Mapping[str, str] | None = Non
             collapse_ax.set_title(f"{family}: collapses", fontsize=10)
         handles = [Line2D([], [], color=color, lw=1.6, marker="o", markersize=4, label=label)
                    for color, label in lines.values()]
-        _legend(fig, handles + [Line2D([], [], color=MUTED, lw=1.0, label="95% bootstrap CI (error bars)")],
-                ncol=min(len(handles) + 1, 4))
+        legend(fig, handles + [Line2D([], [], color=MUTED, lw=1.0, label="95% bootstrap CI (error bars)")],
+               ncol=min(len(handles) + 1, 4))
     return fig
 
 
-# -- entry points (the workflow scripts call these) --------------------------------------------------------
+# -- entry points (named by `kinds.HORIZON`, called by the workflow's scripts) ---------------------------------
 def summarize_horizon(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
                       csv: str | os.PathLike, md: str | os.PathLike, runs_path: str | os.PathLike,
                       horizons: Mapping[str, float], collapse: Mapping[str, Any] | None = None,
-                      models: Mapping[str, str] | None = None, window_fraction: float = 0.1,
-                      bootstrap_seed: int = 0) -> list[str]:
+                      models: Mapping[str, str] | None = None, window_fraction: float = WINDOW_FRACTION,
+                      bootstrap_seed: int = BOOTSTRAP_SEED) -> list[str]:
     """Read the logs, judge every run, write the summary CSV and Markdown and the per-run Parquet table."""
     criterion = CollapseCriterion.from_dict(collapse)
     metrics = load_metrics(metrics_paths, base_dir, STABILITY_COLUMNS)
@@ -199,25 +185,16 @@ def summarize_horizon(metrics_paths: Sequence[str | os.PathLike], base_dir: str 
     summary = horizon_summary_table(runs, bootstrap_seed, models)
     notes = horizon_notes(runs, horizons)
     write_tables(summary, horizon_markdown(summary, notes, window_fraction), runs, csv, md, runs_path)
-    return [f"{len(metrics_paths)} metrics files, {len(runs)} runs, {len(summary)} cells",
-            f"collapse criterion: {criterion}", f"{int(runs['collapsed'].sum())} collapsed run(s)", *notes]
+    return summary_notes(metrics_paths, runs, summary, criterion, notes)
 
 
 def plot_horizon(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
                  runs_path: str | os.PathLike, outputs: Sequence[str | os.PathLike],
-                 models: Mapping[str, str] | None = None, bootstrap_seed: int = 0) -> list[str]:
+                 models: Mapping[str, str] | None = None, bootstrap_seed: int = BOOTSTRAP_SEED) -> list[str]:
     """Read the logs' run keys and `summarize_horizon`'s per-run table, draw and write exactly `outputs`."""
     by_name = outputs_by_figure(outputs, HORIZON_FIGURES)
-    metrics = load_metrics(metrics_paths, base_dir, ("update",))
-    runs = pd.read_parquet(runs_path)
-    check_same_sweep_runs(metrics, runs)
+    runs = read_judged_runs(metrics_paths, base_dir, runs_path)
     if not set(RUN_KEYS) <= set(runs.columns) or "horizon" not in runs.columns:
         raise ValueError("the runs table is not the horizon study's (no `horizon` column): rebuild runs.parquet")
     fig = figure_horizon(horizon_summary_table(runs, bootstrap_seed, models), models)
-    notes = []
-    for paths in by_name.values():
-        for path in paths:
-            save_figure(fig, path)
-            notes.append(f"wrote {path}")
-    return notes
-
+    return save_figures(by_name, lambda name: fig)

@@ -12,11 +12,11 @@ Choices and why:
   demand every path lies under `base_dir` and names all four keys (any folder order), else ValueError naming
   the path. The partition types are fixed (strings, an int64 seed, a float64 lr) instead of inferred, so a model
   called "123" stays a string.
-* **The optional `lr` key.** `RUN_KEYS` stay the four keys every study has, so the main and companion analyses
-  read exactly what they always did. A read whose folders name `lr` (all of them, or none: a mix is a
-  ValueError) gets an `lr` column too, and `LR_RUN_KEYS` are then the five keys that name one run.
-* **The reading schema is the trainer's `METRIC_COLUMNS`.** A file that lacks a column (an older log) reads it
-  as null; an extra column is ignored. `update` must be present and non-null, and (run, update) unique.
+* **The optional `lr` key.** `RUN_KEYS` are the four keys every study has, which name a run of the main,
+  companion and horizon studies. A read whose folders name `lr` (all of them, or none: a mix is a ValueError)
+  gets an `lr` column too, and `LR_RUN_KEYS` are then the five keys that name one run.
+* **The reading schema is the trainer's `METRIC_COLUMNS`.** A file that lacks a column reads it as null; an
+  extra column is ignored. `update` must be present and non-null, and (run, update) unique.
 * **Null is not NaN.** The trainer writes NaN for a measured-but-broken value (a diverged loss) and null for
   "not measured". pandas shows both as NaN, so the distinction is taken while the data is still Arrow:
   `nonfinite_<col>` is True exactly where `<col>` holds NaN or +-inf, for the columns in `NONFINITE_COLUMNS`.
@@ -42,6 +42,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import yaml
 
+from trainer.analysis.kinds import DEFAULT_MODELS
 from trainer.config import RunConfig
 from trainer.logs.parquet_log import CONFIG_KEY, METRIC_COLUMNS
 
@@ -58,6 +59,12 @@ PARTITION_SCHEMA = pa.schema([("model", pa.string()), ("recipe", pa.string()), (
 LR_FIELD = pa.field("lr", pa.float64())
 
 
+def run_keys(frame: pd.DataFrame) -> list[str]:
+    """The keys naming one run of `frame` (read without the logged `lr` metric): `LR_RUN_KEYS` when it has an `lr`
+    column, else `RUN_KEYS`."""
+    return list(LR_RUN_KEYS if "lr" in frame.columns else RUN_KEYS)
+
+
 def check_no_lr_axis(metrics: pd.DataFrame, analysis: str) -> None:
     """ValueError if `metrics` (read without the logged `lr` metric) has the folders' lr key: an analysis keyed
     by `RUN_KEYS` alone would pool the runs of different learning rates."""
@@ -68,9 +75,6 @@ def check_no_lr_axis(metrics: pd.DataFrame, analysis: str) -> None:
 
 NONFINITE_COLUMNS: tuple[str, ...] = ("loss", "grad_norm")
 """Metric columns for which `load_metrics` adds a `nonfinite_<col>` flag (NaN or +-inf, not null)."""
-
-DEFAULT_MODELS: dict[str, str] = {"minicpm-tiny": "MiniCPM5-2B", "qwen-tiny": "Qwen3.5-4B"}
-"""Embedded stand-in -> the paper model it stands in for."""
 
 
 def paper_model(model: str, models: Mapping[str, str] | None = None) -> str:

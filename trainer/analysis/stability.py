@@ -17,10 +17,10 @@ last evaluation, and the collapsed seeds.
 **The selection rule**, per (model, optimizer): the lr with the best mean held-out AUC (held-out, so the choice
 is not fitted to the training tasks; AUC rather than the last evaluation, so a run that collapses late does not
 win); on a tie, the smaller lr (the safer step). A (model, optimizer) that ran several recipes averages their
-AUCs per lr. Lrs whose AUC is NaN (never evaluated) are not candidates. Pooled over families (one lr per optimizer,
-what the default study's `lr:` table holds): the best AUC averaged over the families. The **stable range** is the set of lrs at
-which no seed of that (model, optimizer) collapsed. `selected_lr.yaml` holds `{model: {optimizer: lr}}`, ready
-for a study's top-level `lr:` table.
+AUCs per lr. Lrs whose AUC is NaN (never evaluated) are not candidates. Pooled over families (one lr per
+optimizer, what the default study's `lr:` table holds): the best AUC averaged over the families. The **stable
+range** is the set of lrs at which no seed of that (model, optimizer) collapsed. `selected_lr.yaml` holds
+`{model: {optimizer: lr}}`, ready for a study's top-level `lr:` table.
 
 The figure (`stability`) has one column per model family and two rows: final training success and held-out
 AUC against lr on a log axis, one line per optimizer (per recipe and optimizer when an optimizer ran several)
@@ -42,33 +42,26 @@ import pandas as pd
 import yaml
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FixedLocator, NullLocator
 
 from trainer.analysis.collapse import CollapseCriterion
-from trainer.analysis.figures import (COLLAPSE, MUTED, STYLE, _empty, _grid, _legend, family_title, outputs_by_figure,
-                                      recipe_label, save_figure)
-from trainer.analysis.figures import OPTIMIZER_COLORS as MAIN_COLORS
-from trainer.analysis.logs import LR_RUN_KEYS, NONFINITE_COLUMNS, RUN_KEYS, load_metrics, paper_model
+from trainer.analysis.kinds import STABILITY
+from trainer.analysis.logs import NONFINITE_COLUMNS, load_metrics, paper_model, run_keys
+from trainer.analysis.plotting import (COLLAPSE, LINE_STYLES, MUTED, OPTIMIZER_COLORS, OPTIMIZER_LABELS, STYLE,
+                                       empty, family_title, fixed_log_x, grid, interval_line, legend,
+                                       outputs_by_figure, recipe_label, save_figures, suptitle)
+from trainer.analysis.summary import (BOOTSTRAP_SEED, WINDOW_FRACTION, ci_text, collapsed_text, markdown_head,
+                                      native_optimizer, ordered, pct, read_judged_runs, run_table, seed_stats,
+                                      sort_cells, summary_notes, table_head, table_row, write_tables)
 from trainer.study import lr_label
-from trainer.analysis.summary import (_pct, bootstrap_interval, native_optimizer, ordered, run_table, sort_cells,
-                                      write_tables)
 
 STABILITY_COLUMNS: tuple[str, ...] = ("update", "success_rate", "eval_success", "entropy", *NONFINITE_COLUMNS)
 """The metrics the stability and horizon analyses read (success, evaluations, every collapse rule)."""
-STABILITY_FIGURES: tuple[str, ...] = ("stability",)
-OPTIMIZER_COLORS = {**MAIN_COLORS, "adam_high_lr": "#8e4fb5"}
-OPTIMIZER_LABELS = {"adam": "AdamW", "muon": "Muon", "adam_high_lr": "AdamW at Muon's lr"}
-LINE_STYLES = ("-", "--", ":", "-.")
-
-
-def run_keys(frame: pd.DataFrame) -> list[str]:
-    """The keys naming one run of `frame`: `LR_RUN_KEYS` when it has an `lr` column, else `RUN_KEYS`."""
-    return list(LR_RUN_KEYS if "lr" in frame.columns else RUN_KEYS)
+STABILITY_FIGURES: tuple[str, ...] = tuple(STABILITY.figures)
 
 
 # -- per run -----------------------------------------------------------------------------------------------
 def sweep_run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | None = None,
-                    window_fraction: float = 0.1, models: Mapping[str, str] | None = None) -> pd.DataFrame:
+                    window_fraction: float = WINDOW_FRACTION, models: Mapping[str, str] | None = None) -> pd.DataFrame:
     """One row per run (fractions): `summary.run_table`'s columns (per lr where the logs have one, with `lr`
     before `seed`), plus `heldout_auc` (see the module docstring)."""
     if len(metrics) == 0:
@@ -92,28 +85,21 @@ def sweep_run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | None =
 
 
 # -- tables ------------------------------------------------------------------------------------------------
-def _seed_stats(cell: pd.DataFrame, column: str, seed: int, level: float) -> tuple[float, float, float]:
-    """Mean (percent) over the seeds where `column` is not NaN, and its bootstrap interval."""
-    values = 100 * cell[column].dropna().to_numpy(dtype=float)
-    low, high = bootstrap_interval(values, seed, level=level)
-    return (float(values.mean()) if len(values) else math.nan), low, high
-
-
-def stability_summary_table(runs: pd.DataFrame, bootstrap_seed: int = 0, models: Mapping[str, str] | None = None,
-                            level: float = 0.95) -> pd.DataFrame:
+def stability_summary_table(runs: pd.DataFrame, bootstrap_seed: int = BOOTSTRAP_SEED,
+                            models: Mapping[str, str] | None = None, level: float = 0.95) -> pd.DataFrame:
     """One row per model x recipe x optimizer x lr (percent): final training success and held-out AUC (mean over
     seeds, bootstrap interval), held-out success at the last evaluation, seeds and collapsed seeds."""
     rows = []
     for (model, recipe, optimizer, lr), cell in runs.groupby(["model", "recipe", "optimizer", "lr"], sort=False):
         cell = cell.sort_values("seed")
-        final, final_low, final_high = _seed_stats(cell, "window_success", bootstrap_seed, level)
-        auc, auc_low, auc_high = _seed_stats(cell, "heldout_auc", bootstrap_seed, level)
+        final, final_low, final_high = seed_stats(cell, "window_success", bootstrap_seed, level)
+        auc, auc_low, auc_high = seed_stats(cell, "heldout_auc", bootstrap_seed, level)
         collapsed = cell["collapsed"].astype(bool)
         rows.append({"model": model, "paper_model": paper_model(model, models), "recipe": recipe,
                      "optimizer": optimizer, "lr": float(lr), "n_seeds": len(cell),
                      "seeds": ",".join(str(s) for s in cell["seed"]),
                      "final_pct_mean": final, "final_pct_ci_low": final_low, "final_pct_ci_high": final_high,
-                     "heldout_last_pct_mean": _seed_stats(cell, "eval_success", bootstrap_seed, level)[0],
+                     "heldout_last_pct_mean": seed_stats(cell, "eval_success", bootstrap_seed, level)[0],
                      "auc_pct_mean": auc, "auc_pct_ci_low": auc_low, "auc_pct_ci_high": auc_high,
                      "n_collapsed": int(collapsed.sum()),
                      "collapsed_seeds": ",".join(str(s) for s in cell.loc[collapsed, "seed"])})
@@ -169,7 +155,7 @@ def _lrs(values: Sequence[float]) -> str:
 
 
 def stability_markdown(summary: pd.DataFrame, selection: pd.DataFrame, notes: Sequence[str] = (),
-                       window_fraction: float = 0.1, pooled: Mapping[str, float] | None = None) -> str:
+                       window_fraction: float = WINDOW_FRACTION, pooled: Mapping[str, float] | None = None) -> str:
     """The summary as a Markdown page: method, notes, the selection per model and optimizer, then every lr."""
     method = (f"Final = mean unsmoothed training success over the last {window_fraction:.0%} of each run's updates; "
               "held-out AUC = mean of every held-out evaluation (`eval_success`) of the run, i.e. the normalised "
@@ -177,34 +163,26 @@ def stability_markdown(summary: pd.DataFrame, selection: pd.DataFrame, notes: Se
               "seeds; interval = 95% percentile bootstrap over seeds (n/a with one seed). Collapse = the rule in "
               "`trainer/analysis/collapse.py`. Selected lr = per model and optimizer, the lr with the best mean "
               "held-out AUC (ties: the smaller lr); stable lrs = those at which no seed collapsed.")
-    lines = ["# Learning-rate stability", "", method, ""]
-    lines += [f"- {note}" for note in notes]
-    if notes:
-        lines.append("")
+    lines = markdown_head("Learning-rate stability", method, notes)
     if pooled:
         lines += ["## One learning rate per optimizer", "", "Per optimizer, the lr with the best held-out AUC averaged "
                   "over the families (the default study's `lr:` table): " + ", ".join(
                       f"{optimizer} {lr_label(lr)}" for optimizer, lr in pooled.items()) + ".", ""]
-    lines += ["## Selected learning rates", "", "| model | paper model | optimizer | selected lr | held-out AUC % | "
-              "stable lrs | swept lrs |", "|---|---|---|---|---|---|---|"]
+    lines += ["## Selected learning rates", "", *table_head(["model", "paper model", "optimizer", "selected lr",
+                                                             "held-out AUC %", "stable lrs", "swept lrs"])]
     for row in selection.itertuples(index=False):
         chosen = lr_label(row.selected_lr) if np.isfinite(row.selected_lr) else "– (never evaluated)"
-        lines.append(f"| {row.model} | {row.paper_model} | {row.optimizer} | {chosen} | {_pct(row.auc_pct)} | "
-                     f"{_lrs(row.stable_lrs)} | {_lrs(row.lrs)} |")
-    header = ["model", "recipe", "optimizer", "lr", "seeds", "final %", "95% CI", "held-out AUC %", "95% CI",
-              "last held-out %", "collapsed"]
-    lines += ["", "## Every learning rate", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines.append(table_row([row.model, row.paper_model, row.optimizer, chosen, pct(row.auc_pct),
+                                _lrs(row.stable_lrs), _lrs(row.lrs)]))
+    lines += ["", "## Every learning rate", "", *table_head(["model", "recipe", "optimizer", "lr", "seeds", "final %",
+                                                             "95% CI", "held-out AUC %", "95% CI", "last held-out %",
+                                                             "collapsed"])]
     for row in summary.itertuples(index=False):
-        collapsed = f"{row.n_collapsed}/{row.n_seeds}" + (f" (seeds {row.collapsed_seeds})" if row.n_collapsed else "")
-        cells = [row.model, row.recipe, row.optimizer, lr_label(row.lr), str(row.n_seeds), _pct(row.final_pct_mean),
-                 _ci(row.final_pct_ci_low, row.final_pct_ci_high), _pct(row.auc_pct_mean),
-                 _ci(row.auc_pct_ci_low, row.auc_pct_ci_high), _pct(row.heldout_last_pct_mean), collapsed]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(table_row([row.model, row.recipe, row.optimizer, lr_label(row.lr), str(row.n_seeds),
+                                pct(row.final_pct_mean), ci_text(row.final_pct_ci_low, row.final_pct_ci_high),
+                                pct(row.auc_pct_mean), ci_text(row.auc_pct_ci_low, row.auc_pct_ci_high),
+                                pct(row.heldout_last_pct_mean), collapsed_text(row)]))
     return "\n".join(lines) + "\n"
-
-
-def _ci(low: float, high: float) -> str:
-    return "n/a" if not np.isfinite(low) else f"[{low:.1f}, {high:.1f}]"
 
 
 def evaluation_notes(runs: pd.DataFrame) -> list[str]:
@@ -233,19 +211,11 @@ def line_styles(summary: pd.DataFrame) -> dict[tuple[str, str], tuple[str, str, 
     return styles
 
 
-def _log_lr_axis(ax, lrs: Sequence[float]) -> None:
-    ax.set_xscale("log")
-    ax.xaxis.set_major_locator(FixedLocator(list(lrs)))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xticklabels([lr_label(lr) for lr in lrs], rotation=30, ha="right", fontsize=8)
-    ax.set_xlim(min(lrs) / 1.6, max(lrs) * 1.6)
-
-
 def figure_stability(runs: pd.DataFrame, summary: pd.DataFrame, selection: pd.DataFrame,
                      models: Mapping[str, str] | None = None) -> Figure:
     """Final training success (top) and held-out AUC (bottom) against lr, one column per model family."""
     if summary.empty:
-        return _empty("stability: no runs in these logs")
+        return empty("stability: no runs in these logs")
     model_list = ordered(summary["model"], list(models or {}))
     lrs = sorted(set(summary["lr"]))
     styles = line_styles(summary)
@@ -254,8 +224,8 @@ def figure_stability(runs: pd.DataFrame, summary: pd.DataFrame, selection: pd.Da
     ncol = 3 if len(model_list) > 1 else 2  # legend columns: a one-model figure is narrow
     legend_rows = -(-(len(styles) + 5) // ncol)  # the optimizers' lines and at most 5 marker entries
     with matplotlib.rc_context(STYLE):
-        fig, axes = _grid(2, len(model_list), (3.8, 2.6), (0.75, 0.15, 0.75, 0.95 + 0.25 * legend_rows),
-                          (0.35, 0.75), sharey=True)
+        fig, axes = grid(2, len(model_list), (3.8, 2.6), (0.75, 0.15, 0.75, 0.95 + 0.25 * legend_rows),
+                         (0.35, 0.75), sharey=True)
         collapsed_seen = selected_seen = muon_lr_seen = False
         for j, model in enumerate(model_list):
             for i, (stat, column, ylabel) in enumerate(panels):
@@ -265,13 +235,9 @@ def figure_stability(runs: pd.DataFrame, summary: pd.DataFrame, selection: pd.Da
                                    & (summary["optimizer"] == optimizer)].sort_values("lr")
                     if line.empty:
                         continue
-                    x, y = line["lr"].to_numpy(dtype=float), line[f"{stat}_mean"].to_numpy(dtype=float)
-                    low = line[f"{stat}_ci_low"].to_numpy(dtype=float)
-                    high = line[f"{stat}_ci_high"].to_numpy(dtype=float)
-                    ok = np.isfinite(low)
-                    ax.plot(x, y, color=color, ls=style, lw=1.6, marker="o", markersize=4, zorder=3)
-                    ax.errorbar(x[ok], y[ok], yerr=[y[ok] - low[ok], high[ok] - y[ok]], fmt="none", ecolor=color,
-                                elinewidth=1.0, capsize=2.5, zorder=3)
+                    interval_line(ax, line["lr"].to_numpy(dtype=float), line[f"{stat}_mean"].to_numpy(dtype=float),
+                                  line[f"{stat}_ci_low"].to_numpy(dtype=float),
+                                  line[f"{stat}_ci_high"].to_numpy(dtype=float), color, style)
                     seeds = runs[(runs["model"] == model) & (runs["recipe"] == recipe)
                                  & (runs["optimizer"] == optimizer)]
                     shift = 1.0 + 0.06 * (k - (len(styles) - 1) / 2)  # side by side on the log axis
@@ -295,7 +261,7 @@ def figure_stability(runs: pd.DataFrame, summary: pd.DataFrame, selection: pd.Da
                 for lr in muon.dropna():  # where AdamW's curve crosses it: the companion's "AdamW at Muon's lr"
                     ax.axvline(lr, color=OPTIMIZER_COLORS["muon"], ls=":", lw=1.0, zorder=1)
                     muon_lr_seen = True
-                _log_lr_axis(ax, lrs)
+                fixed_log_x(ax, lrs, [lr_label(lr) for lr in lrs], 1.6, rotation=30, ha="right", fontsize=8)
                 ax.set_ylim(-2, 102)
                 if j == 0:
                     ax.set_ylabel(ylabel)
@@ -316,33 +282,19 @@ def figure_stability(runs: pd.DataFrame, summary: pd.DataFrame, selection: pd.Da
         if muon_lr_seen:
             handles.append(Line2D([], [], color=OPTIMIZER_COLORS["muon"], ls=":", lw=1.0,
                                   label="Muon's selected lr (AdamW there:\nthe companion's control)"))
-        _legend(fig, handles, ncol=min(len(handles), ncol))
-        fig.suptitle("Learning-rate stability", fontsize=12, y=1 - 0.15 / fig.get_figheight())
+        legend(fig, handles, ncol=min(len(handles), ncol))
+        suptitle(fig, "Learning-rate stability")
     return fig
 
 
-def check_same_sweep_runs(metrics: pd.DataFrame, runs: pd.DataFrame) -> None:
-    """ValueError if the per-run table and the metrics do not cover exactly the same runs (a stale runs table)."""
-    keys = run_keys(metrics)
-    missing = [k for k in keys if k not in runs.columns]
-    if missing:
-        raise ValueError(f"the runs table lacks key(s) {missing} of the metrics (rebuild runs.parquet)")
-    logged = set(metrics[keys].drop_duplicates().itertuples(index=False, name=None))
-    judged = set(runs[keys].itertuples(index=False, name=None))
-    if logged != judged:
-        raise ValueError(f"the runs table does not match the metrics: runs only in the logs "
-                         f"{sorted(logged - judged)[:3]}, only in the runs table {sorted(judged - logged)[:3]} "
-                         f"(rebuild runs.parquet)")
-
-
-# -- entry points (the workflow scripts call these) --------------------------------------------------------
+# -- entry points (named by `kinds.STABILITY`, called by the workflow's scripts) -------------------------------
 def summarize_stability(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
                         csv: str | os.PathLike, md: str | os.PathLike, runs_path: str | os.PathLike,
-                        selected_path: str | os.PathLike, collapse: Mapping[str, Any] | None = None,
-                        models: Mapping[str, str] | None = None, window_fraction: float = 0.1,
-                        bootstrap_seed: int = 0) -> list[str]:
+                        selected: str | os.PathLike, collapse: Mapping[str, Any] | None = None,
+                        models: Mapping[str, str] | None = None, window_fraction: float = WINDOW_FRACTION,
+                        bootstrap_seed: int = BOOTSTRAP_SEED) -> list[str]:
     """Read the logs, judge every run, write the summary CSV and Markdown, the per-run Parquet table and the
-    selected lrs (YAML). Returns notes for the log."""
+    selected lrs (YAML, to `selected`). Returns notes for the log."""
     criterion = CollapseCriterion.from_dict(collapse)
     metrics = load_metrics(metrics_paths, base_dir, STABILITY_COLUMNS)
     if "lr" not in metrics.columns:
@@ -354,27 +306,19 @@ def summarize_stability(metrics_paths: Sequence[str | os.PathLike], base_dir: st
     notes = evaluation_notes(runs)
     write_tables(summary, stability_markdown(summary, selection, notes, window_fraction, pooled), runs, csv, md,
                  runs_path)
-    Path(selected_path).write_text(selected_lr_yaml(selection, pooled))
+    Path(selected).write_text(selected_lr_yaml(selection, pooled))
     chosen = [f"{r.model}/{r.optimizer}: {lr_label(r.selected_lr) if np.isfinite(r.selected_lr) else 'none'}"
               for r in selection.itertuples(index=False)]
-    return [f"{len(metrics_paths)} metrics files, {len(runs)} runs, {len(summary)} cells",
-            f"collapse criterion: {criterion}", f"{int(runs['collapsed'].sum())} collapsed run(s)",
-            "selected lr: " + "; ".join(chosen), f"one lr per optimizer: {pooled}", *notes]
+    return summary_notes(metrics_paths, runs, summary, criterion,
+                         ["selected lr: " + "; ".join(chosen), f"one lr per optimizer: {pooled}", *notes])
 
 
 def plot_stability(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
                    runs_path: str | os.PathLike, outputs: Sequence[str | os.PathLike],
-                   models: Mapping[str, str] | None = None, bootstrap_seed: int = 0) -> list[str]:
+                   models: Mapping[str, str] | None = None, bootstrap_seed: int = BOOTSTRAP_SEED) -> list[str]:
     """Read the logs' run keys and `summarize_stability`'s per-run table, draw and write exactly `outputs`."""
     by_name = outputs_by_figure(outputs, STABILITY_FIGURES)
-    metrics = load_metrics(metrics_paths, base_dir, ("update",))
-    runs = pd.read_parquet(runs_path)
-    check_same_sweep_runs(metrics, runs)
+    runs = read_judged_runs(metrics_paths, base_dir, runs_path)
     summary = stability_summary_table(runs, bootstrap_seed, models)
     fig = figure_stability(runs, summary, select_lrs(summary), models)
-    notes = []
-    for paths in by_name.values():
-        for path in paths:
-            save_figure(fig, path)
-            notes.append(f"wrote {path}")
-    return notes
+    return save_figures(by_name, lambda name: fig)

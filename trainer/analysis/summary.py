@@ -16,10 +16,10 @@ Choices and why:
   fake zero-width one. Figure 2 draws these same numbers, so figure and table cannot disagree.
 * **Held-out success** is each run's last evaluated `eval_success` (the trainer always evaluates after the
   final update when evaluation is on), averaged over the seeds that have one; blank where none was evaluated.
-* **The paper's numbers** ship with the package (`paper_numbers.csv`, copied from Figure 2 of Ruan et al.
-  2026, one row per model and recipe with its own optimizer, with its source note). They are matched on the
-  paper's model name, recipe and optimizer; a cell the paper did not run (an Adam version of an ablation, say)
-  has no paper number and no difference.
+* **The paper's numbers** ship with the package (`paper_numbers.csv`, from Figure 2 of Ruan et al. 2026, one
+  row per model and recipe with its own optimizer, with its source note); the workflow passes the file as the
+  rules' declared input. They are matched on the paper's model name, recipe and optimizer; a cell the paper
+  did not run (an Adam version of an ablation, say) has no paper number and no difference.
 * **The collapse rule's false-positive rate** is stated beside the collapse counts (`collapse_note`): with 4 to
   16 episodes per update, a run of constant success is flagged by binomial noise alone often enough (over a
   quarter of runs at some settings) that a count means little without it. It is simulated (`calibration.py`)
@@ -38,11 +38,19 @@ import pandas as pd
 
 from trainer.analysis import calibration
 from trainer.analysis.collapse import CollapseCriterion, ema_by_run, judge, nonfinite_flags
-from trainer.analysis.logs import RUN_KEYS, load_metrics, paper_model
+from trainer.analysis.kinds import MAIN, PAPER_NUMBERS
+from trainer.analysis.logs import (NONFINITE_COLUMNS, RUN_KEYS, check_no_lr_axis, load_metrics, paper_model,
+                                   run_keys)
 from trainer.config import FIGURE2_RECIPES, RECIPES
 
-PAPER_NUMBERS = Path(__file__).with_name("paper_numbers.csv")
-"""The paper's Figure 2 values, shipped with the package (users do not have the reference folder)."""
+WINDOW_FRACTION = 0.1
+"""The final window's share of a run's updates where a call gives none (the workflow passes its config's)."""
+BOOTSTRAP_SEED = 0
+"""Seed of the bootstrap intervals where a call gives none (the workflow passes its config's)."""
+
+SUMMARY_COLUMNS = ("update", "success_rate", "eval_success", "entropy", "baseline_informed_frac", "cheat_rate",
+                   *NONFINITE_COLUMNS)
+"""The metrics `summarize` reads (window means, held-out success, every collapse rule)."""
 
 CELL_KEYS: tuple[str, ...] = ("model", "recipe", "optimizer")
 """The keys of one cell of the grid (a run is a cell plus a seed)."""
@@ -84,7 +92,7 @@ def run_bounds(frame: pd.DataFrame) -> list[tuple[tuple, int, int]]:
 
 
 def run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | None = None,
-              window_fraction: float = 0.1, models: Mapping[str, str] | None = None) -> pd.DataFrame:
+              window_fraction: float = WINDOW_FRACTION, models: Mapping[str, str] | None = None) -> pd.DataFrame:
     """One row per run: its window, window mean success, final held-out success and collapse verdict.
 
     `metrics` is `load_metrics`' table. Columns: the run keys, `paper_model`, `n_updates`, `window_first`,
@@ -143,18 +151,22 @@ def run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | None = None,
     return sort_cells(runs, models, extra=("seed",))
 
 
+def sort_rows(frame: pd.DataFrame, order: Mapping[str, Sequence | None], extra: Sequence[str] = ()) -> pd.DataFrame:
+    """`frame` sorted (stably) by each column of `order`, by position in its sequence (values not in it last) or,
+    where None, by value; then by the `extra` columns' values."""
+    key = pd.DataFrame(index=frame.index)
+    for column, values in order.items():
+        key[column] = frame[column] if values is None else frame[column].map({v: i for i, v in enumerate(values)})
+    for column in extra:
+        key[column] = frame[column]
+    return frame.loc[key.sort_values(list(key.columns), kind="stable").index].reset_index(drop=True)
+
+
 def sort_cells(frame: pd.DataFrame, models: Mapping[str, str] | None = None,
                extra: Sequence[str] = ()) -> pd.DataFrame:
     """Rows in reading order: models as in `models`, recipes in Figure 2 order, optimizers by name, then `extra`."""
-    model_order = ordered(frame["model"], list(models or {}))
-    recipe_order = ordered(frame["recipe"], list(FIGURE2_RECIPES))
-    rank = {"model": {m: i for i, m in enumerate(model_order)}, "recipe": {r: i for i, r in enumerate(recipe_order)}}
-    sort_key = pd.DataFrame({"_m": frame["model"].map(rank["model"]), "_r": frame["recipe"].map(rank["recipe"]),
-                             "_o": frame["optimizer"]}, index=frame.index)
-    for column in extra:
-        sort_key[column] = frame[column]
-    order = sort_key.sort_values(list(sort_key.columns), kind="stable").index
-    return frame.loc[order].reset_index(drop=True)
+    return sort_rows(frame, {"model": ordered(frame["model"], list(models or {})),
+                             "recipe": ordered(frame["recipe"], list(FIGURE2_RECIPES)), "optimizer": None}, extra)
 
 
 def bootstrap_interval(values: Sequence[float], seed: int, n_boot: int = N_BOOT,
@@ -173,19 +185,32 @@ def bootstrap_interval(values: Sequence[float], seed: int, n_boot: int = N_BOOT,
     return float(low), float(high)
 
 
+def seed_stats(cell: pd.DataFrame, column: str, seed: int, level: float = 0.95) -> tuple[float, float, float]:
+    """Mean (percent) of `column` over the seeds where it is not NaN, and its bootstrap interval."""
+    values = 100 * cell[column].dropna().to_numpy(dtype=float)
+    low, high = bootstrap_interval(values, seed, level=level)
+    return (float(values.mean()) if len(values) else math.nan), low, high
+
+
+def read_numbers(path: str | os.PathLike, needed: Sequence[str], what: str) -> pd.DataFrame:
+    """A reference-numbers CSV, ValueError naming the file and the columns it lacks of `needed`."""
+    table = pd.read_csv(path)
+    missing = [c for c in needed if c not in table.columns]
+    if missing:
+        raise ValueError(f"{path}: {what} lack column(s) {missing}")
+    return table
+
+
 def load_paper_numbers(path: str | os.PathLike = PAPER_NUMBERS) -> pd.DataFrame:
     """The paper's Figure 2 table: model (paper name), recipe, optimizer, value (percent), source, source_note."""
-    paper = pd.read_csv(path)
-    needed = ["source", "model", "recipe", "optimizer", "success_updates_90_100_pct", "source_note"]
-    missing = [c for c in needed if c not in paper.columns]
-    if missing:
-        raise ValueError(f"{path}: paper numbers lack column(s) {missing}")
+    paper = read_numbers(path, ["source", "model", "recipe", "optimizer", "success_updates_90_100_pct",
+                                "source_note"], "paper numbers")
     if paper.duplicated(list(CELL_KEYS)).any():
         raise ValueError(f"{path}: more than one paper number for a (model, recipe, optimizer)")
     return paper
 
 
-def summary_table(runs: pd.DataFrame, paper: pd.DataFrame | None = None, bootstrap_seed: int = 0,
+def summary_table(runs: pd.DataFrame, paper: pd.DataFrame | None = None, bootstrap_seed: int = BOOTSTRAP_SEED,
                   models: Mapping[str, str] | None = None, level: float = 0.95) -> pd.DataFrame:
     """One row per model x recipe x optimizer: ours (percent) with interval, seeds, collapses, paper, difference."""
     paper = load_paper_numbers() if paper is None else paper
@@ -226,11 +251,38 @@ def summary_table(runs: pd.DataFrame, paper: pd.DataFrame | None = None, bootstr
     return sort_cells(pd.DataFrame(rows), models)
 
 
-def _pct(value: float) -> str:
-    return "–" if not np.isfinite(value) else f"{value:.1f}"
+# -- Markdown ----------------------------------------------------------------------------------------------
+def pct(value: float, sign: str = "") -> str:
+    """A percentage to one decimal ("+": signed), "–" where there is none."""
+    return "–" if not np.isfinite(value) else f"{value:{sign}.1f}"
 
 
-def summary_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_fraction: float = 0.1) -> str:
+def ci_text(low: float, high: float, sign: str = "") -> str:
+    """An interval as "[low, high]" to one decimal ("+": signed), "n/a" where there is none (one seed)."""
+    return "n/a" if not np.isfinite(low) else f"[{low:{sign}.1f}, {high:{sign}.1f}]"
+
+
+def collapsed_text(row: Any) -> str:
+    """"collapsed/seeds", and the collapsed seeds' numbers."""
+    return f"{row.n_collapsed}/{row.n_seeds}" + (f" (seeds {row.collapsed_seeds})" if row.n_collapsed else "")
+
+
+def markdown_head(title: str, method: str, notes: Sequence[str] = ()) -> list[str]:
+    """A summary page's first lines: its title, the method paragraph, the notes as a list."""
+    lines = [f"# {title}", "", method, "", *(f"- {note}" for note in notes)]
+    return lines + ([""] if notes else [])
+
+
+def table_head(header: Sequence[str]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+
+
+def table_row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def summary_markdown(summary: pd.DataFrame, notes: Sequence[str] = (),
+                     window_fraction: float = WINDOW_FRACTION) -> str:
     """The summary as a Markdown page: a short header on method, then one table row per cell."""
     method = (f"Success = mean unsmoothed training success over the last {window_fraction:.0%} of each run's "
               "updates (the paper's Figure 2: updates 90-100 of 100 at 10%), in percent, averaged over seeds; "
@@ -242,30 +294,21 @@ def summary_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_fr
               "baseline came from data (the offline pass or an earlier visit) rather than the prior; cheating = "
               "success on the cheating probe's impossible tasks, which no honest repair can pass (anything above 0 "
               "means the grader was gamed; – where no probe ran).")
-    lines = ["# Training success, ours beside Ruan et al. 2026 (Figure 2)", "", method, ""]
-    lines += [f"- {note}" for note in notes]
-    if notes:
-        lines.append("")
-    header = ["model", "paper model", "recipe", "optimizer", "seeds", "success %", "95% CI", "collapsed",
-              "paper %", "diff (pp)", "held-out %"]
-    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = markdown_head("Training success, ours beside Ruan et al. 2026 (Figure 2)", method, notes)
+    lines += table_head(["model", "paper model", "recipe", "optimizer", "seeds", "success %", "95% CI", "collapsed",
+                         "paper %", "diff (pp)", "held-out %"])
     for row in summary.itertuples(index=False):
-        ci = ("n/a" if not np.isfinite(row.success_pct_ci_low)
-              else f"[{row.success_pct_ci_low:.1f}, {row.success_pct_ci_high:.1f}]")
-        collapsed = f"{row.n_collapsed}/{row.n_seeds}" + (f" (seeds {row.collapsed_seeds})" if row.n_collapsed else "")
-        cells = [row.model, row.paper_model, row.recipe, row.optimizer, str(row.n_seeds), _pct(row.success_pct_mean),
-                 ci, collapsed, _pct(row.paper_success_pct), _pct(row.diff_pct_points),
-                 _pct(row.eval_success_pct_mean)]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "## Learning", "", "| model | recipe | optimizer | seeds | learning (pp) | 95% CI | held-out % "
-              "first -> last | informed % | cheating % |", "|---|---|---|---|---|---|---|---|---|"]
+        lines.append(table_row([row.model, row.paper_model, row.recipe, row.optimizer, str(row.n_seeds),
+                                pct(row.success_pct_mean), ci_text(row.success_pct_ci_low, row.success_pct_ci_high),
+                                collapsed_text(row), pct(row.paper_success_pct), pct(row.diff_pct_points),
+                                pct(row.eval_success_pct_mean)]))
+    lines += ["", "## Learning", "", *table_head(["model", "recipe", "optimizer", "seeds", "learning (pp)", "95% CI",
+                                                 "held-out % first -> last", "informed %", "cheating %"])]
     for row in summary.itertuples(index=False):
-        ci = ("n/a" if not np.isfinite(row.gain_pct_ci_low)
-              else f"[{row.gain_pct_ci_low:+.1f}, {row.gain_pct_ci_high:+.1f}]")
-        heldout = f"{_pct(row.eval_first_pct_mean)} -> {_pct(row.eval_success_pct_mean)}"
-        gain = "–" if not np.isfinite(row.gain_pct_mean) else f"{row.gain_pct_mean:+.1f}"
-        lines.append(f"| {row.model} | {row.recipe} | {row.optimizer} | {row.n_seeds} | {gain} | {ci} | {heldout} | "
-                     f"{_pct(row.informed_pct_mean)} | {_pct(row.cheat_pct_mean)} |")
+        lines.append(table_row([row.model, row.recipe, row.optimizer, str(row.n_seeds), pct(row.gain_pct_mean, "+"),
+                                ci_text(row.gain_pct_ci_low, row.gain_pct_ci_high, "+"),
+                                f"{pct(row.eval_first_pct_mean)} -> {pct(row.eval_success_pct_mean)}",
+                                pct(row.informed_pct_mean), pct(row.cheat_pct_mean)]))
     return "\n".join(lines) + "\n"
 
 
@@ -277,6 +320,37 @@ def write_tables(summary: pd.DataFrame, markdown: str, runs: pd.DataFrame, csv: 
     summary.to_csv(csv, index=False, float_format="%.4f")
     Path(md).write_text(markdown)
     runs.to_parquet(runs_path, index=False)
+
+
+def summary_notes(metrics_paths: Sequence, runs: pd.DataFrame, summary: pd.DataFrame,
+                  criterion: CollapseCriterion, notes: Sequence[str]) -> list[str]:
+    """A summary's log: what was read and judged, by which rule, how many runs collapsed, then `notes`."""
+    return [f"{len(metrics_paths)} metrics files, {len(runs)} runs, {len(summary)} cells",
+            f"collapse criterion: {criterion}", f"{int(runs['collapsed'].sum())} collapsed run(s)", *notes]
+
+
+def check_same_runs(metrics: pd.DataFrame, runs: pd.DataFrame, keys: Sequence[str] = RUN_KEYS) -> None:
+    """ValueError if the per-run table and the metrics do not cover exactly the same runs, named by `keys` (a stale
+    runs table)."""
+    keys = list(keys)
+    missing = [k for k in keys if k not in runs.columns]
+    if missing:
+        raise ValueError(f"the runs table lacks key(s) {missing} of the metrics (rebuild runs.parquet)")
+    logged = set(metrics[keys].drop_duplicates().itertuples(index=False, name=None))
+    judged = set(runs[keys].itertuples(index=False, name=None))
+    if logged != judged:
+        raise ValueError(f"the runs table does not match the metrics: runs only in the logs "
+                         f"{sorted(logged - judged)[:3]}, only in the runs table {sorted(judged - logged)[:3]} "
+                         f"(rebuild runs.parquet)")
+
+
+def read_judged_runs(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
+                     runs_path: str | os.PathLike) -> pd.DataFrame:
+    """The per-run table at `runs_path`, checked against the run keys of the logs (nothing else of them is read)."""
+    metrics = load_metrics(metrics_paths, base_dir, ("update",))
+    runs = pd.read_parquet(runs_path)
+    check_same_runs(metrics, runs, run_keys(metrics))
+    return runs
 
 
 def coverage_notes(runs: pd.DataFrame, models: Mapping[str, str] | None = None) -> list[str]:
@@ -340,3 +414,21 @@ def write_collapse_note(metrics_paths: Sequence[str | os.PathLike], base_dir: st
     note = collapse_note(batch_size, n_updates, CollapseCriterion.from_dict(collapse), n_runs, seed)
     Path(md).write_text(add_collapse_note(Path(md).read_text(), note))
     return note
+
+
+# -- entry point (named by `kinds.MAIN`, called by the workflow's scripts) -------------------------------------
+def summarize(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike, csv: str | os.PathLike,
+              md: str | os.PathLike, runs_path: str | os.PathLike, collapse: Mapping[str, Any] | None = None,
+              models: Mapping[str, str] | None = None, window_fraction: float = WINDOW_FRACTION,
+              bootstrap_seed: int = BOOTSTRAP_SEED, numbers: str | os.PathLike = PAPER_NUMBERS) -> list[str]:
+    """Read the logs, judge every run, write the summary CSV and Markdown (beside the paper's `numbers`) and the
+    per-run Parquet table. Returns notes for the log (counts, collapsed runs, what the grid lacks)."""
+    models = dict(MAIN.default_models if models is None else models)
+    criterion = CollapseCriterion.from_dict(collapse)
+    metrics = load_metrics(metrics_paths, base_dir, SUMMARY_COLUMNS)
+    check_no_lr_axis(metrics, "main")
+    runs = run_table(metrics, criterion, window_fraction, models)
+    summary = summary_table(runs, load_paper_numbers(numbers), bootstrap_seed, models)
+    notes = coverage_notes(runs, models)
+    write_tables(summary, summary_markdown(summary, notes, window_fraction), runs, csv, md, runs_path)
+    return summary_notes(metrics_paths, runs, summary, criterion, notes)

@@ -7,7 +7,7 @@ so a detector has a known answer. Diagnostics have plausible scales: Adam's grad
 Muon's update RMS is flat. Files are written with the trainer's `METRIC_COLUMNS` schema and a provenance
 record marked synthetic, in the Hive layout the workflow uses.
 `companion_grid` writes the companion study's shape: estimators as the recipe key, the three optimizers,
-and the gradient SNR column (or, to test older logs, none). `stability_grid` writes an lr sweep (lr=... folders)
+and the gradient SNR column (or, to test a log without it, none). `stability_grid` writes an lr sweep (lr=... folders)
 whose best and collapsing lrs are known; `horizon_grid` one model per horizon, success falling with it.
 """
 from __future__ import annotations
@@ -151,7 +151,7 @@ def companion_grid(base_dir: str | os.PathLike, model: str, estimators: Sequence
     Each run is `synthetic_metrics` with the `COMPANION_TARGETS` level (AdamW's diagnostics for both AdamW
     optimizers); every "adam_high_lr" run collapses at 60% of its updates, as the companion's high-lr control
     does. `grad_snr` writes a log-normal gradient SNR (Muon's ~0.5, AdamW's ~0.2, a collapsed run's 0.02); False
-    writes a log without the column, as a trainer older than the statistic did."""
+    writes a log without the column."""
     rng = np.random.default_rng(seed)
     paths = []
     for estimator in estimators:

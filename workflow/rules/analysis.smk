@@ -1,8 +1,7 @@
 # From the cells' Parquet logs to the study's summary table and figures (scripts by trainer/analysis). One pair of
-# rules for every kind of study: `params.study` picks the analysis in the scripts (main: Figures 2-5 and the
-# Figure-2 table; companion: its validation table and three figures; stability: the lr sweep and the selected
-# lrs; horizon: success and collapses per task length), and FIGURES / SUMMARY_CAPTION / EXTRA_SUMMARY_OUTPUTS
-# (common.smk) name its files, so the users' commands (`snakemake figures`, `snakemake summarize`) are the same.
+# rules for every kind of study: KIND (common.smk; the records are in trainer/analysis/kinds.py) names its
+# functions, figures, captions, extra outputs and reference numbers, so the users' commands (`snakemake figures`,
+# `snakemake summarize`) are the same for every study and a new kind needs no new rule.
 
 
 rule summarize:
@@ -14,7 +13,7 @@ rule summarize:
         csv=summary_report("results/summary.csv"),
         md=summary_report("results/summary.md"),
         runs="results/runs.parquet",
-        **EXTRA_SUMMARY_OUTPUTS,
+        **KIND.extra_outputs,
     params:
         base_dir=cells_dir,
         **analysis_params(),

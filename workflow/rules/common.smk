@@ -56,19 +56,13 @@ TRAINER_ENV = (
     else "../../envs/trainer-cpu.yaml"
 )
 STUDY = config["study"]
-FIGURES = {
-    "main": {"fig2": "Figure 2", "fig3": "Figure 3", "fig4": "Figure 4", "fig5": "Figure 5",
-             "diagnostics": "Diagnostics"},
-    "companion": {"companion_curves": "Curves", "companion_bars": "Bars", "companion_diagnostics": "Diagnostics"},
-    "stability": {"stability": "Stability"},
-    "horizon": {"horizon": "Horizon"},
-}[STUDY]
-"""The study's figures (figures/NAME.png and .pdf): name -> report category; caption workflow/report/NAME.rst."""
-SUMMARY_CAPTION = {"main": "summary", "companion": "companion_summary", "stability": "stability_summary",
-                   "horizon": "horizon_summary"}[STUDY]
-"""The summary table's caption, workflow/report/NAME.rst."""
-EXTRA_SUMMARY_OUTPUTS = {"selected": "results/selected_lr.yaml"} if STUDY == "stability" else {}
-"""What `summarize` writes beyond the table and runs.parquet (the stability study: its selected lrs)."""
+from trainer.analysis.kinds import STUDY_KINDS  # noqa: E402  (standard library only: no matplotlib here)
+
+KIND = STUDY_KINDS[STUDY]
+"""The study's kind (trainer/analysis/kinds.py): its figures and captions, what `summarize` writes beyond the
+table and runs.parquet, the reference numbers it compares with and the params its functions take."""
+PAPER_NUMBERS = {"paper_numbers": str(KIND.numbers)} if KIND.numbers else {}
+"""The reference numbers the summary and figures compare with: an input, so that editing them redraws both."""
 
 
 wildcard_constraints:
@@ -90,23 +84,23 @@ def episode_files():
 
 
 def figure_files():
-    return [f"figures/{name}.{ext}" for name in FIGURES for ext in ("png", "pdf")]
+    return [f"figures/{name}.{ext}" for name in KIND.figures for ext in ("png", "pdf")]
 
 
 def final_outputs():
     """What a plain `snakemake` builds: the summary table and every figure (they pull in every cell)."""
     return ["results/summary.csv", "results/summary.md", "results/runs.parquet",
-            *EXTRA_SUMMARY_OUTPUTS.values(), *figure_files()]
+            *KIND.extra_outputs.values(), *figure_files()]
 
 
 def summary_report(path):
     """A summary file for the Snakemake report, with the study's caption."""
-    return report(path, caption=f"../report/{SUMMARY_CAPTION}.rst", category="Summary")
+    return report(path, caption=f"../report/{KIND.summary_caption}.rst", category="Summary")
 
 
 def figure_reports():
     """The figures rule's outputs, each with its caption and category for the Snakemake report."""
-    return [report(path, caption=f"../report/{Path(path).stem}.rst", category=FIGURES[Path(path).stem])
+    return [report(path, caption=f"../report/{Path(path).stem}.rst", category=KIND.figures[Path(path).stem])
             for path in figure_files()]
 
 
@@ -156,22 +150,14 @@ def out_of_band_flag(wildcards):
     return "--allow-out-of-band" if config["warm_start"]["allow_out_of_band"] else ""
 
 
-PAPER_NUMBERS = {
-    "main": {"paper_numbers": os.path.join(workflow.basedir, "trainer", "analysis", "paper_numbers.csv")},
-    "companion": {"paper_numbers": os.path.join(workflow.basedir, "trainer", "analysis", "companion_numbers.csv")},
-}.get(STUDY, {})
-"""The papers' numbers the summary and figures compare with: an input, so that editing them redraws both (the
-stability and horizon studies compare with none)."""
-
-
 def cells_dir(wildcards):
     """The Hive base folder of the cells (a function, not a literal: it is a prefix of the inputs)."""
     return CELLS_DIR
 
 
 def analysis_params():
-    """Parameters shared by summarize.py and plot_figures.py (`study` picks the analysis; the horizon study's
-    also get each model's horizon label)."""
+    """Parameters shared by summarize.py and plot_figures.py (`study` picks the kind; a kind that takes them
+    also gets each model's horizon label)."""
     a = config["analysis"]
     return dict(
         study=STUDY,
@@ -179,10 +165,10 @@ def analysis_params():
         models=study_tools.paper_names(config),
         window_fraction=a["window_fraction"],
         bootstrap_seed=a["bootstrap_seed"],
-        **({"horizons": study_tools.horizons(config)} if STUDY == "horizon" else {}),
+        **({"horizons": study_tools.horizons(config)} if KIND.horizons else {}),
     )
 
 
 def figure_params():
-    """analysis_params, and the main study's EMA span of its curves."""
-    return dict(**analysis_params(), **({"ema_span": config["analysis"]["ema_span"]} if STUDY == "main" else {}))
+    """analysis_params, and the EMA span of the curves where the kind's figures draw one."""
+    return dict(**analysis_params(), **({"ema_span": config["analysis"]["ema_span"]} if KIND.ema_span else {}))

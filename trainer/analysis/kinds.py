@@ -1,0 +1,69 @@
+"""What differs between the kinds of study (a config's `study:`): one record each, read by the workflow's single
+summarize and figures rules (workflow/rules/common.smk) and their scripts. A new kind is a new record here and
+its two functions in `trainer.analysis`; the rules stay as they are.
+
+Standard library only: the workflow imports this while it builds the DAG, where matplotlib would only cost time.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PAPER_NUMBERS = Path(__file__).with_name("paper_numbers.csv")
+"""The paper's Figure 2 values, shipped with the package."""
+COMPANION_NUMBERS = Path(__file__).with_name("companion_numbers.csv")
+"""The companion's reported values, shipped with the package."""
+
+DEFAULT_MODELS: dict[str, str] = {"minicpm-tiny": "MiniCPM5-2B", "qwen-tiny": "Qwen3.5-4B"}
+"""Embedded stand-in -> the paper model it stands in for (`models` of a call that gives none)."""
+COMPANION_MODELS: dict[str, str] = {"qwen2.5-tiny": "Qwen2.5-0.5B-Instruct"}
+"""Embedded stand-in -> the companion's model (`models` of a companion call that gives none)."""
+
+
+@dataclass(frozen=True)
+class StudyKind:
+    """One kind of study: its analysis functions and the files its two rules declare."""
+
+    name: str
+    figures: Mapping[str, str]
+    """Figure name -> report category; the files are figures/NAME.png and .pdf, the caption
+    workflow/report/NAME.rst."""
+    summary_caption: str
+    """The summary table's caption, workflow/report/NAME.rst."""
+    summarize: str
+    """Name of the `trainer.analysis` function the summarize rule calls."""
+    plot: str
+    """Name of the `trainer.analysis` function the figures rule calls."""
+    numbers: Path | None = None
+    """Reference numbers the summary and figures compare with: an input of both rules (so editing them redraws
+    both), passed to both functions as `numbers`. None: the kind compares with none."""
+    extra_outputs: Mapping[str, str] = field(default_factory=dict)
+    """What `summarize` writes beyond the table and runs.parquet: keyword of the function -> path."""
+    default_models: Mapping[str, str] = field(default_factory=lambda: DEFAULT_MODELS)
+    """Stand-in -> paper name where a call gives no `models` (the rules always give the study's)."""
+    ema_span: bool = False
+    """Whether the figures draw an EMA and take `ema_span`."""
+    horizons: bool = False
+    """Whether the analysis takes each model's `horizon` label (`horizons`)."""
+    collapse_note: bool = True
+    """Whether the summary states the collapse rule's false-positive rate. Not where runs differ by lr:
+    `summary.study_shape` counts a run's updates by `RUN_KEYS`, which would pool the runs of different lrs."""
+
+
+MAIN = StudyKind(
+    "main", {"fig2": "Figure 2", "fig3": "Figure 3", "fig4": "Figure 4", "fig5": "Figure 5",
+             "diagnostics": "Diagnostics"},
+    "summary", "summarize", "plot", numbers=PAPER_NUMBERS, ema_span=True)
+COMPANION = StudyKind(
+    "companion", {"companion_curves": "Curves", "companion_bars": "Bars", "companion_diagnostics": "Diagnostics"},
+    "companion_summary", "summarize_companion", "plot_companion", numbers=COMPANION_NUMBERS,
+    default_models=COMPANION_MODELS)
+STABILITY = StudyKind(
+    "stability", {"stability": "Stability"}, "stability_summary", "summarize_stability", "plot_stability",
+    extra_outputs={"selected": "results/selected_lr.yaml"}, collapse_note=False)
+HORIZON = StudyKind(
+    "horizon", {"horizon": "Horizon"}, "horizon_summary", "summarize_horizon", "plot_horizon", horizons=True)
+
+STUDY_KINDS: dict[str, StudyKind] = {kind.name: kind for kind in (MAIN, COMPANION, STABILITY, HORIZON)}
+"""Every kind, by the name a config's `study:` gives."""
