@@ -1,4 +1,4 @@
-"""One optimizer step: our batched Muon vs torch.optim.Muon vs torch.optim.AdamW, side by side.
+"""One optimizer step: our Muon vs torch.optim.Muon vs torch.optim.AdamW, side by side.
 
     python benchmarks/bench_muon.py [--rounds 15] [--threads 1] [--json out.json]
 
