@@ -40,7 +40,7 @@ import torch
 
 from trainer.environments.protocol import StepInfo, StepResult
 from trainer.policy.tiny import TinyModelSpec, build_tiny_model
-from trainer.rollout.chat_format import TinyFormat, build_tokenizer
+from trainer.policy.chat_format import TinyFormat, build_tokenizer
 from trainer.rollout.hf_engine import HFEngine, SamplingParams
 
 WORDS = ("file", "line", "open", "edit", "test", "pass", "fail", "search", "error", "return", "value", "def",

@@ -128,7 +128,7 @@ def write_checkpoint(directory: Path) -> int:
 
     from trainer.config import EnvConfig
     from trainer.environments.suite import make_suite
-    from trainer.rollout.chat_format import build_tokenizer
+    from trainer.policy.chat_format import build_tokenizer
 
     texts = make_suite(EnvConfig(**STUDY_CELL["env"])).sample_texts()
     bpe = build_tokenizer(texts, vocab_size=1024, min_frequency=1, special_tokens=SPECIALS)

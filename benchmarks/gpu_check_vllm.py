@@ -49,7 +49,7 @@ if str(ROOT) not in sys.path:  # runnable from a checkout without installing the
     sys.path.insert(0, str(ROOT))
 
 from trainer.environments.protocol import StepInfo, StepResult  # noqa: E402
-from trainer.rollout.chat_format import TinyFormat, build_tokenizer  # noqa: E402
+from trainer.policy.chat_format import TinyFormat, build_tokenizer  # noqa: E402
 from trainer.rollout.episode import ENV_TOKEN  # noqa: E402
 from trainer.rollout.hf_engine import SamplingParams  # noqa: E402
 

@@ -62,3 +62,27 @@ def test_errors_name_the_problem():
         AdvantageConfig("ppo")
     with pytest.raises(ValueError, match="tracker"):
         compute_advantages(_batch(), AdvantageConfig("spo"))
+
+
+def test_the_estimators_give_the_advantages_on_the_batch_targets():
+    """`Estimator.advantages` is `compute_advantages` shifted onto the update's targets (tokens[1:]) and zeroed off
+    the loss mask; `make_estimator` picks the SPO estimator (with its tracker) or the stateless group one."""
+    from types import SimpleNamespace
+
+    from trainer.config import RLConfig
+    from trainer.rl.estimators import GroupEstimator, SPOEstimator, make_estimator
+
+    spo = make_estimator(RLConfig(estimator="spo++", length_threshold=2, length_ramp=1))
+    assert isinstance(spo, SPOEstimator) and spo.sample_tasks is not None and spo.dispatch_baseline("a") == 0.5
+    assert make_estimator(RLConfig(estimator="spo", prioritised_sampling=False)).sample_tasks is None
+    group = make_estimator(RLConfig(estimator="grpo", group_size=2))
+    assert isinstance(group, GroupEstimator) and group.sample_tasks is None and group.dispatch_baseline("a") is None
+    assert group.state_dict() == {} and group.baseline_informed(_batch()) is None
+
+    mask = torch.zeros(2, 11)
+    mask[0, [1, 2, 3, 7, 8]] = 1  # targets of tokens 2..4 and 8..9: the turns' action tokens
+    mask[1, [0, 1]] = 1
+    adv, stats = spo.advantages(_batch(), SimpleNamespace(width=11, loss_mask=mask))
+    full, expected_stats = compute_advantages(_batch(), spo.cfg, spo.tracker, width=12)
+    assert torch.equal(adv, full[:, 1:] * mask) and stats == expected_stats
+    assert spo.baseline_informed(_batch()) == [False, False]  # never visited, no offline stats

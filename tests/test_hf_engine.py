@@ -1,4 +1,4 @@
-"""Tests of trainer/rollout/hf_engine.py and trainer/rollout/chat_format.py.
+"""Tests of trainer/rollout/hf_engine.py and trainer/policy/chat_format.py.
 
 The reference for the engine is `naive_play`: one episode at a time, and for every token a plain forward pass
 over the whole history re-encoded from scratch (no cache, no batch, no padding, no position ids). The engine
@@ -25,9 +25,10 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from trainer.environments.protocol import StepInfo, StepResult
 from trainer.policy.tiny import TinyModelSpec, build_tiny_model
 from trainer.rl.trajectory import turn_values_to_tokens
-from trainer.rollout.chat_format import SPECIAL_TOKENS, HFChatFormat, TinyFormat, build_tokenizer
+from trainer.policy.chat_format import SPECIAL_TOKENS, HFChatFormat, TinyFormat, build_tokenizer
 from trainer.rollout.episode import ENV_TOKEN
-from trainer.rollout.hf_engine import HFEngine, SamplingParams, sample_tokens
+from trainer.rollout.hf_engine import HFEngine, sample_tokens
+from trainer.rollout.sampling import SamplingParams
 
 torch.set_num_threads(1)
 
@@ -584,3 +585,21 @@ def test_engine_with_hf_chat_format_equals_naive():
     ends = {e.tokens[t.end - 1] == fmt.end_of_turn_id for e in episodes for t in e.turns}
     assert ends == {True, False}  # both kinds of observation delta were used
     assert_matches_naive(episodes, model, fmt, TASKS[:5], sp)
+
+
+def test_a_saved_policy_loads_back_with_the_same_weights_and_format(tmp_path):
+    """`save_policy` (the warm start, `train --save-policy`) and `load_policy` round-trip both kinds of format: the
+    tiny one and a real tokenizer's chat template."""
+    from trainer.policy.load import load_policy, policy_meta, save_policy
+
+    tok = hf_tokenizer(CHATML)
+    for name, fmt in (("tiny", TinyFormat(build_tokenizer(TEXTS, vocab_size=300))), ("hf", HFChatFormat(tok))):
+        model = build_tiny_model(TinyModelSpec("qwen-tiny", vocab_size=fmt.vocab_size), seed=1)
+        save_policy(model, fmt, tmp_path / name, extra={"trained": {"update": 3}})
+        loaded, loaded_fmt = load_policy(tmp_path / name)
+        assert type(loaded_fmt) is type(fmt) and loaded_fmt.stop_ids == fmt.stop_ids
+        assert loaded_fmt.prompt_ids("task 3: count") == fmt.prompt_ids("task 3: count")
+        assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+        assert policy_meta(tmp_path / name) == {"format": name, "trained": {"update": 3}}
+    with pytest.raises(ValueError, match="system prompt"):
+        save_policy(model, HFChatFormat(tok, system_prompt="Count."), tmp_path / "no")

@@ -3,10 +3,10 @@
 to at least 90% in a fixed number of updates.
 
 Bit-identical reruns (tests/test_train.py) cannot see a bug that is deterministic. Checked by breaking the trainer
-on purpose (monkeypatching `trainer.train`'s compute_advantages / pad_episodes; spo and grpo, AdamW and Muon):
-negated advantages end at 0% success, the loss mask one token early (the `<act>` marker trained instead of the
-action) at 5-7%, every episode given the batch's mean advantage (no per-episode credit) at 7-12%: all four cases
-of each fail the learning tests. Observations trained too (the episode's advantage on every token) still learn
+on purpose (monkeypatching `trainer.rl.estimators`' compute_advantages or `trainer.train`'s pad_episodes; spo and
+grpo, AdamW and Muon): negated advantages end at 0% success, the loss mask one token early (the `<act>` marker
+trained instead of the action) at 5-7%, every episode given the batch's mean advantage (no per-episode credit) at
+7-12%: all four cases of each fail the learning tests. Observations trained too (the episode's advantage on every token) still learn
 (97-98%; grpo+AdamW 88%), because the actions do not change the observations here and their gradient cancels
 around the baselines; the fast test below catches that one, and the mask one token late or early, directly.
 
@@ -58,7 +58,7 @@ def word_policy(directory, seed: int = 0, preset: str = PRESET, n_keys: int = GA
 
     from trainer.policy.load import save_policy
     from trainer.policy.tiny import TinyModelSpec, build_tiny_model
-    from trainer.rollout.chat_format import SPECIAL_TOKENS, TinyFormat
+    from trainer.policy.chat_format import SPECIAL_TOKENS, TinyFormat
 
     words = ["[UNK]", *vocabulary(RecallConfig(n_keys=n_keys))]
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))

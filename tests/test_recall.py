@@ -90,7 +90,7 @@ def test_expert_always_wins_and_texts_are_deterministic():
 
 
 def test_suite_wires_the_family_and_its_tokenizer_has_one_token_per_key():
-    from trainer.rollout.chat_format import TinyFormat, build_tokenizer
+    from trainer.policy.chat_format import TinyFormat, build_tokenizer
     suite = make_suite(EnvConfig(name="recall", options={"n_keys": 4, "max_turns": 3}))
     assert suite.make_env().max_turns == 3 and len(suite.tasks.tasks("train")) == RecallConfig().n_train_tasks
     demo = suite.demonstrate(suite.tasks.tasks("train")[0], 0.0, __import__("random").Random(0))

@@ -144,6 +144,7 @@ def test_penalties_are_bounded_and_monotone(spec, threshold, ramp, len_max, tool
     (total,) = turn_penalties([traj(turns)], cfg)
     assert total.shape == (len(turns),)
     assert torch.all(c_len <= 0) and torch.all(c_len >= -len_max - 1e-6)
+    assert torch.all(c_tool <= 0) and torch.all(c_tool >= -tool_max - 1e-6)
     assert torch.all(total <= 0) and torch.all(total >= -clip - 1e-6)
     # a turn is penalised for length exactly when it is overlong (and not the exempt last turn)
     flagged = overlong_flags(turns, cfg)

@@ -15,8 +15,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from trainer.rl.spo import (BetaTracker, SPOPlusPlusConfig, TrackerConfig, logprob_divergence,
-                            rho_from_divergence, snapshot_baseline, spo_advantages, spo_plus_plus_advantages,
-                            spo_update_tracker, update_tracker_in_arrival_order)
+                            rho_from_divergence, spo_advantages, spo_plus_plus_advantages, spo_update_tracker,
+                            update_tracker_in_arrival_order)
 from trainer.rl.trajectory import Trajectory, Turn
 
 torch.set_num_threads(1)
@@ -380,14 +380,14 @@ def test_spo_plus_plus_trajectory_unit_by_hand():
 
 def test_spo_plus_plus_dispatch_vs_consume_baseline():
     tracker = BetaTracker()
-    batch = [traj("a", 1.0, baseline=snapshot_baseline(tracker, "a")),      # snapshot 0.5
-             traj("b", 0.0, baseline=snapshot_baseline(tracker, "b"))]      # snapshot 0.5
+    batch = [traj("a", 1.0, baseline=tracker.baseline("a")),      # snapshot 0.5
+             traj("b", 0.0, baseline=tracker.baseline("b"))]      # snapshot 0.5
     assert [t.baseline for t in batch] == [0.5, 0.5]
     # while the rollouts run, another episode of "a" arrives and fails:
     # a: (0.875*0.5 + 0, 0.875*0.5 + 1) = (0.4375, 1.4375), v = 0.4375/1.875 = 0.233333
     tracker.update("a", 0.0, 0.875)
     # a third task "c", dispatched after that update (unseen, so its snapshot is also 0.5)
-    batch.append(traj("c", 1.0, baseline=snapshot_baseline(tracker, "c")))
+    batch.append(traj("c", 1.0, baseline=tracker.baseline("c")))
     # dispatch: a(tau) = {1 - 0.5, 0 - 0.5, 1 - 0.5} = {1/2, -1/2, 1/2}: mean 1/6, centred [1/3, -2/3, 1/3],
     # unbiased var = (1 + 4 + 1) / 9 / 2 = 1/3
     d = math.sqrt(1 / 3)
@@ -421,7 +421,7 @@ def test_spo_plus_plus_edge_cases():
     assert values(spo_plus_plus_advantages(batch, None, None)) == [[0.0, 0.0], [0.0]]
     with pytest.raises(ValueError, match="zero turns"):
         spo_plus_plus_advantages([Trajectory("a", 1.0, [], 0, baseline=0.5)], None, None)
-    with pytest.raises(ValueError, match="snapshot_baseline"):
+    with pytest.raises(ValueError, match="no dispatch-time baseline"):
         spo_plus_plus_advantages([traj("a", 1.0)], None, None)                # dispatch needs a snapshot
     with pytest.raises(ValueError, match="baseline must be in"):
         spo_plus_plus_advantages([traj("a", 1.0, baseline=1.5)], None, None)
@@ -499,3 +499,87 @@ def test_arrival_order_rho_depends_on_trajectory():
     with pytest.raises(ValueError, match="rho"):
         update_tracker_in_arrival_order(batch, tracker, lambda t: 0.9 if t.task_id == "a" else 2.0)
     assert tracker.state_dict() == before
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The SPO estimator's KL-adaptive forgetting (trainer/rl/estimators.py), by hand
+
+
+def _episode(task_id: str, tokens: list[int], mask: list[int], reward: float):
+    from trainer.rollout.episode import Episode
+
+    e = Episode(task_id=task_id, reward=reward)
+    e.tokens, e.loss_mask = list(tokens), list(mask)
+    e.turns = [Turn(start=i, end=i + 1) for i, m in enumerate(mask) if m]
+    return e
+
+
+def _visit(estimator, episodes, score, old_logp_rows):
+    """One update as the trainer drives the estimator: before_update, (the policy update), after_update."""
+    estimator.before_update(episodes, score)
+    estimator.after_update(episodes, [e.trajectory() for e in episodes], {"old_logp_rows": old_logp_rows})
+
+
+def _no_scoring(sequences):
+    raise AssertionError(f"nothing to re-score, asked for {sequences}")
+
+
+def test_kl_adaptive_rho_from_the_policy_shift_since_the_last_visit_by_hand():
+    from trainer.rl.advantages import AdvantageConfig
+    from trainer.rl.estimators import SPOEstimator
+
+    est = SPOEstimator(AdvantageConfig("spo++"), BetaTracker())  # recipe: d_half 0.06, rho in [0.875, 0.96]
+    assert est.needs_old_logp
+    a = _episode("a", [10, 11, 12, 13, 14], [0, 1, 1, 0, 1], 1.0)
+    b = _episode("b", [20, 21, 22], [0, 1, 1], 0.0)
+    # first visits: D = 0, 2**0 = 1 clipped to rho_max 0.96; nothing is re-scored.
+    # a: (0.96*0.5 + 1, 0.96*0.5) = (1.48, 0.48); b: (0.48, 1.48)
+    _visit(est, [a, b], _no_scoring, [[-1.0, -2.0, -3.0, -0.5], [-0.25, -0.5]])
+    assert est.tracker.alpha_beta("a") == pytest.approx((1.48, 0.48), abs=1e-12)
+    assert est.tracker.alpha_beta("b") == pytest.approx((0.48, 1.48), abs=1e-12)
+    # the log-probs recorded for each response are kept for the task's next visit (targets tokens[1:])
+    assert est.last_visit["a"] == ([10, 11, 12, 13, 14], [0, 1, 1, 0, 1], [-1.0, -2.0, -3.0, -0.5])
+
+    asked = []
+
+    def score(sequences):
+        asked.append(sequences)
+        # one padded fp32 batch, rows in the order asked (a, then b), values exact in fp32; beyond a row's length
+        # and off its mask: anything
+        return torch.tensor([[-1.0 - 1 / 256, -2.0 + 1 / 128, 7.0, -0.5 - 3 / 256, 99.0],
+                             [-0.375, -0.375, 99.0, 99.0, 99.0]])
+
+    c = _episode("c", [30, 31], [0, 1], 1.0)
+    a2, b2 = _episode("a", [10, 15, 16], [0, 1, 1], 0.0), _episode("b", [20, 23], [0, 1], 1.0)
+    _visit(est, [a2, b2, c], score, [[-0.3, -0.4], [-0.9], [-0.7]])
+    # only the revisited tasks are re-scored, with their previous responses, in one call
+    assert asked == [[([10, 11, 12, 13, 14], [0, 1, 1, 0, 1]), ([20, 21, 22], [0, 1, 1])]]
+    # a: mask[1:] = [1, 1, 0, 1]: D = (1/256 + 1/128 + 3/256) / 3 = 1/128 = 0.0078125;
+    #    rho = 2**(-0.0078125/0.06) = 2**(-0.130208333) = 0.913699497321 (inside [0.875, 0.96]);
+    #    r = 0: (rho*1.48, rho*0.48 + 1) = (1.352275256035, 1.438575758714)
+    assert est.tracker.alpha_beta("a") == pytest.approx((1.352275256035, 1.438575758714), abs=1e-11)
+    # b: D = (0.125 + 0.125) / 2 = 0.125; 2**(-2.083) = 0.236, clipped up to rho_min 0.875;
+    #    r = 1: (0.875*0.48 + 1, 0.875*1.48) = (1.42, 1.295)
+    assert est.tracker.alpha_beta("b") == pytest.approx((1.42, 1.295), abs=1e-12)
+    # c: a first visit, 0.96: (1.48, 0.48)
+    assert est.tracker.alpha_beta("c") == pytest.approx((1.48, 0.48), abs=1e-12)
+    assert est.last_visit["a"] == ([10, 15, 16], [0, 1, 1], [-0.3, -0.4])
+
+    # the state (tracker and last visits) round-trips: a restored estimator re-scores and forgets identically
+    restored = SPOEstimator(AdvantageConfig("spo++"), BetaTracker())
+    restored.load_state_dict(copy.deepcopy(est.state_dict()))
+    assert restored.state_dict() == est.state_dict()
+
+
+def test_constant_rho_re_scores_nothing_and_keeps_no_responses():
+    from trainer.rl.advantages import AdvantageConfig
+    from trainer.rl.estimators import SPOEstimator
+
+    est = SPOEstimator(AdvantageConfig("spo"), BetaTracker(TrackerConfig(rho_mode="constant")))
+    assert not est.needs_old_logp
+    for reward in (1.0, 0.0):
+        episodes = [_episode("a", [1, 2], [0, 1], reward)]
+        est.before_update(episodes, _no_scoring)
+        est.after_update(episodes, [e.trajectory() for e in episodes], {})
+    # (0.875*0.5 + 1, 0.875*0.5) = (1.4375, 0.4375), then r = 0: (1.2578125, 1.3828125)
+    assert est.tracker.alpha_beta("a") == (1.2578125, 1.3828125) and est.last_visit == {}

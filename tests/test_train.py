@@ -289,3 +289,47 @@ def test_gpu_check_trainer_script_passes(tmp_path):
     summary = json.loads(out.read_text()) if out.exists() else None
     assert proc.returncode == 0 and summary is not None and summary["status"] == "PASS", (summary,
                                                                                           proc.stderr[-3000:])
+
+
+def test_eval_reproduces_the_held_out_success_the_trainer_logged(tmp_path):
+    """`eval` on the policy `train --save-policy` wrote prints the `eval_success` logged for the run's last update:
+    the same held-out tasks, sampling and evaluation generator (seeded by run seed and update). The evaluation
+    samples (eval_temperature 1) a policy that answers the recall game now and then, so the number depends on the
+    seeding: the generator of another update gives another number."""
+    from test_learning_sanity import word_policy
+
+    cell = {"recipe": "spo_adam", "model": {"path": str(word_policy(tmp_path / "base"))},
+            "env": {"name": "recall", "options": {"n_keys": 2, "n_train_tasks": 16, "n_heldout_tasks": 48},
+                    "eval_tasks": 48},
+            "rollout": {"mode": "sync", "batch_size": 8, "max_turn_tokens": 1, "max_episode_tokens": 32,
+                        "eval_temperature": 1.0},
+            "run": {"updates": 3, "seed": 5, "eval_every": 2, "checkpoint_every": 0}}
+    config, out, policy = _write(tmp_path, cell), tmp_path / "out", tmp_path / "final"
+    r = _cli("train", "--config", str(config), "--out", str(out), "--no-progress", "--save-policy", str(policy))
+    assert r.returncode == 0, r.stderr
+    logged = read_log(out / "metrics.parquet")[0]["eval_success"].iloc[-1]
+    assert 0 < logged < 1  # neither all nor nothing: a different draw would show
+    r = _cli("eval", "--config", str(config), "--policy", str(policy))
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout.strip().splitlines()[-1])
+    assert report == {"heldout_success": logged, "tasks": 48, "update": 3, "seed": 5}
+    r = _cli("eval", "--config", str(config), "--policy", str(policy), "--update", "0")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["heldout_success"] != logged
+
+
+def test_resume_refuses_a_checkpoint_of_another_state_format(tmp_path):
+    """A checkpoint whose trainer state has another layout (an earlier trainer's) is refused by name, not misread."""
+    from trainer.config import config_from_dict
+    from trainer.logs.checkpoint import save_checkpoint
+    from trainer.train import Trainer
+
+    cfg = config_from_dict({**CELL, "run": {**CELL["run"], "updates": 1}})
+    trainer = Trainer(cfg, tmp_path / "out")
+    trainer.t_start = time.perf_counter()
+    state = trainer.state_dict()
+    del state["format"]
+    save_checkpoint(tmp_path / "out" / "checkpoints", step=1, model_state=trainer.model.state_dict(),
+                    optimizer_state=None, extra=state)
+    with pytest.raises(ValueError, match=r"format None, this trainer reads 'trainer.state/2'"):
+        Trainer(cfg, tmp_path / "out").resume()

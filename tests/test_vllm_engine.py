@@ -35,9 +35,10 @@ from hypothesis import strategies as st
 from trainer.environments.protocol import StepInfo, StepResult
 from trainer.policy.tiny import TinyModelSpec, build_tiny_model
 from trainer.rl.trajectory import Turn
-from trainer.rollout.chat_format import TinyFormat, build_tokenizer
+from trainer.policy.chat_format import TinyFormat, build_tokenizer
 from trainer.rollout.episode import ENV_TOKEN
-from trainer.rollout.hf_engine import HFEngine, SamplingParams
+from trainer.rollout.hf_engine import HFEngine
+from trainer.rollout.sampling import SamplingParams
 from trainer.rollout.vllm_engine import (
     MIN_VLLM,
     VLLMEngine,
@@ -582,7 +583,7 @@ def test_rollout_driver_runs_the_engine_behind_the_hf_interface():
     llm = FakeLLM([[[7, 3], [7, 3]], [[9, 3], [9, 3]]])
     engine = VLLMEngine.from_llm(llm, HandFormat(), sampling_params_cls=FakeSamplingParams)
     tasks = [SimpleNamespace(task_id="A")]
-    sampler = TaskSampler(tasks, tracker=None, prioritised=False, seed=0)
+    sampler = TaskSampler(tasks, seed=0)
     driver = RolloutDriver(engine, HandEnv, sampler, DriverConfig(mode="lagged", lag=1, batch_size=2),
                            SamplingParams(temperature=1.0, max_turn_tokens=3), seed=0)
     driver.publish(hf_weights(), version=0)

@@ -1,8 +1,13 @@
 """Command line: `python -m trainer {train,sft,eval} ...`. The workflow calls only this.
 
     python -m trainer train --config CELL.yaml --out DIR [--resume] [--set rl.tis_cap=null ...] [--exit-with PID]
+                            [--save-policy POLICY_DIR]
     python -m trainer sft   --config SFT.yaml  --out DIR [--exit-with PID]
-    python -m trainer eval  --config CELL.yaml --policy DIR [--tasks 64]
+    python -m trainer eval  --config CELL.yaml --policy DIR [--update N] [--tasks 64] [--show 3]
+
+`eval` plays the held-out tasks as the trainer's evaluation after update N does (same tasks, sampling and
+generator), so on the policy `train --save-policy` wrote it prints the `eval_success` the trainer logged for its
+last update (N defaults to the update recorded in the policy directory, else 0).
 
 Configs are validated before any work starts; a bad key or value exits with status 2 and a message naming it.
 """
@@ -60,6 +65,29 @@ def exit_with(pid: int, every_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="exit-with", daemon=True).start()
 
 
+def evaluate_cli(cfg, policy: str, *, update: int | None = None, tasks: int | None = None, show: int = 0) -> dict:
+    """`eval`: the held-out success of the policy in `policy` under the cell config `cfg`, computed as the trainer's
+    evaluation after `update` updates computes it (threads, device, dtype, tasks, sampling, generator)."""
+    import torch
+
+    from trainer.environments.suite import make_suite
+    from trainer.policy.load import load_policy, policy_meta
+    from trainer.rollout.evaluation import eval_generator, evaluate, transcript
+    from trainer.rollout.sampling import SamplingParams
+
+    if update is None:
+        update = policy_meta(policy).get("trained", {}).get("update", 0)
+    torch.set_num_threads(cfg.run.threads)
+    suite = make_suite(cfg.env)
+    model, fmt = load_policy(policy, cfg.model.dtype)
+    held_out = suite.tasks.tasks("heldout", tasks or cfg.env.eval_tasks)
+    success, episodes = evaluate(model, fmt, suite.make_env, held_out, SamplingParams.for_evaluation(cfg.rollout),
+                                 eval_generator(cfg.run.seed, update), policy_version=update, device=cfg.run.device)
+    for e in episodes[:show]:
+        print(transcript(e) + "\n")
+    return {"heldout_success": success, "tasks": len(held_out), "update": update, "seed": cfg.run.seed}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -71,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override config fields")
     t.add_argument("--no-progress", action="store_true")
     t.add_argument("--exit-with", type=int, metavar="PID", help="stop when process PID ends (the workflow's head)")
+    t.add_argument("--save-policy", metavar="DIR", help="write the final policy into DIR (for `eval`, `model.path`)")
 
     s = sub.add_parser("sft", help="supervised warm start of a tiny base policy")
     s.add_argument("--config", required=True)
@@ -84,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("eval", help="held-out success of a policy")
     e.add_argument("--config", required=True)
     e.add_argument("--policy", required=True, help="policy directory")
+    e.add_argument("--update", type=int, default=None,
+                   help="seed the evaluation as the trainer's after this update (default: the policy's own, else 0)")
     e.add_argument("--tasks", type=int, default=None, help="held-out tasks (default: env.eval_tasks)")
     e.add_argument("--show", type=int, default=0, help="print the first N episodes as transcripts")
 
@@ -94,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             cfg = load_config(args.config, _overrides(args.set))
             from trainer.train import train
-            path = train(cfg, args.out, resume=args.resume, progress=False if args.no_progress else None)
+            path = train(cfg, args.out, resume=args.resume, progress=False if args.no_progress else None,
+                         save_policy_to=args.save_policy)
             print(f"wrote {path}")
         elif args.command == "sft":
             cfg = load_sft_config(args.config, _overrides(args.set))
@@ -107,21 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         else:
             cfg = load_config(args.config, {"model": {"path": args.policy}})
-            from trainer.environments.suite import make_suite
-            from trainer.policy.load import load_policy
-            from trainer.policy.sft import evaluate_policy
-            from trainer.rollout.hf_engine import SamplingParams
-            suite = make_suite(cfg.env)
-            model, fmt = load_policy(args.policy, cfg.model.dtype)
-            tasks = suite.tasks.tasks("heldout", args.tasks or cfg.env.eval_tasks)
-            r = cfg.rollout
-            shown: list[str] = []
-            success = evaluate_policy(model, fmt, suite, tasks, SamplingParams(
-                temperature=r.eval_temperature, top_p=1.0, max_turn_tokens=r.max_turn_tokens,
-                max_episode_tokens=r.max_episode_tokens), seed=cfg.run.seed, transcripts=shown)
-            for text in shown[:args.show]:
-                print(text + "\n")
-            print(json.dumps({"heldout_success": success, "tasks": len(tasks)}))
+            print(json.dumps(evaluate_cli(cfg, args.policy, update=args.update, tasks=args.tasks, show=args.show)))
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2

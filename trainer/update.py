@@ -99,6 +99,25 @@ def token_logprobs(model: nn.Module, batch: PaddedBatch, temperature: float = 1.
     return logp, entropy
 
 
+def score_sequences(model: nn.Module, sequences: list[tuple[list[int], list[int]]], pad_id: int,
+                    temperature: float = 1.0, *, device: str | torch.device = "cpu",
+                    autocast_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """log pi of each (tokens, loss mask) sequence's tokens under `model`, [R, T-1] fp32 on the CPU, from one padded
+    no-grad forward pass over all of them (row r is valid up to len(tokens_r) - 1).
+
+    SPO's KL-adaptive forgetting re-scores the responses of the tasks an update revisits with this: one pass per
+    update, not one per task."""
+    rows = []
+    for tokens, mask in sequences:
+        e = Episode(task_id="")
+        e.tokens, e.loss_mask = list(tokens), list(mask)
+        e.rollout_logp, e.versions = [0.0] * len(tokens), [0] * len(tokens)
+        rows.append(e)
+    with torch.no_grad():
+        batch = pad_episodes(rows, pad_id).to(device)
+        return token_logprobs(model, batch, temperature, autocast_dtype=autocast_dtype).cpu()
+
+
 def micro_batches(batch: PaddedBatch, rows: list[int], token_budget: int) -> list[list[int]]:
     """Greedy packing of `rows` (in order) so that rows x longest length stays within `token_budget`."""
     lengths = batch.attention_mask.sum(1).tolist()
@@ -140,11 +159,6 @@ class LossSettings:
     agg: str = "token-mean"
     dual_clip: float | None = None
     temperature: float = 1.0
-
-
-def hidden_matrices(model: nn.Module, names: list[str]) -> list[torch.Tensor]:
-    params = dict(model.named_parameters())
-    return [params[n] for n in names]
 
 
 def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: PaddedBatch, advantages: torch.Tensor,

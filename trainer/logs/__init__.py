@@ -1,9 +1,11 @@
-"""Logs, checkpoints and provenance: Parquet metrics tables that carry their own origin, atomic checkpoints
-with RNG state for `--resume`, and the provenance record both embed."""
-from trainer.logs.checkpoint import (capture_rng_state, list_checkpoints, load_latest_checkpoint, restore_rng_state,
-                                     save_checkpoint)
+"""Logs, checkpoints and provenance: Parquet metrics tables that carry their own origin (`parquet_log`), the rows
+the trainer writes into them (`rows`), atomic checkpoints with RNG state for `--resume` (`checkpoint`), and the
+provenance record the tables embed (`provenance`).
+
+The package exports only what reading and writing logs needs, which imports no torch, so the analysis side can
+read logs without it; import checkpoints and rows from their modules (`from trainer.logs.checkpoint import ...`).
+"""
 from trainer.logs.parquet_log import EPISODE_COLUMNS, METRIC_COLUMNS, MetricsLog, read_log
 from trainer.logs.provenance import collect_provenance
 
-__all__ = ["EPISODE_COLUMNS", "METRIC_COLUMNS", "MetricsLog", "capture_rng_state", "collect_provenance",
-           "list_checkpoints", "load_latest_checkpoint", "read_log", "restore_rng_state", "save_checkpoint"]
+__all__ = ["EPISODE_COLUMNS", "METRIC_COLUMNS", "MetricsLog", "collect_provenance", "read_log"]

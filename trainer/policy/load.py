@@ -1,9 +1,11 @@
 """Policies and their tokenizers: a tiny model from a preset, a warm-started tiny model, or a real checkpoint.
 
-A policy directory written by `save_policy` holds the Hugging Face model (`save_pretrained`), the `tokenizers`
-tokenizer (`tokenizer.json`) and `harness_policy.json` (which chat format it speaks). A real checkpoint
-(MiniCPM5-2B, Qwen3.5-4B, Qwen2.5-0.5B-Instruct) is any directory `from_pretrained` can read locally; its own
-tokenizer and chat template are used. Nothing is ever downloaded (`local_files_only=True`).
+A policy directory written by `save_policy` holds the Hugging Face model (`save_pretrained`), its tokenizer (the
+tiny models' `tokenizers` file `tokenizer.json`, or a real checkpoint's own tokenizer files) and
+`harness_policy.json`: which chat format it speaks, and what made it (the warm start's report, or the update and
+seed of a trained cell, which `python -m trainer eval` reads). A real checkpoint (MiniCPM5-2B, Qwen3.5-4B,
+Qwen2.5-0.5B-Instruct) is any directory `from_pretrained` can read locally; its own tokenizer and chat template are
+used. Nothing is ever downloaded (`local_files_only=True`).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 def new_tiny_policy(preset: str, texts: list[str], *, vocab_size: int = 384, seed: int = 0,
                     max_positions: int = 2048):
     """A freshly initialised tiny model with a byte-level BPE tokenizer trained on `texts`."""
-    from trainer.rollout.chat_format import TinyFormat, build_tokenizer
+    from trainer.policy.chat_format import TinyFormat, build_tokenizer
 
     tokenizer = build_tokenizer(texts, vocab_size=vocab_size)
     model = build_tiny_model(TinyModelSpec(preset, vocab_size=tokenizer.get_vocab_size(),
@@ -31,30 +33,44 @@ def new_tiny_policy(preset: str, texts: list[str], *, vocab_size: int = 384, see
 
 
 def save_policy(model, fmt, directory: str | Path, extra: dict | None = None) -> None:
-    """Write model + tokenizer + metadata into `directory` (a tiny policy; real checkpoints are never rewritten)."""
-    from trainer.rollout.chat_format import TinyFormat
+    """Write model + tokenizer + metadata (`extra` merged in) into `directory`, so that `load_policy` reads back the
+    same weights and chat format."""
+    from trainer.policy.chat_format import HFChatFormat, TinyFormat
 
-    if not isinstance(fmt, TinyFormat):
-        raise TypeError("save_policy writes tiny policies; real checkpoints stay where they are")
+    if not isinstance(fmt, (TinyFormat, HFChatFormat)):
+        raise TypeError(f"save_policy: unknown chat format {type(fmt).__name__}")
+    if isinstance(fmt, HFChatFormat) and (fmt.system_prompt is not None
+                                          or fmt.stop_ids != HFChatFormat(fmt.tokenizer).stop_ids):
+        raise ValueError("save_policy: a chat format with a system prompt or extra stop tokens would not be read "
+                         "back by load_policy (it builds the tokenizer's default format)")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
-    (directory / TOKENIZER_FILE).write_text(fmt.tokenizer.to_str())
-    (directory / POLICY_META).write_text(json.dumps({"format": "tiny", **(extra or {})}, indent=2))
+    if isinstance(fmt, TinyFormat):
+        (directory / TOKENIZER_FILE).write_text(fmt.tokenizer.to_str())
+    else:
+        fmt.tokenizer.save_pretrained(directory)
+    kind = "tiny" if isinstance(fmt, TinyFormat) else "hf"
+    (directory / POLICY_META).write_text(json.dumps({"format": kind, **(extra or {})}, indent=2))
+
+
+def policy_meta(path: str | Path) -> dict:
+    """The `harness_policy.json` of a policy directory; {} for a checkpoint that has none."""
+    meta_file = Path(path) / POLICY_META
+    return json.loads(meta_file.read_text()) if meta_file.exists() else {}
 
 
 def load_policy(path: str | Path, dtype: str = "float32"):
     """(model, chat format) from a policy directory or a Hugging Face checkpoint directory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.rollout.chat_format import HFChatFormat, TinyFormat
+    from trainer.policy.chat_format import HFChatFormat, TinyFormat
 
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"policy directory {str(path)!r} does not exist")
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=DTYPES[dtype])
-    meta_file = path / POLICY_META
-    if meta_file.exists() and json.loads(meta_file.read_text()).get("format") == "tiny":
+    if policy_meta(path).get("format") == "tiny":
         from tokenizers import Tokenizer
         return model, TinyFormat(Tokenizer.from_str((path / TOKENIZER_FILE).read_text()))
     return model, HFChatFormat(AutoTokenizer.from_pretrained(path, local_files_only=True))

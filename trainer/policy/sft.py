@@ -28,6 +28,8 @@ from trainer.optim.hybrid import build_muon_adamw
 from trainer.policy.load import DTYPES, new_tiny_policy, save_policy
 from trainer.rl.spo import write_offline_stats
 from trainer.rollout.episode import Episode
+from trainer.rollout.evaluation import evaluate, play_tasks
+from trainer.rollout.sampling import SamplingParams
 from trainer.update import pad_episodes, token_logprobs
 
 
@@ -63,31 +65,11 @@ def cloning_loss_backward(model, demos: list[Episode], pad_id: int, observation_
     return loss
 
 
-def play_tasks(model, fmt, suite, tasks, sampling, seed: int, chunk: int = 64) -> list:
-    """One episode per task, played `chunk` at a time (deterministic in `seed`)."""
-    from trainer.rollout.hf_engine import HFEngine
-
-    engine, generator, episodes = HFEngine(model, fmt), torch.Generator().manual_seed(seed), []
-    model.eval()
-    try:
-        for start in range(0, len(tasks), chunk):
-            part = tasks[start:start + chunk]
-            envs = [suite.make_env() for _ in part]
-            try:
-                with torch.no_grad():
-                    episodes += engine.play(envs, part, sampling=sampling, policy_version=0, generator=generator,
-                                            task_ids=[t.task_id for t in part])
-            finally:
-                for env in envs:
-                    env.close()
-    finally:
-        model.train()
-    return episodes
-
-
 def offline_stats(model, fmt, suite, tasks, sampling, samples: int, seed: int) -> dict[str, tuple[int, int]]:
-    """SPO's offline pass: {task_id: (samples, successes)} from playing each task `samples` times."""
-    episodes = play_tasks(model, fmt, suite, [t for t in tasks for _ in range(samples)], sampling, seed)
+    """SPO's offline pass: {task_id: (samples, successes)} from playing each task `samples` times, 64 episodes per
+    engine batch (deterministic in `seed`)."""
+    tasks = [t for t in tasks for _ in range(samples)]
+    episodes = play_tasks(model, fmt, suite.make_env, tasks, sampling, torch.Generator().manual_seed(seed), chunk=64)
     stats: dict[str, tuple[int, int]] = {}
     for e in episodes:
         n, s = stats.get(e.task_id, (0, 0))
@@ -95,25 +77,9 @@ def offline_stats(model, fmt, suite, tasks, sampling, samples: int, seed: int) -
     return stats
 
 
-def evaluate_policy(model, fmt, suite, tasks, sampling, seed: int, transcripts: list | None = None) -> float:
-    """Held-out success; with `transcripts` (a list), also appends each episode's text to it."""
-    episodes = play_tasks(model, fmt, suite, tasks, sampling, seed, chunk=max(len(tasks), 1))
-    if transcripts is not None:
-        for e in episodes:
-            lines = [f"# {e.task_id} reward={e.reward} truncated={e.truncated}"]
-            for k, action in enumerate(e.actions):
-                lines += [f"<obs> {e.observations[k]}", f"<act> {action}"]
-            if len(e.observations) > len(e.actions):
-                lines.append(f"<obs> {e.observations[-1]}")
-            transcripts.append("\n".join(lines))
-    return sum(e.reward > 0.5 for e in episodes) / max(len(episodes), 1)
-
-
 def warm_start(cfg: SFTConfig, out_dir: str | Path, progress: bool | None = None) -> dict:
     """Train, evaluate, save the base policy into `out_dir`; returns (and writes) the report."""
     from tqdm import tqdm
-
-    from trainer.rollout.hf_engine import SamplingParams
 
     out = Path(out_dir)
     torch.set_num_threads(cfg.threads)
@@ -143,9 +109,14 @@ def warm_start(cfg: SFTConfig, out_dir: str | Path, progress: bool | None = None
         raise ValueError(f"none of the {cfg.n_demos} demonstrations fits rollout.max_episode_tokens="
                          f"{cfg.rollout.max_episode_tokens}: raise it, or make the environment's episodes shorter")
     eval_tasks = suite.tasks.tasks("heldout", cfg.eval_tasks)
-    sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                              max_turn_tokens=cfg.rollout.max_turn_tokens,
-                              max_episode_tokens=cfg.rollout.max_episode_tokens)
+    if not eval_tasks:
+        raise ValueError(f"eval_tasks={cfg.eval_tasks} gives no held-out task: the band is judged on held-out success")
+    sampling = SamplingParams.for_rollouts(cfg.rollout)
+
+    def heldout_success(tasks) -> float:
+        """Held-out success, seeded with the warm start's seed at every evaluation, so that successive evaluations
+        differ by the weights alone."""
+        return evaluate(model, fmt, suite.make_env, tasks, sampling, torch.Generator().manual_seed(cfg.seed))[0]
 
     if cfg.optimizer == "muon":
         optimizer = build_muon_adamw(model, muon_lr=cfg.muon_lr, adamw_lr=cfg.lr)
@@ -166,13 +137,12 @@ def warm_start(cfg: SFTConfig, out_dir: str | Path, progress: bool | None = None
             continue
         # a quarter of the tasks first: far below the band (early on, every episode runs to the turn limit) the
         # full evaluation would cost more than the training steps; the band is judged on all of them
-        screen = evaluate_policy(model, fmt, suite, eval_tasks[:max(len(eval_tasks) // 4, 1)], sampling,
-                                 seed=cfg.seed)
+        screen = heldout_success(eval_tasks[:max(len(eval_tasks) // 4, 1)])
         if screen < low / 2 and step != cfg.max_steps:
             history.append({"step": step, "loss": float(loss.detach()), "screen_success": screen})
             print(json.dumps(history[-1]), file=sys.stderr, flush=True)
             continue
-        success = evaluate_policy(model, fmt, suite, eval_tasks, sampling, seed=cfg.seed)
+        success = heldout_success(eval_tasks)
         history.append({"step": step, "loss": float(loss.detach()), "heldout_success": success})
         bar.set_postfix(loss=f"{float(loss.detach()):.3f}", success=f"{success:.2f}")
         print(json.dumps(history[-1]), file=sys.stderr, flush=True)

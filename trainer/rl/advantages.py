@@ -1,6 +1,6 @@
-"""From finished trajectories to per-token advantages: the one call the trainer makes.
+"""From finished trajectories to per-token advantages: the one computation every estimator of estimators.py uses.
 
-The estimators live in their own modules (`spo.py` for single-stream SPO / SPO++, `group_advantages.py` for
+The estimators' formulas live in their own modules (`spo.py` for single-stream SPO / SPO++, `group_advantages.py` for
 GRPO / GiGPO / GraphGPO) and return one value per turn. This module adds the paper's per-turn penalties
 (`shaping.py`) where the recipe asks for them and broadcasts the result onto each turn's action tokens.
 

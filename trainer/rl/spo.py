@@ -7,8 +7,8 @@ per-task Beta(alpha, beta) estimate of the success probability. This module has 
    prioritised task sampler. Its state is plain Python floats and ints, so a checkpoint stores it exactly.
 2. `spo_advantages` / `spo_update_tracker`: the recipe as published. A_i = r_i - v(x_i), with v read
    *before* any update from this batch. A is standardised over the batch, one entry per trajectory, and
-   the same value goes to every turn. The trainer updates the tracker in a separate call after the optimizer
-   step, as the recipe does.
+   the same value goes to every turn. The tracker is updated in a separate call after the optimizer step, as
+   the recipe does (`SPOEstimator.after_update` in estimators.py, which also keeps the KL-adaptive rho's state).
 3. `spo_plus_plus_advantages` / `update_tracker_in_arrival_order`: SPO++, "stream-aligned" advantage
    estimation. No source text or code for SPO++ was found, so this is our reading of it. Every open
    choice is a field of `SPOPlusPlusConfig`.
@@ -30,11 +30,11 @@ Choices and why:
 * **Keyed by task id.** The recipe keys the tracker by the stripped text of the prompt's first message.
   We key it by `Trajectory.task_id`, which names the same thing without hashing prompts.
 * **The SPO++ default is `baseline="dispatch"`, `unit="turn"`.**
-  - "Dispatch": the rollout driver snapshots v(x) when it hands the task out (`snapshot_baseline`,
-    stored in `Trajectory.baseline`), and the advantage uses that snapshot. Under asynchronous training,
-    other episodes of the same task may update the tracker while this one is running. The snapshot is the
-    baseline that belongs to the policy version that produced the data, which is our reading of
-    "stream-aligned".
+  - "Dispatch": the rollout driver snapshots v(x) = `tracker.baseline(task_id)` when it hands the task out
+    (`SPOEstimator.dispatch_baseline`, stored in `Trajectory.baseline`), and the advantage uses that
+    snapshot. Under asynchronous training, other episodes of the same task may update the tracker while
+    this one is running. The snapshot is the baseline that belongs to the policy version that produced the
+    data, which is our reading of "stream-aligned".
   - "Turn": the paper adds a per-turn penalty to each turn's advantage, "then standardises across
     trajectories". The natural multiset for that is one entry per turn.
   - "Token" weighting would let a single very long turn dominate the statistics, the very length bias the
@@ -332,11 +332,6 @@ class BetaTracker:
         self.cfg, self._alpha, self._beta, self._visits = cfg, alpha, beta, visits
 
 
-def snapshot_baseline(tracker: BetaTracker, task_id: str) -> float:
-    """The baseline to store in `Trajectory.baseline` when the rollout driver dispatches a task (SPO++)."""
-    return tracker.baseline(task_id)
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Shared checks and the standardisation
 
@@ -480,8 +475,8 @@ def _baselines(trajectories: Sequence[Trajectory], tracker: BetaTracker | None, 
     for i, traj in enumerate(trajectories):
         if traj.baseline is None:
             raise ValueError(f"trajectory {i} (task {traj.task_id!r}) has no dispatch-time baseline "
-                             "(Trajectory.baseline is None); call snapshot_baseline when dispatching, "
-                             "or use baseline='consume'")
+                             "(Trajectory.baseline is None); store tracker.baseline(task_id) on it when "
+                             "dispatching, or use baseline='consume'")
         value = float(traj.baseline)
         if not (math.isfinite(value) and 0.0 <= value <= 1.0):
             raise ValueError(f"trajectory {i} (task {traj.task_id!r}): baseline must be in [0, 1], got {value!r}")

@@ -9,9 +9,10 @@ Three modes, one interface (`next_batch(trainer_version)` and `publish(weights, 
   trains; the trainer takes finished episodes in arrival order. Episodes older than `max_staleness` versions are
   dropped (and counted) and the producer never runs more than `max_staleness` versions ahead of what was consumed.
 
-Tasks: one rollout per task (single stream), drawn from the training pool with SPO's prioritised weights when a
-tracker is given (uniform otherwise), or `group_size` rollouts per task for the group estimators. The SPO++
-baseline is snapshotted when the task is dispatched (`Episode.baseline`).
+Tasks: one rollout per task (single stream), or `group_size` rollouts per task for the group estimators, drawn
+from the training pool by the estimator's `sample_tasks` (SPO's prioritised weights) or uniformly. When a task is
+handed out, the estimator's `dispatch_baseline` is snapshotted onto its episodes (`Episode.baseline`: SPO++'s
+stream-aligned baseline). The driver knows nothing else of the estimator.
 """
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ from typing import Callable
 
 import torch
 
-from trainer.rl.spo import BetaTracker
 from trainer.rollout.episode import Episode
 
 
@@ -35,25 +35,27 @@ class DriverConfig:
     max_staleness: int = 4
     batch_size: int = 16
     group_size: int = 1
-    prioritised: bool = True
 
 
 class TaskSampler:
-    """Draws the tasks of one batch; deterministic in its generator."""
+    """Draws the tasks of one batch; deterministic in its generator.
 
-    def __init__(self, tasks: list, tracker: BetaTracker | None, prioritised: bool, seed: int):
+    `choose(ids, k, generator)` picks k task ids (SPO's prioritised sampling); None draws uniformly, without
+    replacement unless k exceeds the pool."""
+
+    def __init__(self, tasks: list, choose: Callable[[list[str], int, torch.Generator], list[str]] | None = None,
+                 seed: int = 0):
         self.tasks = list(tasks)
         self.by_id = {t.task_id: t for t in self.tasks}
         if len(self.by_id) != len(self.tasks):
             raise ValueError("task ids in the training pool are not unique")
-        self.tracker = tracker
-        self.prioritised = prioritised and tracker is not None
+        self.choose = choose
         self.generator = torch.Generator().manual_seed(seed)
 
     def sample(self, k: int) -> list:
         ids = list(self.by_id)
-        if self.prioritised:
-            chosen = self.tracker.sample_tasks(ids, k, generator=self.generator)
+        if self.choose is not None:
+            chosen = self.choose(ids, k, self.generator)
         else:
             replace = k > len(ids)
             idx = (torch.randint(len(ids), (k,), generator=self.generator) if replace
@@ -72,11 +74,12 @@ class RolloutDriver:
     """Plays batches of episodes with `engine` on environments made by `make_env`."""
 
     def __init__(self, engine, make_env: Callable, sampler: TaskSampler, cfg: DriverConfig, sampling,
-                 tracker: BetaTracker | None = None, seed: int = 0):
+                 dispatch_baseline: Callable[[str], float | None] | None = None, seed: int = 0):
+        """`dispatch_baseline(task_id)` is read once per task when it is handed out and stored on its episodes."""
         if cfg.mode not in ("sync", "lagged", "async"):
             raise ValueError(f"rollout mode {cfg.mode!r} is not one of sync, lagged, async")
         self.engine, self.make_env, self.sampler, self.cfg, self.sampling = engine, make_env, sampler, cfg, sampling
-        self.tracker = tracker
+        self.dispatch_baseline = dispatch_baseline
         self.generator = torch.Generator().manual_seed(seed + 7919)
         self.snapshots: deque[tuple[int, dict]] = deque()
         self.dropped_stale = 0
@@ -105,7 +108,7 @@ class RolloutDriver:
         tasks = self.sampler.sample(n_tasks)
         out_tasks, ids, groups, baselines = [], [], [], []
         for j, task in enumerate(tasks):
-            base = self.tracker.baseline(task.task_id) if self.tracker is not None else None
+            base = self.dispatch_baseline(task.task_id) if self.dispatch_baseline is not None else None
             for _ in range(self.cfg.group_size):
                 out_tasks.append(task)
                 ids.append(task.task_id)

@@ -49,7 +49,7 @@ Design choices (and which reading of the issue is the default):
   appended. Either way the episode ends with `truncated=True`, `done=False`, reward 0. A prompt that leaves no
   room for one token is a configuration error and raises.
 - **Loss mask.** 1 exactly on sampled tokens, the stop token that closes an action included; 0 on the prompt,
-  observations and any template text the format inserts (see `chat_format.py`).
+  observations and any template text the format inserts (see trainer/policy/chat_format.py).
 
 Models served: decoder-only, full-attention layers only, `attn_implementation` "sdpa" or "eager" (the custom
 mask); anything else (flash attention, sliding-window or linear-attention layers) is refused with a clear error.
@@ -62,7 +62,6 @@ The engine leaves environments open (their owner closes them). It is synchronous
 from __future__ import annotations
 
 import inspect
-import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -71,35 +70,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from trainer.environments.protocol import Environment
 from trainer.rollout.episode import Episode, end_action
-
-
-@dataclass
-class SamplingParams:
-    """How actions are sampled and how long episodes may grow."""
-
-    temperature: float = 1.0
-    """Softmax temperature; 0 means greedy (argmax), with log-probs recorded under temperature 1."""
-    top_p: float = 1.0
-    """Nucleus sampling: draw only from the smallest set of tokens whose probability reaches top_p (1 = all)."""
-    max_turn_tokens: int = 256
-    """Most tokens one action may have (its stop token included); a longer action is cut and executed as is."""
-    max_episode_tokens: int = 2048
-    """Most tokens the whole sequence (prompt, actions, observations) may have; beyond it, truncated=True."""
-
-    def __post_init__(self):
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
-                and self.temperature >= 0):
-            raise ValueError(f"SamplingParams.temperature must be a finite number >= 0, got {self.temperature!r}")
-        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
-            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
-        if not (isinstance(self.max_turn_tokens, int) and self.max_turn_tokens >= 1):
-            raise ValueError(f"SamplingParams.max_turn_tokens must be an int >= 1, got {self.max_turn_tokens!r}")
-        if not (isinstance(self.max_episode_tokens, int) and self.max_episode_tokens >= 2):
-            raise ValueError(f"SamplingParams.max_episode_tokens must be an int >= 2, got {self.max_episode_tokens!r}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+from trainer.rollout.sampling import SamplingParams
 
 
 def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
@@ -321,7 +292,8 @@ class HFEngine:
     def __init__(self, model, fmt, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                  free_finished: bool = True, lean: bool = True):
         """`model` is used in place (moved to device/dtype, put in eval mode): give the engine its own copy if a
-        trainer keeps updating the original. `fmt` is a format from chat_format.py (TinyFormat, HFChatFormat).
+        trainer keeps updating the original. `fmt` is a format from trainer/policy/chat_format.py (TinyFormat,
+        HFChatFormat).
         `lean=False` calls the transformers model even where `_LeanDecoder` serves it (tests compare the two)."""
         config = model.config
         if getattr(config, "is_encoder_decoder", False):

@@ -73,7 +73,7 @@ import torch
 
 from trainer.environments.protocol import Environment
 from trainer.rollout.episode import Episode, end_action
-from trainer.rollout.hf_engine import SamplingParams
+from trainer.rollout.sampling import SamplingParams
 
 MIN_VLLM = "0.10.2"
 """Oldest vLLM release this engine is written against (see the module docstring for why)."""
