@@ -267,6 +267,7 @@ def test_diagnostics_panels_and_all_nan_grad_snr(grid, tmp_path):
     assert not any(ax.texts for ax in fig.axes[2:])
 
 
+@pytest.mark.slow
 def test_written_files_exist_are_non_empty_and_the_pdf_is_reproducible(grid, tmp_path):
     outputs = [tmp_path / f"{name}.{ext}" for name in COMPANION_FIGURES for ext in ("png", "pdf")]
     notes = plot_companion(grid.paths, grid.base, grid.root / "results" / "runs.parquet", outputs)
@@ -291,6 +292,7 @@ def snakemake_object(input_, output, params, log):
     return SimpleNamespace(input=input_, output=output, params=SimpleNamespace(**params), log=[str(log)])
 
 
+@pytest.mark.slow
 def test_scripts_run_as_snakemake_scripts(tmp_path):
     base = tmp_path / "results" / "cells"
     paths = [str(p) for p in companion_grid(base, MODEL, ["gigpo"], ["adam", "muon"], [0], n_updates=10)]

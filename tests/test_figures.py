@@ -137,6 +137,7 @@ def test_diagnostics_panels(grid):
     assert fig.axes[0].lines[0].get_ydata()[0] == pytest.approx(np.median(at0))
 
 
+@pytest.mark.slow
 def test_write_figures_files_exist_and_pdf_is_reproducible(grid, tmp_path):
     outputs = [tmp_path / "figures" / f"{name}.{fmt}" for name in FIGURES for fmt in ("png", "pdf")]
     notes = write_figures(outputs, grid.metrics, grid.runs, MODELS)
@@ -165,6 +166,7 @@ def snakemake_object(input_, output, params, log):
     return SimpleNamespace(input=input_, output=output, params=SimpleNamespace(**params), log=[str(log)])
 
 
+@pytest.mark.slow
 def test_scripts_run_as_snakemake_scripts_on_a_smoke_grid(tmp_path):
     # A smoke grid: one model, two recipes, 6 updates; the other family and recipes are absent.
     base = tmp_path / "results" / "cells"

@@ -13,6 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import trajectory
 from trainer.rl.group_advantages import (
     SUCCESS,
     GiGPOConfig,
@@ -30,7 +31,7 @@ from trainer.rl.group_advantages import (
     step_rewards,
     transition_edges,
 )
-from trainer.rl.trajectory import Trajectory, Turn, turn_values_to_tokens
+from trainer.rl.trajectory import Trajectory, turn_values_to_tokens
 
 torch.set_num_threads(1)
 EPS = 1e-6
@@ -42,8 +43,7 @@ def make_traj(states: list[str], success: bool, invalid: tuple[int, ...] = (), f
 
     Each turn spans 3 tokens so the records also work with turn_values_to_tokens.
     """
-    turns = [Turn(start=3 * k, end=3 * k + 3, state=s, invalid_action=k in invalid) for k, s in enumerate(states)]
-    return Trajectory(task_id=task, reward=1.0 if success else 0.0, turns=turns, length=3 * len(states),
+    return trajectory(task, 1.0 if success else 0.0, [3] * len(states), invalid=invalid, states=states,
                       final_state=final, group_id=group)
 
 

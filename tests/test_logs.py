@@ -506,6 +506,7 @@ def _killable_child(directory: Path) -> None:
     toy_run(directory, every=1, sleep_s=0.04)  # a save every update: about a third of its time is spent saving
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork and SIGKILL (POSIX)")
 def test_sigkill_at_random_moments_then_resume_matches_uninterrupted_run(tmp_path):
     ref_model, ref_log = toy_run(tmp_path / "reference")

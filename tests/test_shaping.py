@@ -7,21 +7,18 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+from conftest import turns
 from trainer.rl.shaping import (ShapingConfig, length_penalties, overlong_flags, tool_penalties, turn_penalties)
 from trainer.rl.trajectory import Trajectory, Turn
 
 
 def turns_of(lengths, invalid=(), exec_error=()):
     """Consecutive turns with the given generated lengths (a 3-token observation between turns)."""
-    out, pos = [], 0
-    for k, length in enumerate(lengths):
-        out.append(Turn(start=pos, end=pos + length, invalid_action=k in invalid, exec_error=k in exec_error))
-        pos += length + 3
-    return out
+    return turns(lengths, gap=3, invalid=invalid, exec_error=exec_error)
 
 
-def traj(turns, task="t"):
-    return Trajectory(task_id=task, reward=0.0, turns=turns, length=turns[-1].end if turns else 0)
+def traj(spans, task="t"):
+    return Trajectory(task_id=task, reward=0.0, turns=spans, length=spans[-1].end if spans else 0)
 
 
 # Threshold 2048, ramp 2048 (the default = threshold), max 0.5:

@@ -14,6 +14,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from conftest import trajectory
 from trainer.rl.spo import (BetaTracker, SPOPlusPlusConfig, TrackerConfig, logprob_divergence,
                             rho_from_divergence, spo_advantages, spo_plus_plus_advantages, spo_update_tracker,
                             update_tracker_in_arrival_order)
@@ -25,12 +26,7 @@ FAST = settings(max_examples=60, deadline=None)
 
 def traj(task_id: str, reward: float, turn_lengths=(1,), baseline=None, policy_version=0) -> Trajectory:
     """A trajectory whose turns are back to back, with the given generated lengths."""
-    turns, pos = [], 0
-    for n in turn_lengths:
-        turns.append(Turn(start=pos, end=pos + n))
-        pos += n
-    return Trajectory(task_id=task_id, reward=reward, turns=turns, length=pos, baseline=baseline,
-                      policy_version=policy_version)
+    return trajectory(task_id, reward, turn_lengths, baseline=baseline, policy_version=policy_version)
 
 
 def values(rows):

@@ -54,6 +54,7 @@ def reference_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_every_metric_with_provenance(reference_run):
     df, prov = read_log(reference_run / "metrics.parquet")
     assert list(df.columns) == list(METRIC_COLUMNS)
@@ -94,6 +95,7 @@ def test_the_cheating_probe_reports_a_gamed_grader(tmp_path, monkeypatch):
     assert df["cheat_rate"].tolist() == [1.0]
 
 
+@pytest.mark.slow
 def test_same_seed_reruns_bit_identically(tmp_path, reference_run):
     out = tmp_path / "again"
     r = _cli("train", "--config", str(_write(tmp_path, CELL)), "--out", str(out), "--no-progress")
@@ -101,6 +103,7 @@ def test_same_seed_reruns_bit_identically(tmp_path, reference_run):
     pd.testing.assert_frame_equal(_metrics(out), _metrics(reference_run))
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_ends_with_the_same_metrics(tmp_path, reference_run):
     out = tmp_path / "killed"
     cfg = _write(tmp_path, CELL)
@@ -119,6 +122,7 @@ def test_sigkill_then_resume_ends_with_the_same_metrics(tmp_path, reference_run)
     pd.testing.assert_frame_equal(_metrics(out), _metrics(reference_run))
 
 
+@pytest.mark.slow
 def test_a_short_empty_or_missing_log_fails_the_summary_check(tmp_path, reference_run):
     """A finished cell's logs replaced by shorter valid files, or its episode log deleted, are named, not dropped."""
     import shutil
@@ -178,6 +182,7 @@ def test_exit_with_stops_the_job_when_its_head_dies():
     assert r.returncode == 2 and f"--exit-with: process {head.pid} does not exist" in r.stderr
 
 
+@pytest.mark.slow
 def test_fresh_run_refuses_a_directory_with_checkpoints(tmp_path, reference_run):
     import shutil
     out = tmp_path / "reuse"
@@ -198,6 +203,7 @@ def test_bad_config_fails_before_work_with_the_key_named(tmp_path, bad, named):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_async_mode_bounds_staleness(tmp_path):
     cell = {**CELL, "rollout": {**CELL["rollout"], "mode": "async", "max_staleness": 1},
             "run": {**CELL["run"], "updates": 3, "checkpoint_every": 0}}
@@ -224,6 +230,7 @@ COMPANION_CELL = {
 }
 
 
+@pytest.mark.slow
 def test_companion_cell_runs_groups_with_adamw_at_muons_lr_and_logs_grad_snr(tmp_path):
     """A companion-study cell: groups of 2 rollouts per task, GiGPO, AdamW at Muon's learning rate on every
     parameter, and the gradient SNR logged at every update (from the 4 episodes' gradients)."""
@@ -239,11 +246,13 @@ def test_companion_cell_runs_groups_with_adamw_at_muons_lr_and_logs_grad_snr(tmp
     assert prov["config"]["optim"]["name"] == "adam_high_lr"
 
 
+@pytest.mark.slow
 def test_grad_snr_is_null_unless_asked(reference_run):
     df, _ = read_log(reference_run / "metrics.parquet")
     assert df["grad_snr"].isna().all()
 
 
+@pytest.mark.slow
 def test_trainer_runs_on_the_swe_environment_with_the_local_backend(tmp_path):
     """The paper's environment family through the trainer loop (here a tiny model on the shipped tasks, local
     sandbox): episodes are played, graded by the hidden tests, logged, and the update runs."""
@@ -263,6 +272,7 @@ def test_trainer_runs_on_the_swe_environment_with_the_local_backend(tmp_path):
     assert df["loss"].notna().all() and df["tool_error_rate"].between(0, 1).all()
 
 
+@pytest.mark.slow
 def test_the_trainer_warns_about_bf16_weights(tmp_path):
     """bf16 master weights lose small updates (tests/test_update.py shows it): the trainer says so at start."""
     from trainer.config import config_from_dict
