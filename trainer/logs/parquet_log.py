@@ -1,7 +1,7 @@
 """Parquet logs: one row per update (METRIC_COLUMNS) and one row per episode (EPISODE_COLUMNS).
 
-The column names are the contract between the trainer and the figure scripts (`METRIC_COLUMNS` below; README, "Outputs").
-Choices and why:
+The column names are the contract between the trainer and the figure scripts (`METRIC_COLUMNS` below;
+docs/design.md, "Outputs"). Choices and why:
 
 * **Rewrite the whole table at every flush, atomically** (`atomic.atomic_path`). Parquet cannot be appended
   to, and a crash must never leave a truncated file; a run has ~100 updates and a few thousand episodes, so

@@ -6,7 +6,7 @@ limit), its text goes to `env.step`, and the next observation's tokens are *appe
 forward pass over just those tokens; nothing is ever re-encoded from the start. The result is one `Episode` record
 per pair with per-token loss mask, rollout log-prob, policy version and turn index.
 
-Design choices (and which reading of the issue is the default):
+Design choices:
 
 - **One KV buffer, each row left-aligned at its own length.** Episodes in a batch have different lengths, and as
   turns end at different steps they append different numbers of tokens. A shared cache in which every forward pass
@@ -27,14 +27,13 @@ Design choices (and which reading of the issue is the default):
   the observation) share one prefill pass over just those rows, so a 30-token observation costs 30 positions for
   that episode, not 30 for every episode in the batch.
 - **Finished episodes leave the batch** (`free_finished=True`, the default): their rows are dropped from the
-  buffers with one `index_select`. Keeping them as filler rows instead (`free_finished=False`) was 20-40% slower
-  on the embedded-default benchmark (`benchmarks/bench_rollout.py --mask-finished`: 2.1-2.9k vs 3.6-3.7k
-  generated tokens/s, 32 episodes of 6-10 turns, one thread), because every decode pass still computes them.
+  buffers with one `index_select`. Keeping them as filler rows (`free_finished=False`) is slower, because every
+  decode pass still computes them (`benchmarks/bench_rollout.py --mask-finished` measures both).
 - **A lean forward for the tiny families.** For Llama, Qwen2 and Qwen3 models on the sdpa kernel (the embedded
   study's policies), `_LeanDecoder` replaces the transformers call with the same tensor operations in the same
   order and shapes, so logits, sampled tokens and log-probs are bit-identical (tested against `lean=False`). At
   ~1M parameters a forward pass is a few milliseconds, and the modeling code's per-module Python (hooks,
-  decorators, kwargs plumbing, mask preparation, output records) was about a third of it. What remains is
+  decorators, kwargs plumbing, mask preparation, output records) is a large share of it. What remains is
   mostly MKL's small-row matmuls and the flash-attention kernel, which cannot change without changing the
   numbers (a matmul's rows depend on how many rows it is given, so no pass may drop or add rows either). Other
   models, and `attn_implementation="eager"`, take the generic call.
