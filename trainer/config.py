@@ -26,6 +26,10 @@ time): a value above one is a typo, caught before the first cell."""
 LIMITS_NOTE = "trainer.config.LIMITS: far above any study; a typo?"
 
 
+RolloutMode = Literal["sync", "lagged", "async"]
+"""How rollouts relate to updates (RolloutConfig.mode, the rollout driver's mode)."""
+
+
 @dataclass(frozen=True)
 class Bounds:
     """A knob's allowed range (None: no bound on that side); `most` names a `LIMITS` entry as the upper bound."""
@@ -178,7 +182,7 @@ class RolloutConfig:
     """hf: the batched KV-cached Hugging Face engine (CPU or GPU); vllm: vLLM on a GPU (needs model.path)."""
     vllm_gpu_memory_utilization: float = knob(0.5, gt=0, le=1)
     """Share of the GPU vLLM may take (the trainer's model shares the device)."""
-    mode: Literal["sync", "lagged", "async"] = "lagged"
+    mode: RolloutMode = "lagged"
     """sync: rollouts by the current policy; lagged: always by the policy `lag` updates old (deterministic);
     async: a concurrent rollout thread, staleness bounded by `max_staleness`."""
     lag: int = knob(1, ge=0)

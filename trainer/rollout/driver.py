@@ -25,12 +25,13 @@ from typing import Callable
 
 import torch
 
+from trainer.config import RolloutMode
 from trainer.rollout.episode import Episode
 
 
 @dataclass
 class DriverConfig:
-    mode: str = "lagged"
+    mode: RolloutMode = "lagged"
     lag: int = 1
     max_staleness: int = 4
     batch_size: int = 16
