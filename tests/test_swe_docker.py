@@ -22,7 +22,7 @@ from trainer.environments.swe import (DockerConfig, SandboxError, SWEConfig, SWE
                                       patch_actions)
 from trainer.environments.swe.containers import LABEL, docker_client
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.slow]  # containers take seconds each: outside the fast tier
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TASKS = SWETasks().all

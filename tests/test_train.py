@@ -301,6 +301,7 @@ def test_gpu_check_trainer_script_passes(tmp_path):
                                                                                           proc.stderr[-3000:])
 
 
+@pytest.mark.slow
 def test_eval_reproduces_the_held_out_success_the_trainer_logged(tmp_path):
     """`eval` on the policy `train --save-policy` wrote prints the `eval_success` logged for the run's last update:
     the same held-out tasks, sampling and evaluation generator (seeded by run seed and update). The evaluation
