@@ -13,34 +13,33 @@ from trainer.environments.swe.oracle import Edit, patch_actions, patch_edits
 from trainer.environments.swe.tasks import SWETasks, load_tasks, shipped_tasks_path, task_from_record
 from trainer.environments.swe.tools import parse_action
 
-# A pytest 8 `-rA` log, abridged by hand, with colour codes, a class method, parametrised ids, a failure
-# message after " - ", a collection error without "::", a skip and an xfail.
+# A pytest 8 `-rA` log, abridged by hand, with colour codes, class methods (two classes share a method name),
+# parametrised ids, a failure message after " - ", a collection error without "::", a skip, an xfail and an xpass.
 LOG = """\x1b[1m============================= test session starts ==============================\x1b[0m
-collected 7 items / 1 error
+collected 9 items / 1 error
 
-r2e_tests/test_a.py .F.sx                                                  [100%]
+r2e_tests/test_a.py .F.sxX..                                               [100%]
 ==================================== PASSES ====================================
 =========================== short test summary info ============================
 \x1b[32mPASSED\x1b[0m r2e_tests/test_a.py::test_one
-PASSED r2e_tests/test_a.py::TestGroup::test_method
-PASSED r2e_tests/test_a.py::test_param[1-a b]
+PASSED r2e_tests/test_a.py::HTTPHeadersTest::test_copy
+PASSED r2e_tests/test_a.py::CookieTest::test_copy
+PASSED r2e_tests/test_a.py::TestStatistic::test_zero_length[mean]
 FAILED r2e_tests/test_a.py::test_two - assert 1 == 2
 SKIPPED [1] r2e_tests/test_a.py:20: not on this platform
 XFAIL r2e_tests/test_a.py::test_known - reason: flaky
+XPASS r2e_tests/test_a.py::test_lucky
 ERROR r2e_tests/test_b.py - ImportError: cannot import name 'x'
-========= 1 failed, 3 passed, 1 skipped, 1 xfailed, 1 error in 0.10s =========
+========= 1 failed, 4 passed, 1 skipped, 1 xfailed, 1 xpassed, 1 error in 0.10s =========
 """
+PARSED = {"test_one": "PASSED", "HTTPHeadersTest.test_copy": "PASSED", "CookieTest.test_copy": "PASSED",
+          "TestStatistic.test_zero_length[mean]": "PASSED", "test_two": "FAILED", "": "ERROR"}
+"""By R2E-Gym's rules, by hand: everything after the file joined with dots, so the two test_copy methods stay
+apart; the message after " - " cut; SKIPPED, XFAIL and XPASS dropped; the collection error named ""."""
 
 
 def test_parse_report_hand_example():
-    assert parse_pytest_report(LOG) == {
-        "test_a.py::test_one": "PASSED",
-        "test_a.py::test_method": "PASSED",  # R2E-Gym keeps the file name and the last node part
-        "test_a.py::test_param[1-a b]": "PASSED",
-        "test_a.py::test_two": "FAILED",
-        "test_a.py::test_known": "XFAIL",
-        "test_b.py": "ERROR",
-    }
+    assert parse_pytest_report(LOG) == PARSED
 
 
 def test_parse_report_without_summary_is_empty():
@@ -48,30 +47,57 @@ def test_parse_report_without_summary_is_empty():
     assert parse_pytest_report("") == {}
 
 
-@pytest.mark.parametrize("node, key", [
-    ("tests/deep/test_x.py::test_y", "test_x.py::test_y"),
-    ("test_x.py::C::test_y[1] - boom", "test_x.py::test_y[1]"),
-    ("\x1b[31mtest_x.py::test_z\x1b[0m", "test_x.py::test_z"),
+@pytest.mark.parametrize("line, key", [
+    ("PASSED tests/deep/test_x.py::test_y", "test_y"),
+    ("FAILED test_x.py::C::test_y[1] - boom", "C.test_y[1]"),
+    ("PASSED \x1b[31mtest_x.py::Outer::Inner::test_z\x1b[0m", "Outer.Inner.test_z"),
+    ("ERROR r2e_tests/test_b.py - ImportError", ""),
 ])
-def test_report_key(node, key):
-    assert report_key(node) == key
+def test_report_key(line, key):
+    assert report_key(line) == key
+
+
+@pytest.mark.parametrize("expected, reward", [
+    # R2E-Gym's map for this log (the gold patch's): 6 entries, the empty one skipped in the comparison
+    ({**{k: v for k, v in PARSED.items() if k}, "test_other": "PASSED"}, 1.0),
+    # the same without the sixth entry: 5 expected vs 6 parsed, the count differs
+    ({k: v for k, v in PARSED.items() if k}, 0.0),
+    # one status differs
+    ({**{k: v for k, v in PARSED.items() if k}, "test_two": "PASSED", "test_other": "PASSED"}, 0.0),
+    # an XFAIL entry is never compared (the parser drops that line); it only counts, here against the empty name
+    ({**{k: v for k, v in PARSED.items() if k}, "test_known": "XFAIL"}, 1.0),
+    # expected keys lose a " - message" tail and colour codes before comparing
+    ({**{k: v for k, v in PARSED.items() if k and k != "test_two"}, "test_two - assert 1 == 2": "FAILED",
+      "\x1b[1mtest_other\x1b[0m": "PASSED"}, 1.0),
+])
+def test_grade_by_r2e_gyms_rule_on_a_hand_example(expected, reward):
+    assert grade(parse_pytest_report(LOG), parse_expected(expected)).reward == reward
 
 
 def test_grade_cases():
-    expected = {"t.py::a": "PASSED", "t.py::b": "PASSED"}
-    assert grade({"t.py::a": "PASSED", "t.py::b": "PASSED"}, expected).reward == 1.0
-    missing = grade({"t.py::a": "PASSED"}, expected)
-    assert (missing.reward, missing.missing) == (0.0, ["t.py::b"])
-    extra = grade({"t.py::a": "PASSED", "t.py::b": "PASSED", "t.py::c": "PASSED"}, expected)
-    assert (extra.reward, extra.unexpected) == (0.0, ["t.py::c"])
-    wrong = grade({"t.py::a": "PASSED", "t.py::b": "FAILED"}, expected)
-    assert (wrong.reward, wrong.mismatched) == (0.0, {"t.py::b": ("PASSED", "FAILED")})
+    expected = {"a": "PASSED", "b": "PASSED"}
+    assert grade({"a": "PASSED", "b": "PASSED"}, expected).reward == 1.0
+    missing = grade({"a": "PASSED"}, expected)
+    assert (missing.reward, missing.missing) == (0.0, ["b"])
+    extra = grade({"a": "PASSED", "b": "PASSED", "c": "PASSED"}, expected)
+    assert (extra.reward, extra.unexpected) == (0.0, ["c"])
+    wrong = grade({"a": "PASSED", "b": "FAILED"}, expected)
+    assert (wrong.reward, wrong.mismatched) == (0.0, {"b": ("PASSED", "FAILED")})
     # an expected failure that fails matches, as in R2E-Gym's map comparison
-    assert grade({"t.py::a": "FAILED"}, {"t.py::a": "FAILED"}).reward == 1.0
+    assert grade({"a": "FAILED"}, {"a": "FAILED"}).reward == 1.0
     assert grade({}, expected).reward == 0.0
+    # a collection error stands in for a missing test: the count matches and the empty name is not compared
+    assert grade({"a": "PASSED", "": "ERROR"}, expected).reward == 1.0
 
 
-_maps = st.dictionaries(st.from_regex(r"t\.py::[a-z]{1,6}", fullmatch=True),
+def test_a_passed_line_whose_message_says_failed_reads_as_r2e_gym_reads_it():
+    """R2E-Gym tests for "PASSED" before "FAILED" anywhere in the line: a failure whose message contains PASSED
+    counts as passed. Kept, so that rewards equal R2E-Gym's."""
+    log = "== short test summary info ==\nFAILED r2e_tests/t.py::test_a - assert 'PASSED' == 'x'\n"
+    assert parse_pytest_report(log) == {"test_a": "PASSED"}
+
+
+_maps = st.dictionaries(st.from_regex(r"[A-Z][a-z]{0,3}\.test_[a-z]{1,6}", fullmatch=True),
                         st.sampled_from(["PASSED", "FAILED", "ERROR"]), min_size=1, max_size=8)
 
 
@@ -90,7 +116,7 @@ def test_grade_property(expected, data):
     ("{not json", "not valid JSON"),
     ("[1, 2]", "non-empty JSON object"),
     ("{}", "non-empty JSON object"),
-    ('{"t.py::a": "OK"}', "is not one of"),
+    ('{"test_a": "OK"}', "is not one of"),
 ])
 def test_parse_expected_errors(value, message):
     with pytest.raises(ValueError, match=message):
@@ -103,13 +129,13 @@ def test_parse_expected_errors(value, message):
 
 RECORD = {"task_id": "x-1", "docker_image": "img:latest", "repo_name": "x",
           "problem_statement": "intro [ISSUE]\nThe bug.\n[/ISSUE] outro",
-          "expected_output_json": json.dumps({"test_x.py::test_a": "PASSED"}), "repo_path": "repos/x"}
+          "expected_output_json": json.dumps({"TestX.test_a": "PASSED"}), "repo_path": "repos/x"}
 
 
 def test_task_from_record_fields(tmp_path):
     task = task_from_record(dict(RECORD, extra_field=3), base_dir=tmp_path)
     assert task.issue == "The bug."
-    assert task.expected == {"test_x.py::test_a": "PASSED"}
+    assert task.expected == {"TestX.test_a": "PASSED"}
     assert task.repo_path == (tmp_path / "repos/x").resolve() and task.hidden_tests_path is None
     assert (task.split, task.extra) == ("train", {"extra_field": 3})
     no_tags = task_from_record(dict(RECORD, problem_statement="Plain text."))

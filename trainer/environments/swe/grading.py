@@ -1,16 +1,21 @@
 """R2E-Gym's reward: run the hidden tests, parse each test's status, compare with the expected map.
 
-The reward is 1.0 iff the parsed map has exactly the expected tests (same number, same keys) and every status
-matches; else 0.0. The expected map encodes the gold patch's outcome, so fail-to-pass tests must pass and
-pass-to-pass tests must keep passing; a crashed, timed-out or empty test run parses to a map that cannot match.
+Parsing and comparison are R2E-Gym's own rules (its `parse_log_pytest` and `_calculate_reward_r2e`), so a row of
+R2E-Gym's data gets the reward R2E-Gym gives it:
 
-Keys follow R2E-Gym's pytest log parser: the test file's base name, "::", and the last part of the node id,
-e.g. "test_roman.py::test_four" or "test_wrap.py::test_case[3-x]"; ANSI colour codes are removed and a key is
-cut at " - " (pytest appends the failure message there). Statuses come from the `-rA` "short test summary info"
-section: PASSED, FAILED, ERROR, XFAIL, XPASS (R2E-Gym reads the first three; the x-statuses name a test, so
-they are kept rather than dropped). SKIPPED lines carry no test id in that section and are ignored; a
-collection error ("ERROR r2e_tests/test_x.py") becomes the key "test_x.py" with status ERROR, which can never
-match an expected map and so gives 0.
+* Only the lines after pytest's "short test summary info" marker count. A line containing "PASSED" is PASSED, else
+  one containing "FAILED" is FAILED, else one containing "ERROR" is ERROR (substring tests, in that order); other
+  lines (SKIPPED, XFAIL, XPASS) are dropped.
+* A test's name is everything after the file in its node id, joined with dots, cut at " - " (the failure message):
+  `r2e_tests/test_1.py::HTTPHeadersTest::test_copy` -> `HTTPHeadersTest.test_copy`, a module-level test keeps its
+  bare name (`test_four`), parametrised ids stay (`TestStat.test_len[mean]`). A collection error
+  (`ERROR r2e_tests/test_x.py - ImportError`) has no "::" and becomes the empty name.
+* Reward 1 iff the parsed map has as many entries as the expected map and every non-empty parsed name is expected
+  with the same status; else 0 (so a collection error costs the count, and same-named module-level tests of two
+  files are one entry, both as in R2E-Gym). Keys of both maps lose colour codes and anything after " - ".
+
+The one departure: the log loses every ANSI escape and carriage return before parsing (R2E-Gym removes colour
+codes from keys only), so a terminal's control bytes never become part of a name.
 
 `pytest_command` is the pytest invocation both backends run. It hardens grading a little against a policy that
 edits /testbed to game it: it runs from inside the tests directory (so a /testbed/pytest.py cannot shadow
@@ -18,7 +23,8 @@ pytest), ignores every conftest.py and ini file of the repository (`--noconftest
 third-party plugins, and puts /testbed on sys.path only through pytest's `pythonpath` option (after pytest has
 been imported). Python runs isolated (`-I`: no user site-packages, no PYTHON* variables, no current directory
 on the path) and PYTEST_ADDOPTS / PYTEST_PLUGINS are emptied, so nothing the agent left in its home or
-environment loads into the test run (the Docker backend goes further and grades in a fresh container). It cannot stop a patch that makes the package itself lie to the tests; nothing can.
+environment loads into the test run (the Docker backend goes further and grades in a fresh container). It cannot
+stop a patch that makes the package itself lie to the tests; nothing can.
 """
 from __future__ import annotations
 
@@ -26,10 +32,13 @@ import json
 import re
 from dataclasses import dataclass, field
 
-STATUSES = ("PASSED", "FAILED", "ERROR", "XFAIL", "XPASS")
+PARSED_STATUSES = ("PASSED", "FAILED", "ERROR")
+"""What the parser reads, in the order it tests for them."""
+STATUSES = (*PARSED_STATUSES, "SKIPPED", "XFAIL", "XPASS")
+"""Statuses an expected map may name (pytest's outcomes); only PARSED_STATUSES can ever match."""
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_SUMMARY_LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS) (\S.*)$")
+_MARKER = "short test summary info"
 
 TEST_COMMAND = ("cd {testbed}/r2e_tests && PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_ADDOPTS= PYTEST_PLUGINS= "
                 "{python} -I -B -m pytest -rA -p no:cacheprovider --noconftest -c /dev/null "
@@ -42,26 +51,28 @@ def pytest_command(python: str = "python3", testbed: str = "/testbed") -> str:
     return TEST_COMMAND.format(python=python, testbed=testbed)
 
 
-def report_key(node: str) -> str:
-    """R2E-Gym's key for a summary-line node id: 'dir/test_x.py::Class::test_y[p] - msg' -> 'test_x.py::test_y[p]'."""
-    node = _ANSI.sub("", node).strip()
-    parts = node.split("::")
-    key = parts[0].split("/")[-1] if len(parts) == 1 else parts[0].split("/")[-1] + "::" + parts[-1]
-    return key.split(" - ")[0].strip()
+def report_key(line: str) -> str:
+    """R2E-Gym's name of the test on a summary line: the node id's parts after the file, joined with dots, cut at
+    " - "; colour codes removed. 'PASSED dir/test_x.py::C::test_y[p]' -> 'C.test_y[p]'."""
+    return _ANSI.sub("", ".".join(line.split("::")[1:]).split(" - ")[0])
 
 
 def parse_pytest_report(log: str) -> dict[str, str]:
-    """{test key: status} from a `pytest -rA` log; {} when the log has no short test summary."""
+    """{test name: status} from a `pytest -rA` log by R2E-Gym's rules; {} when the log has no short test summary."""
     log = _ANSI.sub("", log).replace("\r", "")
-    marker = "short test summary info"
-    if marker not in log:
+    if _MARKER not in log:
         return {}
     statuses: dict[str, str] = {}
-    for line in log.split(marker, 1)[1].splitlines():
-        match = _SUMMARY_LINE.match(line.strip())
-        if match:
-            statuses[report_key(match.group(2))] = match.group(1)
+    for line in log.split(_MARKER, 1)[1].strip().split("\n"):
+        status = next((s for s in PARSED_STATUSES if s in line), None)
+        if status is not None:
+            statuses[report_key(line)] = status
     return statuses
+
+
+def _normalised(statuses: dict[str, str]) -> dict[str, str]:
+    """Keys without colour codes and cut at " - ", in sorted order (R2E-Gym's; on a clash the last key wins)."""
+    return {_ANSI.sub("", key).split(" - ")[0]: statuses[key] for key in sorted(statuses)}
 
 
 def parse_expected(expected_output_json: str | dict) -> dict[str, str]:
@@ -75,12 +86,10 @@ def parse_expected(expected_output_json: str | dict) -> dict[str, str]:
         expected = expected_output_json
     if not isinstance(expected, dict) or not expected:
         raise ValueError(f"expected_output_json must be a non-empty JSON object, got {expected!r:.80}")
-    out = {}
     for key, status in expected.items():
         if status not in STATUSES:
             raise ValueError(f"expected_output_json[{key!r}] = {status!r} is not one of {STATUSES}")
-        out[report_key(str(key))] = status
-    return out
+    return _normalised({str(key): status for key, status in expected.items()})
 
 
 @dataclass
@@ -98,9 +107,11 @@ class Grade:
 
 
 def grade(parsed: dict[str, str], expected: dict[str, str]) -> Grade:
-    """Reward 1.0 iff `parsed` has exactly the expected tests and every status matches."""
+    """R2E-Gym's reward: 1.0 iff `parsed` has as many tests as `expected` and every non-empty parsed name is
+    expected with the same status. The lists beside it say what differed."""
+    parsed, expected = _normalised(parsed), _normalised(expected)
     missing = sorted(set(expected) - set(parsed))
     unexpected = sorted(set(parsed) - set(expected))
     mismatched = {k: (expected[k], parsed[k]) for k in sorted(set(expected) & set(parsed)) if expected[k] != parsed[k]}
-    ok = not missing and not unexpected and not mismatched and len(parsed) == len(expected)
+    ok = len(parsed) == len(expected) and all(expected.get(k) == v for k, v in parsed.items() if k)
     return Grade(1.0 if ok else 0.0, parsed, missing, unexpected, mismatched)

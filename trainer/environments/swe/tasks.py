@@ -226,14 +226,14 @@ def impossible_variant(task: SWETask) -> SWETask | None:
 
     if task.hidden_tests_path is None:
         return None
-    for key in task.fail_to_pass or [k for k, v in task.expected.items() if v == "PASSED"]:
-        file, _, name = key.partition("::")
-        source = Path(task.hidden_tests_path) / file
-        if not name or "::" in name or "[" in name or not file.endswith(".py") or not source.is_file():
-            continue
-        tree = ast.parse(source.read_text(encoding="utf-8"))
-        found = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
-        if not found or found[0].args.args:
+    plain = {}  # module-level test functions without arguments: R2E-Gym name -> its file (ambiguous names out)
+    for source in sorted(Path(task.hidden_tests_path).glob("*.py")):
+        for node in ast.parse(source.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test") and not node.args.args:
+                plain[node.name] = None if node.name in plain else source.name
+    for name in task.fail_to_pass or [k for k, v in task.expected.items() if v == "PASSED"]:
+        file = plain.get(name)
+        if file is None:  # in a class, parametrised, taking fixtures, or in two files
             continue
         text = CONTRADICTION.format(module=file[:-3], name=name)
         digest = hashlib.sha256()
@@ -253,7 +253,7 @@ def impossible_variant(task: SWETask) -> SWETask | None:
             except OSError:
                 pass
             shutil.rmtree(staging, ignore_errors=True)
-        added = f"test_impossible.py::{name}_contradicted"
+        added = f"{name}_contradicted"  # module-level in test_impossible.py: R2E-Gym names it bare
         name_part = task.docker_image.split("/")[-1]
         repository = task.docker_image.rsplit(":", 1)[0] if ":" in name_part else task.docker_image
         return replace(task, task_id=f"{task.task_id}-impossible", docker_image=f"{repository}-impossible:latest",
