@@ -103,6 +103,29 @@ def test_turn_limit_grades_the_final_state():
         env.close()
 
 
+def test_an_episode_cut_at_the_token_budget_is_graded_as_it_stands():
+    """R2E-Gym grades every trajectory: an episode the rollout engine cuts at its token budget gets the reward of
+    the repository as it stands (the gold edit made: 1; none: 0), unless grade_on_truncation is off."""
+    from trainer.rollout.episode import Episode, end_action
+
+    class Format:
+        def decode_action(self, ids):
+            return "an action cut by the budget"
+
+    task = TASKS[0]
+    for grade_on_truncation, fixed, reward in ((True, True, 1.0), (True, False, 0.0), (False, True, 0.0)):
+        env = SWEEnv(SWEConfig(backend="local", grade_on_truncation=grade_on_truncation))
+        env.reset(task)
+        if fixed:
+            env.step(patch_actions(task.gold_patch, env.repo_dir, check_command=None)[0])
+        episode = Episode(task_id=task.task_id)
+        ended = end_action(episode, [5], [0.0], fmt=Format(), env=env, state="", version=0, turn=1, execute=False,
+                           stopped=False, max_episode_tokens=8)
+        assert ended is None and episode.truncated and not episode.done
+        assert episode.reward == reward and env.done  # graded once, sandbox released
+        env.close()
+
+
 def test_step_info_flags(env):
     env.reset(TASKS[0])
     root = env.repo_dir

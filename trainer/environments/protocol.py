@@ -49,6 +49,9 @@ class Environment(Protocol):
     def close(self) -> None:
         """Release what the episode holds (containers, temporary directories)."""
 
+    # Optional: `truncated_reward() -> float`, the reward of an episode the rollout engine cut at its token budget
+    # (the environment never said done). An environment without it gives such an episode 0.0.
+
 
 @runtime_checkable
 class TaskSource(Protocol):

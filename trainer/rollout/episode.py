@@ -69,14 +69,27 @@ class Episode:
                           group_id=self.group_id, policy_version=self.oldest_version, baseline=self.baseline)
 
 
+def _truncated_reward(env, task_id: str) -> float:
+    """The reward of an episode cut at the token budget: the environment's `truncated_reward()`, else 0."""
+    grade = getattr(env, "truncated_reward", None)
+    if grade is None:
+        return 0.0
+    reward = float(grade())
+    if not math.isfinite(reward):
+        raise ValueError(f"environment returned a non-finite reward {reward!r} (task {task_id!r})")
+    return reward
+
+
 def end_action(episode: Episode, action: list[int], logps: list[float], *, fmt, env, state: str, version: int,
                turn: int, execute: bool, stopped: bool, max_episode_tokens: int) -> list[int] | None:
     """Record a finished action and, if `execute`, run it: the end-of-turn rules every rollout engine shares.
 
     The action tokens go in with loss mask 1. Not executed (the episode budget ran out mid-action): the turn is
-    recorded and the episode ends truncated with reward 0. Executed: the turn gets the environment's flags; if the
-    environment says done the reward is recorded; otherwise the observation's tokens are appended, unless they
-    would leave no room for one more token (then the text is kept, and the episode ends truncated). Returns the
+    recorded and the episode ends truncated. Executed: the turn gets the environment's flags; if the environment
+    says done the reward is recorded; otherwise the observation's tokens are appended, unless they would leave no
+    room for one more token (then the text is kept, and the episode ends truncated). A truncated episode's reward
+    is the environment's `truncated_reward()` where it has one (swe grades the repository as it stands, as
+    R2E-Gym grades every trajectory), else 0. Returns the
     appended observation ids when the episode goes on, None when it ended.
     """
     start = episode.length
@@ -85,7 +98,7 @@ def end_action(episode: Episode, action: list[int], logps: list[float], *, fmt, 
     episode.actions.append(action_text)
     if not execute:
         episode.turns.append(Turn(start=start, end=episode.length, state=state))
-        episode.truncated, episode.reward = True, 0.0
+        episode.truncated, episode.reward = True, _truncated_reward(env, episode.task_id)
         return None
     result = env.step(action_text)
     info = result.info
@@ -100,7 +113,7 @@ def end_action(episode: Episode, action: list[int], logps: list[float], *, fmt, 
         return None
     obs = [int(t) for t in fmt.observation_ids(result.observation, last_token=action[-1] if stopped else None)]
     if episode.length + len(obs) + 1 > max_episode_tokens:
-        episode.truncated, episode.reward = True, 0.0
+        episode.truncated, episode.reward = True, _truncated_reward(env, episode.task_id)
         return None
     episode.append(obs, policy=False)
     return obs

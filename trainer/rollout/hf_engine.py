@@ -45,8 +45,9 @@ Design choices:
   token). `max_episode_tokens` caps the whole sequence: if an action would grow the episode past it, the action is
   cut there and *not* executed (it is recorded as the last turn and action; no observation follows it), and if the
   observation after an executed action would not leave room for one more token it is recorded as text but not
-  appended. Either way the episode ends with `truncated=True`, `done=False`, reward 0. A prompt that leaves no
-  room for one token is a configuration error and raises.
+  appended. Either way the episode ends with `truncated=True`, `done=False`, and the environment's
+  `truncated_reward()` (0 where it has none; `episode.end_action`). A prompt that leaves no room for one token is a
+  configuration error and raises.
 - **Loss mask.** 1 exactly on sampled tokens, the stop token that closes an action included; 0 on the prompt,
   observations and any template text the format inserts (see trainer/policy/chat_format.py).
 

@@ -209,7 +209,8 @@ def finalize_turn(live: LiveEpisode, action: list[int], logps: list[float], *, f
     """Record one finished action and execute it: the same rules as `HFEngine._advance` at the action's end.
 
     The action ends with a stop token (kept, loss mask 1), or at `max_turn_tokens` (executed as it stands), or
-    at `max_episode_tokens` (recorded but not executed; the episode ends truncated with reward 0). After an
+    at `max_episode_tokens` (recorded but not executed; the episode ends truncated, rewarded by the environment's
+    `truncated_reward()` where it has one, else 0). After an
     executed action the observation is appended, unless the environment says done, or the observation would
     leave no room for one more token (recorded as text only; truncated).
     """

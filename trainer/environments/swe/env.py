@@ -5,7 +5,9 @@ returns the instruction: the repository root, the issue, the tool format. Each s
 with the tools and returns R2E-Gym's observation string. The episode ends at `finish` (or `submit`) or at
 `max_turns`; it is then graded by running the hidden tests (R2E-Gym grades a trajectory that ran out of steps
 as well, so `grade_on_turn_limit` defaults to True) and the sandbox is released at once, so a container never
-outlives its episode. Step rewards are 0; the final step carries 1.0 or 0.0.
+outlives its episode. Step rewards are 0; the final step carries 1.0 or 0.0. An episode the rollout engine cuts at
+its token budget is graded too (`truncated_reward`, `grade_on_truncation`), since R2E-Gym grades every trajectory;
+the harness has no episode time limit (each command has its own timeout).
 
 StepInfo flags, for the paper's tool penalty: `invalid_action` for no call, a malformed call, an unknown tool,
 a missing or unknown parameter, a blocked command; `exec_error` for a tool error (file not found, no unique
@@ -61,6 +63,9 @@ class SWEConfig:
     """Wall-clock limit of the hidden test run (R2E-Gym and rllm: 300 s); a timeout grades 0."""
     grade_on_turn_limit: bool = True
     """Grade the final state when the turn limit ends the episode (R2E-Gym does); False gives 0 without testing."""
+    grade_on_truncation: bool = True
+    """Grade the final state when the rollout's token budget ends the episode (R2E-Gym grades every trajectory);
+    False gives 0 without testing."""
     nonzero_exit_is_error: bool = False
     """Count a nonzero bash exit status as an execution error (the literal reading of the tool penalty)."""
     tools: ToolSettings = field(default_factory=ToolSettings)
@@ -145,6 +150,16 @@ class SWEEnv:
         info = StepInfo(tool=result.tool, invalid_action=result.invalid, exec_error=exec_error,
                         timed_out=result.timed_out, extra=extra)
         return StepResult(result.observation, done, reward, info)
+
+    def truncated_reward(self) -> float:
+        """The reward of an episode the rollout engine cut at its token budget: the repository as it stands,
+        graded (`grade_on_truncation`), and the sandbox released."""
+        if self.task is None or self.done:
+            return 0.0
+        extra: dict = {}
+        reward = self._grade(extra) if self.config.grade_on_truncation else 0.0
+        self._finish_episode()
+        return reward
 
     def _grade(self, extra: dict) -> float:
         try:
