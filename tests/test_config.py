@@ -82,3 +82,11 @@ def test_unreadable_config_files_are_named(tmp_path, content, message):
     for load in (load_config, load_sft_config):
         with pytest.raises(ConfigError, match=message):
             load(path)
+
+
+def test_the_estimator_lists_are_the_config_type():
+    import typing
+
+    from trainer.config import ESTIMATORS, GROUP_ESTIMATORS, SPO_ESTIMATORS, RLConfig
+    assert typing.get_args(typing.get_type_hints(RLConfig)["estimator"]) == ESTIMATORS
+    assert not set(SPO_ESTIMATORS) & set(GROUP_ESTIMATORS)

@@ -34,12 +34,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.config import config_from_dict
+from trainer.config import ESTIMATORS, config_from_dict
 from trainer.environments.recall import RecallConfig, vocabulary
 from trainer.logs.parquet_log import read_log
 from trainer.train import Trainer
 
-ESTIMATORS = ("spo", "spo++", "grpo", "gigpo", "graphgpo")
 OPTIMIZERS = ("adam", "muon")
 RECIPE = {"spo": "spo_adam", "spo++": "no_penalties", "grpo": "grpo", "gigpo": "gigpo", "graphgpo": "graphgpo"}
 """The project's recipe of each estimator with the shaping penalties off (the recall game has no length to

@@ -285,8 +285,12 @@ class SFTConfig:
     threads: int = knob(1, ge=1)
 
 
+SPO_ESTIMATORS: tuple[str, ...] = ("spo", "spo++")
+"""Estimators with a per-task tracker (single-stream: one rollout per task is enough)."""
 GROUP_ESTIMATORS: tuple[str, ...] = ("grpo", "gigpo", "graphgpo")
 """Estimators that compare the rollouts of one task with each other: they need rl.group_size >= 2."""
+ESTIMATORS: tuple[str, ...] = (*SPO_ESTIMATORS, *GROUP_ESTIMATORS)
+"""Every `rl.estimator` value (the annotation of RLConfig.estimator lists the same, checked by a test)."""
 OFFLINE_STATS_FILE = "offline_stats.json"
 """What the warm start writes beside the policy for `rl.offline_stats` (SFTConfig.offline_samples > 0)."""
 

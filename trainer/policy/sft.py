@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.config import SFTConfig, config_to_dict
+from trainer.config import OFFLINE_STATS_FILE, SFTConfig, config_to_dict
 from trainer.environments.suite import make_suite
 from trainer.optim.hybrid import build_muon_adamw
 from trainer.policy.load import DTYPES, new_tiny_policy, save_policy
@@ -32,8 +32,6 @@ from trainer.rollout.evaluation import evaluate, play_tasks
 from trainer.rollout.sampling import SamplingParams
 from trainer.update import pad_episodes, token_logprobs
 
-
-OFFLINE_STATS_FILE = "offline_stats.json"
 
 
 def demonstration_episode(demo, fmt, task_id: str) -> Episode:

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from trainer.config import ESTIMATORS, SPO_ESTIMATORS
 from trainer.rl.group_advantages import (GiGPOConfig, GraphGPOConfig, GRPOConfig, gigpo_advantages,
                                          graphgpo_advantages, grpo_advantages)
 from trainer.rl.shaping import ShapingConfig, overlong_flags, turn_penalties
 from trainer.rl.spo import BetaTracker, SPOPlusPlusConfig, spo_advantages, spo_plus_plus_advantages
 from trainer.rl.trajectory import Trajectory, turn_values_to_tokens
 
-ESTIMATORS = ("spo", "spo++", "grpo", "gigpo", "graphgpo")
 
 
 @dataclass
@@ -44,7 +44,7 @@ def compute_advantages(trajectories: list[Trajectory], cfg: AdvantageConfig, tra
     """Per-token advantages [batch, width] (zero off the action tokens) and a few batch statistics."""
     shaping = cfg.shaping
     bonus = turn_penalties(trajectories, shaping) if (shaping.length_penalty or shaping.tool_penalty) else None
-    if cfg.estimator in ("spo", "spo++") and tracker is None:
+    if cfg.estimator in SPO_ESTIMATORS and tracker is None:
         raise ValueError(f"estimator {cfg.estimator!r} needs the SPO tracker")
     if cfg.estimator == "spo":
         per_turn = spo_advantages(trajectories, tracker, turn_bonus=bonus)

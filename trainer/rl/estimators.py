@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from trainer.config import GROUP_ESTIMATORS
+from trainer.config import GROUP_ESTIMATORS, SPO_ESTIMATORS
 from trainer.rl.advantages import AdvantageConfig, compute_advantages
 from trainer.rl.group_advantages import GiGPOConfig, GraphGPOConfig
 from trainer.rl.shaping import ShapingConfig
@@ -37,8 +37,6 @@ from trainer.rl.spo import (BetaTracker, SPOPlusPlusConfig, TrackerConfig, logpr
                             spo_update_tracker, update_tracker_in_arrival_order)
 from trainer.rl.trajectory import Trajectory
 
-SPO_ESTIMATORS = ("spo", "spo++")
-"""Estimators with a per-task tracker; the others compare the rollouts of one task (config.GROUP_ESTIMATORS)."""
 
 Score = Callable[[list[tuple[list[int], list[int]]]], torch.Tensor]
 """Log-probs of (tokens, loss mask) sequences under the current policy, [R, T-1] (see `update.score_sequences`)."""

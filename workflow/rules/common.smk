@@ -19,6 +19,7 @@ from snakemake.utils import Paramspace, validate
 sys.path.insert(0, workflow.basedir)
 import trainer  # noqa: E402
 from trainer import study as study_tools  # noqa: E402  (pure helpers, tested on their own)
+from trainer.analysis.kinds import STUDY_KINDS  # noqa: E402  (standard library only: no matplotlib here)
 
 
 # Jobs inherit this process's environment (locally, and through sbatch on SLURM). Shell jobs run `python -m
@@ -56,8 +57,6 @@ TRAINER_ENV = (
     else "../../envs/trainer-cpu.yaml"
 )
 STUDY = config["study"]
-from trainer.analysis.kinds import STUDY_KINDS  # noqa: E402  (standard library only: no matplotlib here)
-
 KIND = STUDY_KINDS[STUDY]
 """The study's kind (trainer/analysis/kinds.py): its figures and captions, what `summarize` writes beyond the
 table and runs.parquet, the reference numbers it compares with and the params its functions take."""
