@@ -4,9 +4,9 @@ vLLM itself cannot run here, so the engine is driven through fakes with vLLM's c
 
 - `ScriptedLLM` answers each request with a scripted action (cut at `max_tokens` and at the first stop token, as
   vLLM does) and the log-prob -token/100, so whole episodes can be written out by hand in the tests.
-- `ModelLLM` is a vLLM stand-in backed by a tiny Hugging Face model: each request is decoded alone with a plain
-  KV cache, greedy or sampled with a generator seeded by the request's seed, log-probs as vLLM's
-  "processed_logprobs" (or "raw_logprobs") define them. The reference for the bookkeeping is then `HFEngine`
+- `ReferenceLLM` (trainer/rollout/reference_llm.py, the rollout server's CPU backend) is a vLLM stand-in backed by
+  a tiny Hugging Face model: each request is decoded alone with a plain KV cache, greedy or sampled with a
+  generator seeded by the request's seed, log-probs as vLLM's "processed_logprobs" (or "raw_logprobs") define them. The reference for the bookkeeping is then `HFEngine`
   (itself tested against a naive re-encoding in test_hf_engine.py): on the same model, greedy episodes must agree
   field by field.
 - `FakeLLM.apply_model` / `reset_prefix_cache` record the weight-push call path.
@@ -19,14 +19,12 @@ import copy
 import dataclasses
 import importlib.util
 import json
-import math
 import os
 import subprocess
 import sys
 import threading
 import time
 import types
-from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -42,6 +40,7 @@ from trainer.policy.chat_format import TinyFormat, build_tokenizer
 from trainer.rollout.env_pool import EnvPool
 from trainer.rollout.episode import ENV_TOKEN
 from trainer.rollout.hf_engine import HFEngine
+from trainer.rollout.reference_llm import Logprob, ReferenceLLM, ReferenceSamplingParams, request_output
 from trainer.rollout.sampling import SamplingParams
 from trainer.rollout.vllm_engine import (
     MIN_VLLM,
@@ -57,34 +56,6 @@ torch.set_num_threads(1)
 
 
 # ------------------------------------------------------------------------------------------- fakes
-
-
-@dataclass
-class FakeSamplingParams:
-    """vllm.SamplingParams with exactly the fields the engine sets, none defaulted: a missing one is a TypeError."""
-
-    temperature: float
-    top_p: float
-    max_tokens: int
-    stop_token_ids: list
-    ignore_eos: bool
-    logprobs: int
-    seed: int | None
-    detokenize: bool
-
-
-@dataclass
-class FakeLogprob:
-    logprob: float
-    rank: int | None = None
-    decoded_token: str | None = None
-
-
-def request_output(prompt, tokens, logps, cached=None):
-    """A vLLM RequestOutput look-alike: .prompt_token_ids, .outputs[0].token_ids / .logprobs, .num_cached_tokens."""
-    per_token = [{t: FakeLogprob(lp)} for t, lp in zip(tokens, logps)]
-    completion = SimpleNamespace(token_ids=tuple(tokens), logprobs=per_token, finish_reason="stop")
-    return SimpleNamespace(prompt_token_ids=list(prompt), outputs=[completion], num_cached_tokens=cached)
 
 
 class ScriptedLLM:
@@ -109,45 +80,16 @@ class ScriptedLLM:
         return outputs
 
 
-class ModelLLM:
-    """A vLLM stand-in backed by a Hugging Face causal LM (see the module docstring)."""
+class RecordingLLM(ReferenceLLM):
+    """ReferenceLLM that keeps (prompts, sampling params) of every generate call."""
 
-    def __init__(self, model, logprobs_mode="processed_logprobs"):
-        self.model, self.mode, self.calls = model.eval(), logprobs_mode, []
-
-    @torch.inference_mode()
-    def _decode(self, prompt, sp):
-        from transformers import DynamicCache
-
-        cache = DynamicCache(config=self.model.config)
-        generator = torch.Generator().manual_seed(sp.seed) if sp.seed is not None else None
-        feed, tokens, logps = list(prompt), [], []
-        while len(tokens) < sp.max_tokens:
-            logits = self.model(input_ids=torch.tensor([feed]), cache=cache, use_cache=True).logits[0, -1].float()
-            if sp.temperature == 0:
-                token = int(logits.argmax())
-                logp = torch.log_softmax(logits, -1)
-            else:
-                scaled = torch.log_softmax(logits / sp.temperature, -1)
-                if sp.top_p < 1:  # vLLM's nucleus: drop the low tail whose mass is at most 1 - top_p
-                    sorted_lp, order = scaled.sort()
-                    drop = sorted_lp.exp().cumsum(-1) <= 1 - sp.top_p
-                    drop[-1] = False
-                    scaled = scaled.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), -math.inf)
-                    scaled = torch.log_softmax(scaled, -1)
-                token = int(torch.multinomial(scaled.exp(), 1, generator=generator))
-                logp = scaled if self.mode == "processed_logprobs" else torch.log_softmax(logits, -1)
-            tokens.append(token)
-            logps.append(float(logp[token]))
-            if token in sp.stop_token_ids:
-                break
-            feed = [token]
-        return tokens, logps
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls = []
 
     def generate(self, prompts, sampling_params=None, *, use_tqdm=True):
         self.calls.append(([p["prompt_token_ids"] for p in prompts], sampling_params))
-        return [request_output(p["prompt_token_ids"], *self._decode(p["prompt_token_ids"], sp))
-                for p, sp in zip(prompts, sampling_params)]
+        return super().generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
 
 # ------------------------------------------------------------------------------------------- hand-written world
@@ -199,7 +141,7 @@ class HandEnv:
 
 def scripted_engine(rounds, **kw):
     llm = ScriptedLLM(rounds, **kw)
-    return llm, VLLMEngine.from_llm(llm, HandFormat(), sampling_params_cls=FakeSamplingParams, max_model_len=4096)
+    return llm, VLLMEngine.from_llm(llm, HandFormat(), sampling_params_cls=ReferenceSamplingParams, max_model_len=4096)
 
 
 # ------------------------------------------------------------------------------------------- hand examples
@@ -244,7 +186,7 @@ def test_hand_example_two_episodes_layout_and_requests():
     for call, round_seeds in zip(llm.calls, seeds):
         assert call[2] is False  # no progress bar
         for params, seed in zip(call[1], round_seeds):
-            assert params == FakeSamplingParams(temperature=0.7, top_p=1.0, max_tokens=3, stop_token_ids=[3],
+            assert params == ReferenceSamplingParams(temperature=0.7, top_p=1.0, max_tokens=3, stop_token_ids=[3],
                                                 ignore_eos=True, logprobs=0, seed=seed, detokenize=False)
     assert engine.last_stats == dict(generate_calls=3, requests=5, prompt_tokens=3 + 3 + 9 + 9 + 13,
                                      cached_prompt_tokens=None, generated_tokens=3 + 3 + 3 + 1 + 2)
@@ -308,7 +250,7 @@ def _one_request(output):
     class OnceLLM:
         def generate(self, prompts, sampling_params=None, *, use_tqdm=True):
             return output(prompts[0]["prompt_token_ids"]) if callable(output) else output
-    return VLLMEngine.from_llm(OnceLLM(), HandFormat(), sampling_params_cls=FakeSamplingParams, max_model_len=4096)
+    return VLLMEngine.from_llm(OnceLLM(), HandFormat(), sampling_params_cls=ReferenceSamplingParams, max_model_len=4096)
 
 
 def _with(tokens, logprobs):
@@ -322,8 +264,8 @@ def _with(tokens, logprobs):
     (lambda p: [request_output(p, [7, 7, 7, 3], [-1] * 4)], "4 tokens for a request of max_tokens=3"),
     (lambda p: [request_output(p, [3, 7], [-1, -1])], "past a stop token"),
     (_with([7, 3], None), "no log-probs"),
-    (_with([7, 3], [{7: FakeLogprob(-1.0)}]), "1 log-prob entries for 2 tokens"),
-    (_with([7, 3], [{7: FakeLogprob(-1.0)}, {5: FakeLogprob(-1.0)}]), "lack the sampled token 3"),
+    (_with([7, 3], [{7: Logprob(-1.0)}]), "1 log-prob entries for 2 tokens"),
+    (_with([7, 3], [{7: Logprob(-1.0)}, {5: Logprob(-1.0)}]), "lack the sampled token 3"),
     (lambda p: [request_output(p, [7, 3], [-1, float("nan")])], "log-prob nan"),
     (lambda p: [request_output(p, [7, 3], [-1, 0.5])], "log-prob 0.5"),
     # 2 tokens, no stop token, below both limits: vLLM stopped for a reason the engine did not ask for.
@@ -440,7 +382,7 @@ def test_greedy_episodes_equal_hf_engine(world):
     sp = SamplingParams(temperature=0, max_turn_tokens=8, max_episode_tokens=400)
     kw = dict(sampling=sp, policy_version=2, task_ids=[f"t{t}" for t in TASKS], baselines=[0.1 * t for t in TASKS])
     ref = HFEngine(model, fmt).play([TallyEnv() for _ in TASKS], TASKS, **kw)
-    engine = VLLMEngine.from_llm(ModelLLM(model), fmt, sampling_params_cls=FakeSamplingParams)
+    engine = VLLMEngine.from_llm(ReferenceLLM(model), fmt, sampling_params_cls=ReferenceSamplingParams)
     envs = [TallyEnv() for _ in TASKS]
     got = engine.play(envs, TASKS, **kw)
     # The comparison has teeth: actions ended both by a stop token and by the turn limit, turn flags were set.
@@ -459,7 +401,7 @@ def test_token_budgets_equal_hf_engine(world, tasks, turn, budget):
     prompt = max(len(fmt.prompt_ids(TallyEnv().reset(t))) for t in tasks)
     sp = SamplingParams(temperature=0, max_turn_tokens=turn, max_episode_tokens=max(budget, prompt + 1))
     ref = HFEngine(model, fmt).play([TallyEnv() for _ in tasks], tasks, sampling=sp)
-    got = VLLMEngine.from_llm(ModelLLM(model), fmt, sampling_params_cls=FakeSamplingParams).play(
+    got = VLLMEngine.from_llm(ReferenceLLM(model), fmt, sampling_params_cls=ReferenceSamplingParams).play(
         [TallyEnv() for _ in tasks], tasks, sampling=sp)
     assert_same_episodes(got, ref)
     assert all(g.length <= sp.max_episode_tokens and all(1 <= t.length <= turn for t in g.turns) for g in got)
@@ -469,7 +411,7 @@ def test_token_budgets_equal_hf_engine(world, tasks, turn, budget):
 def test_sampled_logp_equals_full_sequence_forward(world, mode, temperature, top_p):
     """Whatever was sampled, the recorded log-probs sit on the loss mask and equal log_softmax(logits / T)."""
     model, fmt = world
-    engine = VLLMEngine.from_llm(ModelLLM(model, mode), fmt, sampling_params_cls=FakeSamplingParams,
+    engine = VLLMEngine.from_llm(ReferenceLLM(model, mode), fmt, sampling_params_cls=ReferenceSamplingParams,
                                  logprobs_mode=mode)
     episodes = engine.play([TallyEnv() for _ in TASKS[:4]], TASKS[:4], generator=torch.Generator().manual_seed(1),
                            sampling=SamplingParams(temperature=temperature, top_p=top_p, max_turn_tokens=6))
@@ -490,8 +432,8 @@ def test_seeded_sampling_is_reproducible(world):
     sp = SamplingParams(temperature=1.0, max_turn_tokens=6)
 
     def run(seed):
-        llm = ModelLLM(model)
-        eps = VLLMEngine.from_llm(llm, fmt, sampling_params_cls=FakeSamplingParams).play(
+        llm = RecordingLLM(model)
+        eps = VLLMEngine.from_llm(llm, fmt, sampling_params_cls=ReferenceSamplingParams).play(
             [TallyEnv() for _ in TASKS[:3]], TASKS[:3], sampling=sp, generator=torch.Generator().manual_seed(seed))
         return [e.tokens for e in eps], [p.seed for _, params in llm.calls for p in params]
 
@@ -524,10 +466,10 @@ def test_env_pool_width_gives_the_same_episodes(world):
     sp = SamplingParams(temperature=1.0, max_turn_tokens=6, max_episode_tokens=40)
     runs = []
     for width in (1, 4):
-        llm, threads = ModelLLM(model), set()
+        llm, threads = RecordingLLM(model), set()
         envs = [JitterTallyEnv(threads) for _ in TASKS]
         with EnvPool(width) as pool:
-            episodes = VLLMEngine.from_llm(llm, fmt, sampling_params_cls=FakeSamplingParams).play(
+            episodes = VLLMEngine.from_llm(llm, fmt, sampling_params_cls=ReferenceSamplingParams).play(
                 envs, TASKS, sampling=sp, pool=pool, generator=torch.Generator().manual_seed(2))
         runs.append((episodes, llm.calls, [env.received for env in envs], threads))
     (one, calls_one, received_one, threads_one), (four, calls_four, received_four, threads_four) = runs
@@ -587,7 +529,7 @@ def hf_weights(scale=1.0):
 
 def test_load_state_dict_pushes_weights_then_resets_the_cache():
     llm = FakeLLM([[[7, 3]]])
-    engine = VLLMEngine.from_llm(llm, HandFormat(), sampling_params_cls=FakeSamplingParams)
+    engine = VLLMEngine.from_llm(llm, HandFormat(), sampling_params_cls=ReferenceSamplingParams)
     assert engine.max_model_len is None  # the fake exposes no llm_engine: no limit to check
     engine.load_state_dict(hf_weights(0.5), version=4)
     assert llm.log == ["apply_model", "reset_prefix_cache"]
@@ -612,7 +554,7 @@ def test_load_state_dict_pushes_weights_then_resets_the_cache():
 ])
 def test_failed_weight_push_raises_and_keeps_the_version(weights, reset, error, message):
     llm = FakeLLM(reset_result=reset)
-    engine = VLLMEngine.from_llm(llm, HandFormat(), sampling_params_cls=FakeSamplingParams)
+    engine = VLLMEngine.from_llm(llm, HandFormat(), sampling_params_cls=ReferenceSamplingParams)
     with pytest.raises(error, match=message):
         engine.load_state_dict(weights, version=9)
     assert engine.policy_version == 0
@@ -622,7 +564,7 @@ def test_rollout_driver_runs_the_engine_behind_the_hf_interface():
     from trainer.rollout.driver import DriverConfig, RolloutDriver, TaskSampler
 
     llm = FakeLLM([[[7, 3], [7, 3]], [[9, 3], [9, 3]]])
-    engine = VLLMEngine.from_llm(llm, HandFormat(), sampling_params_cls=FakeSamplingParams)
+    engine = VLLMEngine.from_llm(llm, HandFormat(), sampling_params_cls=ReferenceSamplingParams)
     tasks = [SimpleNamespace(task_id="A")]
     sampler = TaskSampler(tasks, seed=0)
     driver = RolloutDriver(engine, HandEnv, sampler, DriverConfig(mode="lagged", lag=1, batch_size=2),
@@ -641,7 +583,7 @@ def fake_vllm(version, llm_cls=None):
     module = types.ModuleType("vllm")
     module.__version__ = version
     module.LLM = llm_cls
-    module.SamplingParams = FakeSamplingParams
+    module.SamplingParams = ReferenceSamplingParams
     return module
 
 
@@ -691,7 +633,7 @@ def test_constructor_starts_vllm_in_process_with_processed_logprobs(monkeypatch)
     assert kwargs == dict(model="/ckpt", dtype="bfloat16", gpu_memory_utilization=0.5, seed=7, max_model_len=None,
                           enforce_eager=True, enable_prefix_caching=True, logprobs_mode="processed_logprobs",
                           generation_config="vllm", tensor_parallel_size=1)
-    assert engine.max_model_len == 2048 and engine.sampling_params_cls is FakeSamplingParams
+    assert engine.max_model_len == 2048 and engine.sampling_params_cls is ReferenceSamplingParams
     with pytest.raises(ValueError, match="max_model_len=2048"):
         engine.play([HandEnv()], ["A"], sampling=SamplingParams(max_episode_tokens=4096))
     with pytest.raises(ValueError, match="logprobs_mode"):

@@ -46,6 +46,9 @@ How it works, and the choices behind it:
   vLLM's own loader: a partial update (a naming mismatch) is an error, not rollouts from a mixed policy. Then
   `llm.reset_prefix_cache()` drops every cached block, because KV computed by the old weights must not be reused
   by the new ones. Quantised checkpoints (which need `process_weights_after_loading`) are not supported.
+- **Or in a process of its own.** `trainer/rollout/server.py` runs the same `LLM` in a rollout server on its own GPU;
+  `play_episodes` then drives it through a client with `LLM.generate`'s signature and the weights are broadcast to
+  it (`ServerEngine`).
 
 Minimum vLLM: **0.10.2** (`MIN_VLLM`). `logprobs_mode` appeared in 0.10.0 (vllm#21398), but its processed modes
 returned the final post-temperature, post-top-p values only after vllm#22387 (Aug 2025): 0.10.0's sampler does
@@ -319,6 +322,50 @@ def _load_weights(weights: list[tuple[str, torch.Tensor]], model) -> list[str]:
     return sorted({name for name, _ in model.named_parameters()} - set(loaded))
 
 
+def push_weights(llm, state_dict: dict) -> None:
+    """Copy `state_dict` (Hugging Face names) into the running `llm` and drop its prefix cache. Raises if any
+    engine parameter was not loaded or the cache was not reset."""
+    if not state_dict:
+        raise ValueError("load_state_dict: the state dict is empty")
+    weights = [(str(name), tensor.detach()) for name, tensor in state_dict.items()]
+    for missing in llm.apply_model(partial(_load_weights, weights)):
+        if missing:
+            raise RuntimeError(f"load_state_dict: {len(missing)} engine parameters were not in the state dict "
+                               f"(names do not match the checkpoint's?), e.g. {missing[:5]}")
+    if llm.reset_prefix_cache() is False:  # older releases return None on success
+        raise RuntimeError("load_state_dict: vLLM could not reset its prefix cache (requests still running?); "
+                           "cached KV from the old weights would be reused")
+
+
+def start_vllm(model_path, *, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.5, seed: int = 0,
+               max_model_len: int | None = None, enforce_eager: bool = False, enable_prefix_caching: bool = True,
+               logprobs_mode: str = "processed_logprobs"):
+    """A `vllm.LLM` on this process's first visible GPU, started as the engine needs it (see `VLLMEngine`)."""
+    if logprobs_mode not in LOGPROBS_MODES:
+        raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
+    vllm = import_vllm()
+    if not torch.cuda.is_available():
+        raise RuntimeError("VLLMEngine needs a CUDA GPU and none is visible to torch. "
+                           + _INSTALL_HINT.format(min=MIN_VLLM))
+    # The engine core must run in this process: weights are pushed by reference (see push_weights).
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    return vllm.LLM(model=str(model_path), dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
+                    seed=seed, max_model_len=max_model_len, enforce_eager=enforce_eager,
+                    enable_prefix_caching=enable_prefix_caching, logprobs_mode=logprobs_mode,
+                    generation_config="vllm", tensor_parallel_size=1)
+
+
+def engine_max_model_len(llm) -> int | None:
+    """The engine's own context limit, where this vLLM exposes it (None otherwise)."""
+    engine = getattr(llm, "llm_engine", None)
+    config = getattr(engine, "model_config", None) or getattr(getattr(engine, "vllm_config", None),
+                                                               "model_config", None)
+    limit = getattr(config, "max_model_len", None)
+    return None if limit is None else int(limit)
+
+
 # ------------------------------------------------------------------------------------------- the engine
 
 
@@ -335,21 +382,10 @@ class VLLMEngine:
         turns off CUDA graphs; `logprobs_mode` is "processed_logprobs" (exact for any temperature with top_p 1)
         or "raw_logprobs" (exact at temperature 1 with any top_p).
         """
-        if logprobs_mode not in LOGPROBS_MODES:
-            raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
-        if not 0 < gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
-        vllm = import_vllm()
-        if not torch.cuda.is_available():
-            raise RuntimeError("VLLMEngine needs a CUDA GPU and none is visible to torch. "
-                               + _INSTALL_HINT.format(min=MIN_VLLM))
-        # The engine core must run in this process: weights are pushed by reference (see load_state_dict).
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        llm = vllm.LLM(model=str(model_path), dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-                       seed=seed, max_model_len=max_model_len, enforce_eager=enforce_eager,
-                       enable_prefix_caching=enable_prefix_caching, logprobs_mode=logprobs_mode,
-                       generation_config="vllm", tensor_parallel_size=1)
-        self._setup(llm, fmt, vllm.SamplingParams, max_model_len, logprobs_mode)
+        llm = start_vllm(model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, seed=seed,
+                         max_model_len=max_model_len, enforce_eager=enforce_eager,
+                         enable_prefix_caching=enable_prefix_caching, logprobs_mode=logprobs_mode)
+        self._setup(llm, fmt, import_vllm().SamplingParams, max_model_len, logprobs_mode)
 
     @classmethod
     def from_llm(cls, llm, fmt, *, sampling_params_cls: Callable[..., Any] | None = None,
@@ -373,12 +409,7 @@ class VLLMEngine:
             raise ValueError("VLLMEngine: the format has no stop ids")
         self.llm, self.fmt, self.sampling_params_cls = llm, fmt, sampling_params_cls
         self.logprobs_mode = logprobs_mode
-        if max_model_len is None:  # the engine's own limit, where this vLLM exposes it
-            engine = getattr(llm, "llm_engine", None)
-            config = getattr(engine, "model_config", None) or getattr(getattr(engine, "vllm_config", None),
-                                                                       "model_config", None)
-            max_model_len = getattr(config, "max_model_len", None)
-        self.max_model_len = None if max_model_len is None else int(max_model_len)
+        self.max_model_len = engine_max_model_len(llm) if max_model_len is None else int(max_model_len)
         self.policy_version = 0
         self.last_stats: dict = {}
         """Counters of the last `play` (see `play_episodes`)."""
@@ -399,14 +430,5 @@ class VLLMEngine:
     def load_state_dict(self, state_dict: dict, version: int) -> None:
         """Copy the trainer's weights (Hugging Face names) into the running engine, drop the prefix cache, and
         publish them as `version`. Raises if any engine parameter was not loaded or the cache was not reset."""
-        if not state_dict:
-            raise ValueError("load_state_dict: the state dict is empty")
-        weights = [(str(name), tensor.detach()) for name, tensor in state_dict.items()]
-        for missing in self.llm.apply_model(partial(_load_weights, weights)):
-            if missing:
-                raise RuntimeError(f"load_state_dict: {len(missing)} engine parameters were not in the state dict "
-                                   f"(names do not match the checkpoint's?), e.g. {missing[:5]}")
-        if self.llm.reset_prefix_cache() is False:  # older releases return None on success
-            raise RuntimeError("load_state_dict: vLLM could not reset its prefix cache (requests still running?); "
-                               "cached KV from the old weights would be reused")
+        push_weights(self.llm, state_dict)
         self.policy_version = int(version)
