@@ -1,7 +1,7 @@
 """One prepared check of the trainer on a CUDA GPU (`run.device: cuda`): the paper-scale path, vLLM aside.
 
     python benchmarks/gpu_check_trainer.py [--out result.json] [--updates 5] [--keep DIR] [--memory-probe [SHAPE ...]]
-                                            [--skip-trainer] [--device cpu]
+                                            [--long-episodes] [--skip-trainer] [--device cpu]
 
 It downloads nothing and needs no vLLM (benchmarks/gpu_check_vllm.py checks that engine). It
 
@@ -23,7 +23,10 @@ It downloads nothing and needs no vLLM (benchmarks/gpu_check_vllm.py checks that
 5. with `--memory-probe`, measures the peak GPU memory of one trainer micro-batch of real-size models (Qwen3-4B's
    and Qwen2.5-0.5B's shapes, random weights): fp32 master weights, bf16 autocast, backward and a Muon+AdamW step,
    from 2k tokens up to 64k or the first that does not fit;
-6. prints one JSON line with every check, its value, threshold and PASS or FAIL (also written to `--out`).
+6. with `--long-episodes`, runs the paper configuration's update (activation checkpointing, a 2,048-position
+   head, flash attention) for the 4B shape at 8k/16k/32k tokens beside the memory planner's prediction, and
+   sharded Muon against torch.optim.Muon over NCCL when 2 or more GPUs are visible;
+7. prints one JSON line with every check, its value, threshold and PASS or FAIL (also written to `--out`).
 
 `--device cpu` is a dry run of the script itself (every check but the memory probe, on the CPU), not a GPU result.
 Exit status 0 PASS, 1 FAIL, 2 the check itself crashed (no GPU, an exception).
@@ -270,7 +273,8 @@ def memory_probe(results: list, shape: str, token_counts=(2048, 4096, 8192, 1638
         batch = SimpleNamespace(input_ids=ids, attention_mask=torch.ones_like(ids))
         try:
             t0 = time.perf_counter()
-            logp, entropy = token_logprobs(model, batch, 1.0, with_entropy=True, autocast_dtype=torch.bfloat16)
+            out = token_logprobs(model, batch, 1.0, with_entropy=True, autocast_dtype=torch.bfloat16)
+            logp = out[0]
             logp.mean().backward()
             opt.step()
             torch.cuda.synchronize()
@@ -281,7 +285,7 @@ def memory_probe(results: list, shape: str, token_counts=(2048, 4096, 8192, 1638
             peaks[n] = "out of memory"
             break
         finally:
-            logp = entropy = None
+            logp = out = None  # the entropy too, before the next size
     results.append({"check": f"memory_probe_{shape}", "ok": True, "threshold": "reported",
                     "value": {"parameters": n_params, "gpu_total_gib":
                               round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1),
@@ -291,6 +295,95 @@ def memory_probe(results: list, shape: str, token_counts=(2048, 4096, 8192, 1638
     torch.cuda.empty_cache()
 
 
+PLAN_UNDER_PREDICTION = 1.25
+"""Long-episode probe: the measured peak may exceed the planner's prediction by at most this factor (set before any
+GPU measurement of this setting; over-prediction only wastes memory, under-prediction runs a cell out of it)."""
+
+
+def long_episode_probe(results: list, shape: str = "qwen3-4b", token_counts=(8192, 16384, 32768),
+                       chunk: int = 2048) -> None:
+    """One update micro-batch as configs/paper.yaml runs it on one GPU: fp32 master weights, bf16 autocast, each
+    decoder layer recomputed in the backward pass, the LM head over `chunk`-position chunks, flash attention
+    required, a Muon+AdamW step; peak allocated memory beside `python -m trainer plan`'s prediction. Fails if a size
+    the planner says fits runs out of memory, or the peak exceeds the prediction by more than PLAN_UNDER_PREDICTION.
+    On CPU (`--device cpu`) a tiny shape at a few hundred tokens checks the script only (no memory numbers)."""
+    from types import SimpleNamespace
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from trainer.distributed import enable_activation_checkpointing
+    from trainer.optim.hybrid import build_muon_adamw
+    from trainer.plan import model_counts, plan_memory
+    from trainer.update import ForwardSettings, token_logprobs
+
+    model_type, dims = PROBE_SHAPES[shape]
+    if DEVICE == "cpu":  # the script's logic only
+        dims = dict(dims, vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+        token_counts, chunk = (256, 512), 128
+    cfg = AutoConfig.for_model(model_type, **dims)
+    counts = model_counts(cfg)
+    with torch.device(DEVICE):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    model.train()
+    enable_activation_checkpointing(model)
+    opt = build_muon_adamw(model, muon_lr=1e-6, adamw_lr=1e-6, adjust_lr_fn="match_rms_adamw")
+    forward = ForwardSettings(autocast_dtype=torch.bfloat16, chunk_tokens=chunk, require_flash=DEVICE == "cuda")
+    sizes, ok = {}, True
+    for n in token_counts:
+        plan = plan_memory(counts, n, 1, checkpointing=True, head_chunk_tokens=chunk)
+        model.zero_grad(set_to_none=True)
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        ids = torch.randint(0, cfg.vocab_size, (1, n), device=DEVICE)
+        batch = SimpleNamespace(input_ids=ids, attention_mask=torch.ones_like(ids))
+        row = {"predicted_gib": round(plan.total_gib, 1), "predicted_fits": plan.fits}
+        try:
+            t0 = time.perf_counter()
+            out = token_logprobs(model, batch, 1.0, with_entropy=True, forward=forward)
+            logp = out[0]
+            logp.mean().backward()
+            opt.step()
+            if DEVICE == "cuda":
+                torch.cuda.synchronize()
+                peak = torch.cuda.max_memory_allocated() / 2**30
+                row.update(peak_gib=round(peak, 1), ratio=round(peak / plan.total_gib, 2),
+                           reserved_gib=round(torch.cuda.max_memory_reserved() / 2**30, 1))
+                ok &= peak <= PLAN_UNDER_PREDICTION * plan.total_gib
+            row["seconds"] = round(time.perf_counter() - t0, 2)
+            ok &= bool(torch.isfinite(logp).all())
+        except torch.cuda.OutOfMemoryError:
+            row["peak_gib"] = "out of memory"
+            ok &= not plan.fits
+        finally:
+            logp = out = None  # the entropy too, before the next size
+        sizes[n] = row
+    results.append({"check": f"long_episode_update_{shape}", "ok": bool(ok),
+                    "threshold": f"no OOM where the plan fits; peak <= {PLAN_UNDER_PREDICTION} x predicted",
+                    "value": {"checkpointing": True, "head_chunk": chunk, "per_micro_batch_tokens": sizes}})
+    print("long-episode probe:", results[-1]["value"], flush=True)
+    del model, opt
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+
+
+def nccl_muon_parity(results: list) -> None:
+    """Sharded Muon against torch.optim.Muon bit for bit over NCCL on every visible GPU (2 or more;
+    tests/distributed/muon_parity.py, which CI runs on gloo)."""
+    gpus = torch.cuda.device_count() if DEVICE == "cuda" else 2
+    if gpus < 2:
+        results.append({"check": "nccl_muon_parity", "ok": True, "value": f"skipped: {gpus} GPU visible",
+                        "threshold": "needs 2 GPUs"})
+        return
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
+                          str(ROOT / "tests" / "distributed" / "muon_parity.py"), "--device", DEVICE],
+                         capture_output=True, text=True, timeout=240, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"))
+    ok = run.returncode == 0 and f"muon parity OK on {gpus} ranks" in run.stdout
+    results.append({"check": "nccl_muon_parity" if DEVICE == "cuda" else "muon_parity_gloo_dry_run", "ok": ok,
+                    "value": (run.stdout + run.stderr)[-1500:], "threshold": "bit-identical"})
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None, help="also write the JSON result here")
@@ -299,6 +392,10 @@ def main() -> int:
                     help=f"also measure a real-size model's micro-batch memory: {', '.join(PROBE_SHAPES)} "
                          "(default: all)")
     ap.add_argument("--skip-trainer", action="store_true", help="only the Muon checks (and the memory probe)")
+    ap.add_argument("--long-episodes", action="store_true",
+                    help="issue 18's checks: the 4B shape's update at 8k/16k/32k tokens with activation "
+                         "checkpointing and a chunked head beside the planner, and sharded Muon over NCCL on the "
+                         "visible GPUs (2 or more)")
     ap.add_argument("--keep", default=None, metavar="DIR", help="work here and keep the runs (default: a temp dir)")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: a dry run of the script")
     args = ap.parse_args()
@@ -318,6 +415,9 @@ def main() -> int:
             work.mkdir(parents=True, exist_ok=True)
             if not args.skip_trainer:
                 trainer_checks(results, work, args.updates)
+        if args.long_episodes:
+            long_episode_probe(results)
+            nccl_muon_parity(results)
         if args.memory_probe is not None and DEVICE == "cuda":
             for shape in args.memory_probe or PROBE_SHAPES:
                 memory_probe(results, shape)

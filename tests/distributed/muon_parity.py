@@ -1,9 +1,11 @@
-"""Run under `torchrun --nproc-per-node N` (gloo, CPU): sharded Muon steps equal single-process steps bit for bit.
+"""Run under `torchrun --nproc-per-node N` (gloo, CPU; `--device cuda`: NCCL, one GPU per rank, the GPU check of
+benchmarks/gpu_check_trainer.py --long-episodes): sharded Muon steps equal single-process steps bit for bit.
 
 Every rank builds the same full parameters and gradients; the reference steps run on whole tensors in each rank,
 the sharded ones on `distribute_tensor(..., [Shard(0)])` copies (FSDP2's layout), with rows that do not divide by
 the world size. Exits non-zero (an AssertionError naming the case) on any difference.
 """
+import os
 import sys
 
 import torch
@@ -18,10 +20,10 @@ SHAPES = [(7, 24), (33, 16), (64, 64), (96, 32), (24, 7), (64, 64)]
 STEPS = 4
 
 
-def _data(seed: int):
+def _data(seed: int, device: str = "cpu"):
     g = torch.Generator().manual_seed(seed)
-    params = [torch.randn(s, generator=g) for s in SHAPES]
-    grads = [[torch.randn(s, generator=g) for s in SHAPES] for _ in range(STEPS)]
+    params = [torch.randn(s, generator=g).to(device) for s in SHAPES]
+    grads = [[torch.randn(s, generator=g).to(device) for s in SHAPES] for _ in range(STEPS)]
     return params, grads
 
 
@@ -43,10 +45,13 @@ def _same(name, got, want):
 
 
 def main() -> int:
-    dist.init_process_group("gloo")
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    device = sys.argv[sys.argv.index("--device") + 1] if "--device" in sys.argv else "cpu"
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo")
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
     for seed in (0, 1):
-        params, grads = _data(seed)
+        params, grads = _data(seed, device)
         for wd in (0.0, 0.1):
             want = _run(lambda ps: torch.optim.Muon(ps, lr=0.02, weight_decay=wd), params, grads)
             _same(f"bf16 NS vs torch.optim.Muon (seed {seed}, wd {wd})",
