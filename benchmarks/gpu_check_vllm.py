@@ -18,6 +18,10 @@ should take well under 5 minutes on one H200 (most of it vLLM's start-up: graph 
    before the push, so KV left in the prefix cache would show up here), then restores the old weights the same way;
 5. prints tokens/s and one JSON line with every check, its value and threshold, and PASS or FAIL.
 
+With `--server` the same checks run through the rollout server (trainer/rollout/server.py): vLLM in a process of
+its own, the weight pushes broadcast to it (NCCL from GPU 0 to GPU 1 when two GPUs are visible; with one, the
+server takes it and the weights go by gloo from CPU, which checks the server's vLLM side but not NCCL).
+
 Exit status: 0 PASS, 1 FAIL (a check failed), 2 the check itself crashed (no vllm, no GPU, an exception, or the
 280 s watchdog). The JSON line is printed in every case (`"status"`: PASS / FAIL / ERROR), and written to `--out`.
 
@@ -210,7 +214,17 @@ def run(args) -> dict:
         fmt, reference = build_checkpoint(Path(tmp), device)
         metrics["build_s"] = round(time.perf_counter() - t0, 2)
         t1 = time.perf_counter()
-        if args.cpu_dry_run:  # the script's logic only: Hugging Face in bfloat16 stands in for vLLM
+        if args.server:  # the same checks through the rollout server, weights broadcast to it
+            from trainer.rollout.server import ServerEngine, launch_server, server_device
+            gpus = 0 if args.cpu_dry_run else torch.cuda.device_count()
+            client = launch_server(tmp, backend="reference" if args.cpu_dry_run else "vllm", dtype="bfloat16",
+                                   log_path=Path(tempfile.gettempdir()) / "gpu_check_vllm_server.log", seed=0,
+                                   cuda_device=None if args.cpu_dry_run else server_device(1 if gpus > 1 else 0),
+                                   max_model_len=1024, gpu_memory_utilization=args.gpu_memory_utilization,
+                                   trainer_device="cuda" if gpus > 1 else "cpu")
+            engine = ServerEngine.connect(client, fmt)
+            metrics["weight_channel"] = client.backend  # nccl with two GPUs; gloo from CPU with one
+        elif args.cpu_dry_run:  # the script's logic only: Hugging Face in bfloat16 stands in for vLLM
             import copy
 
             from trainer.rollout.hf_engine import HFEngine
@@ -303,6 +317,10 @@ def main() -> int:
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs (faster start, less coverage)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON summary here")
+    parser.add_argument("--server", action="store_true",
+                        help="play through the rollout server (trainer/rollout/server.py): on the second GPU with "
+                             "weights by NCCL when there are two, else on the one GPU with weights sent by gloo "
+                             "from CPU; with --cpu-dry-run, its reference backend in bfloat16")
     parser.add_argument("--cpu-dry-run", action="store_true",
                         help="run the script's logic on CPU with the Hugging Face engine in bfloat16 standing in "
                              "for vLLM (checks the script and its thresholds; verifies nothing about vLLM)")
@@ -327,7 +345,7 @@ def main() -> int:
         vllm_version = None
     result["env"] = dict(vllm=vllm_version, torch=torch.__version__, python=platform.python_version(),
                          gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-                         eager=args.eager, cpu_dry_run=args.cpu_dry_run,
+                         eager=args.eager, cpu_dry_run=args.cpu_dry_run, server=args.server,
                          wall_s=round(time.perf_counter() - started, 2))
     line = json.dumps(result, default=str)
     if args.out is not None:

@@ -65,33 +65,81 @@ def _metrics(out):
     return read_log(out / "metrics.parquet")[0].drop(columns=TIMING)
 
 
-def test_a_two_process_cell_trains_is_killed_resumes_and_loads_in_one_process(tmp_path):
-    """Sharded training end to end: the metrics of a run killed (SIGKILL) after a checkpoint and resumed equal an
-    uninterrupted run's; the first batch equals a one-process run's (same rollouts, update equal up to rounding);
-    the saved policy and the checkpoints hold the one-process model's Hugging Face names and load into it."""
+def _write_cell(path: Path, cell: dict) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump(cell))
+    return path
+
+
+def _proc_stat(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the process name ([state, ppid, ...]); [] once it is gone (Linux)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
+def _descendants(pid: int) -> list[int]:
+    parents = {int(p.name): stat[1] for p in Path("/proc").glob("[0-9]*") if (stat := _proc_stat(int(p.name)))}
+    found, todo = [], [pid]
+    while todo:
+        parent = str(todo.pop())
+        children = [child for child, ppid in parents.items() if ppid == parent]
+        found += children
+        todo += children
+    return found
+
+
+def _kill_after_checkpoint(cell: Path, out: Path, name: str) -> None:
+    """Start the 2-process cell and SIGKILL torchrun and its workers once checkpoints/`name` exists. The workers
+    are killed by pid: torchrun starts each in a session of its own, so killing torchrun's process group would
+    leave them training on, writing into `out` beside the resumed run."""
     import signal
     import time
 
-    import pandas as pd
-    import yaml
+    proc = subprocess.Popen(_train_command(cell, out, 2), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=_env(), start_new_session=True)
+    deadline = time.time() + 300
+    while not (out / "checkpoints" / name).exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    workers = _descendants(proc.pid)
+    for pid in [*workers, proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    deadline = time.time() + 30
+    while any(_proc_stat(pid)[:1] not in ([], ["Z"], ["X"]) for pid in workers) and time.time() < deadline:
+        time.sleep(0.05)  # until they are dead (a zombie writes nothing)
 
-    cell = tmp_path / "cell.yaml"
-    cell.write_text(yaml.safe_dump(CELL))
-    ref = subprocess.run(_train_command(cell, tmp_path / "ref", 2, "--save-policy", str(tmp_path / "policy")),
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory):
+    """The 2-process cell run uninterrupted with full-format checkpoints and its final policy saved:
+    (cell.yaml, its output directory, the policy directory)."""
+    tmp = tmp_path_factory.mktemp("two_process")
+    cell = _write_cell(tmp / "cell.yaml", CELL)
+    ref = subprocess.run(_train_command(cell, tmp / "ref", 2, "--save-policy", str(tmp / "policy")),
                          capture_output=True, text=True, timeout=600, env=_env())
     assert ref.returncode == 0, ref.stderr[-4000:]
-    reference = _metrics(tmp_path / "ref")
+    return cell, tmp / "ref", tmp / "policy"
+
+
+def test_a_two_process_cell_trains_is_killed_resumes_and_loads_in_one_process(tmp_path, two_process_run):
+    """Sharded training end to end: the metrics of a run killed (SIGKILL) after a checkpoint and resumed equal an
+    uninterrupted run's; the first batch equals a one-process run's (same rollouts, update equal up to rounding);
+    the saved policy and the checkpoints hold the one-process model's Hugging Face names and load into it."""
+    import pandas as pd
+
+    cell, ref, policy = two_process_run
+    reference = _metrics(ref)
     assert reference["update"].tolist() == [0, 1, 2, 3] and reference["loss"].notna().all()
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(_train_command(cell, killed, 2), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=_env(), start_new_session=True)
-    deadline = time.time() + 300
-    while not list((killed / "checkpoints").glob("ckpt-*2.pt")) and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    _kill_after_checkpoint(cell, killed, "ckpt-00000002.pt")
     resumed = subprocess.run(_train_command(cell, killed, 2, "--resume"), capture_output=True, text=True,
                              timeout=600, env=_env())
     assert resumed.returncode == 0, resumed.stderr[-4000:]
@@ -110,7 +158,7 @@ def test_a_two_process_cell_trains_is_killed_resumes_and_loads_in_one_process(tm
     from trainer.train import Trainer
     from trainer.config import load_config
 
-    model, _ = load_policy(tmp_path / "policy", "float32")
+    model, _ = load_policy(policy, "float32")
     plain = Trainer(load_config(cell), tmp_path / "names").model
     assert list(model.state_dict()) == list(plain.state_dict())
     import torch
@@ -118,3 +166,68 @@ def test_a_two_process_cell_trains_is_killed_resumes_and_loads_in_one_process(tm
     ckpt = torch.load(sorted((killed / "checkpoints").glob("ckpt-*.pt"))[-1], weights_only=False)
     assert list(ckpt["model_state"]) == list(plain.state_dict())
     plain.load_state_dict(ckpt["model_state"])  # a sharded run's checkpoint loads into one process
+
+
+def test_sharded_checkpoints_resume_after_sigkill_on_any_process_count_and_export(tmp_path, two_process_run):
+    """`run.checkpoint_format: sharded` (DCP): a 2-process cell killed (SIGKILL) after a checkpoint resumes past a
+    leftover temp directory (ignored with a warning, then deleted) and logs the uninterrupted run's metrics (the
+    full-format run's: the format changes nothing computed), keeping the last `keep_checkpoints` (2). Its last
+    checkpoint exports to a one-process policy with Hugging Face names, and resumes in 1 and in 3 processes (DCP
+    reshards), with weights and optimizer state equal to the full-format checkpoint of the same step, bit for
+    bit."""
+    import shutil
+
+    import pandas as pd
+    import torch
+
+    from trainer.config import load_config
+    from trainer.logs.checkpoint import read_checkpoint
+    from trainer.policy.load import load_policy
+
+    _, ref, _ = two_process_run
+    full = read_checkpoint(ref / "checkpoints" / "ckpt-00000003.pt")
+    cell = _write_cell(tmp_path / "cell.yaml", {**CELL, "run": {**CELL["run"], "checkpoint_format": "sharded"}})
+    killed = tmp_path / "killed"
+    _kill_after_checkpoint(cell, killed, "ckpt-00000002")
+    leftover = killed / "checkpoints" / ".ckpt-00000003.0badf00d.tmp"  # as a save killed before its rename leaves
+    leftover.mkdir(exist_ok=True)
+    (leftover / "__1_0.distcp").write_bytes(b"half a shard")
+    resumed = subprocess.run(_train_command(cell, killed, 2, "--resume"), capture_output=True, text=True,
+                             timeout=600, env=_env())
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert f"ignoring partial checkpoint {leftover}" in resumed.stderr
+    pd.testing.assert_frame_equal(_metrics(killed), _metrics(ref))
+    ckpts = killed / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["ckpt-00000002", "ckpt-00000003"]
+    assert sorted(p.name for p in (ckpts / "ckpt-00000003").iterdir()) == [".metadata", "__0_0.distcp",
+                                                                             "__1_0.distcp", "extra.pt"]
+
+    def same(got: dict, want: dict, what: str) -> None:
+        assert sorted(got) == sorted(want), what
+        for k in want:
+            assert torch.equal(got[k], want[k]), f"{what}: {k}"
+
+    export = subprocess.run([sys.executable, "-m", "trainer", "export", str(ckpts / "ckpt-00000003"), "--out",
+                             str(tmp_path / "policy")], capture_output=True, text=True, timeout=600, env=_env())
+    assert export.returncode == 0, export.stderr[-4000:]
+    policy, _ = load_policy(tmp_path / "policy", "float32")
+    assert list(policy.state_dict()) == list(full["model_state"])  # Hugging Face names, in the model's order
+    same(policy.state_dict(), full["model_state"], "exported weights")
+
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    from trainer.train import Trainer
+
+    shutil.copytree(killed, tmp_path / "one")
+    one = Trainer(load_config(cell), tmp_path / "one")  # one process, no process group
+    assert one.resume() and one.update == 3
+    same(one.model.state_dict(), full["model_state"], "weights in one process")
+    got, want = get_optimizer_state_dict(one.model, one.optimizer), full["extra"]["optimizer"]
+    assert sorted(got["state"]) == sorted(want["state"])
+    for name in want["state"]:
+        same(got["state"][name], want["state"][name], f"optimizer state of {name} in one process")
+    assert got["param_groups"] == want["param_groups"]
+
+    shutil.copytree(killed, tmp_path / "three")
+    assert "dcp reshard OK on 3 ranks (step 3)" in torchrun(
+        "dcp_reshard.py", 3, str(cell), str(tmp_path / "three"), str(ref / "checkpoints" / "ckpt-00000003.pt"))

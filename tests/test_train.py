@@ -347,3 +347,25 @@ def test_resume_refuses_a_checkpoint_of_another_state_format(tmp_path):
     with pytest.raises(ValueError, match=r"format None, this trainer reads 'trainer.state/2'"):
         Trainer(cfg, tmp_path / "out").resume()
 
+
+
+def test_resume_reads_the_checkpoints_config_with_todays_defaults(tmp_path):
+    """A knob added after a checkpoint was written counts as its default (the run resumes); a changed value is a
+    different config (refused by name)."""
+    from trainer.config import config_from_dict
+    from trainer.logs.checkpoint import save_checkpoint
+    from trainer.train import Trainer
+
+    cfg = config_from_dict({**CELL, "run": {**CELL["run"], "updates": 1}})
+    trainer = Trainer(cfg, tmp_path / "out")
+    trainer.t_start = time.perf_counter()
+    state = trainer.state_dict()
+    del state["config"]["rollout"]["server"], state["config"]["run"]["checkpoint_format"]  # as an older trainer wrote
+    save_checkpoint(tmp_path / "out" / "checkpoints", step=1, model_state=trainer.model.state_dict(),
+                    optimizer_state=None, extra=state)
+    assert Trainer(cfg, tmp_path / "out").resume()
+    state["config"]["rl"]["length_threshold"] += 1
+    save_checkpoint(tmp_path / "out" / "checkpoints", step=2, model_state=trainer.model.state_dict(),
+                    optimizer_state=None, extra=state)
+    with pytest.raises(ValueError, match=r"ckpt-00000002.pt: the checkpoint was written with a different config"):
+        Trainer(cfg, tmp_path / "out").resume()

@@ -192,6 +192,12 @@ def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_pat
                  id="optimizer"),
     pytest.param(lambda s: s.update(analysis={"collapse": {"warmpu": 3}}), r"analysis.collapse: .*'warmpu'",
                  id="collapse-typo"),
+    pytest.param(lambda s: s.update(cell={"rollout": {"engine": "vllm", "server": True}},
+                                    resources={"train": {"gpu": 8, "processes": 8}}),
+                 r"resources.train.gpu: 8 GPUs for 8 trainer process\(es\) and a vLLM rollout server .*ask for 9",
+                 id="server-gpu"),
+    pytest.param(lambda s: s.update(cell={"rollout": {"engine": "hf", "server": True}}),
+                 r"rollout.server: the hf engine runs in the trainer", id="server-hf"),
     pytest.param(lambda s: s.update(analysis={"collapse": {"drop_fraction": 1.5}}),
                  r"analysis.collapse: .*drop_fraction", id="collapse-range"),
 ])
@@ -503,8 +509,8 @@ def test_paper_study_uses_checkpoints_instead_of_a_warm_start(scratch_repo):
     # the study file replaces config.yaml: no tiny models, no warm start
     assert job_counts(out) == {"cell_config": 60, "train": 60, "summarize": 1, "figures": 1, "all": 1}
     assert "model=Qwen3.5-4B/recipe=full/optimizer=muon/seed=2" in out and "tiny" not in out
-    assert "gpu=8" in out and "runtime=2880" in out and "cpus_per_task=64" in out  # 8 processes x 8 threads
-    assert "python -m torch.distributed.run --standalone --nproc-per-node=8 -m trainer train" in out  # -p
+    assert "gpu=8" in out and "runtime=2880" in out and "cpus_per_task=56" in out  # 7 processes x 8 threads
+    assert "python -m torch.distributed.run --standalone --nproc-per-node=7 -m trainer train" in out  # -p
 
 
 def test_paths_are_rebased_from_the_repository_root_to_the_studys_workdir(tmp_path):

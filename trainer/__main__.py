@@ -5,10 +5,13 @@
     python -m trainer sft   --config SFT.yaml  --out DIR [--exit-with PID]
     python -m trainer eval  --config CELL.yaml --policy DIR [--update N] [--tasks 64] [--show 3]
     python -m trainer plan  --config CELL.yaml [--gpus N] [--tokens T] [--no-checkpointing] [--head-chunk C]
+    python -m trainer export CHECKPOINT --out POLICY_DIR
 
 `eval` plays the held-out tasks as the trainer's evaluation after update N does (same tasks, sampling and
 generator), so on the policy `train --save-policy` wrote it prints the `eval_success` the trainer logged for its
-last update (N defaults to the update recorded in the policy directory, else 0).
+last update (N defaults to the update recorded in the policy directory, else 0). `export` writes a checkpoint's
+policy (`OUT/checkpoints/ckpt-<step>/`, sharded, or `ckpt-<step>.pt`, full) as `--save-policy` would have after that
+step: one process, Hugging Face names, the cell config taken from the checkpoint.
 
 Configs are validated before any work starts; a bad key or value exits with status 2 and a message naming it.
 """
@@ -90,6 +93,33 @@ def evaluate_cli(cfg, policy: str, *, update: int | None = None, tasks: int | No
     return {"heldout_success": success, "tasks": len(held_out), "update": update, "seed": cfg.run.seed}
 
 
+def export_checkpoint(checkpoint: str, out: str) -> dict:
+    """`export`: the policy of a checkpoint of either format, written into the policy directory `out` (a sharded
+    one is read by DCP without a process group, whatever number of processes wrote it)."""
+    import torch
+
+    from trainer.config import config_from_dict
+    from trainer.environments.suite import make_suite
+    from trainer.logs.checkpoint import read_checkpoint
+    from trainer.policy.load import save_policy
+    from trainer.train import build_policy
+
+    try:
+        ckpt = read_checkpoint(checkpoint)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{checkpoint}: not a readable checkpoint ({type(exc).__name__}: {exc})") from None
+    cfg = config_from_dict(ckpt["extra"]["config"])
+    torch.set_num_threads(cfg.run.threads)
+    model, fmt = build_policy(cfg, make_suite(cfg.env) if cfg.model.path is None else None, device="cpu")
+    if ckpt["sharded"]:
+        from trainer.logs.sharded_checkpoint import load_sharded_weights
+        load_sharded_weights(ckpt["path"], model)
+    else:
+        model.load_state_dict(ckpt["model_state"])
+    save_policy(model, fmt, out, extra={"trained": {"update": ckpt["step"], "seed": cfg.run.seed}})
+    return {"policy": str(out), "update": ckpt["step"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
@@ -120,6 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--tasks", type=int, default=None, help="held-out tasks (default: env.eval_tasks)")
     e.add_argument("--show", type=int, default=0, help="print the first N episodes as transcripts")
 
+    x = sub.add_parser("export", help="a checkpoint's policy as a policy directory (for `eval`, `model.path`)")
+    x.add_argument("checkpoint", help="a ckpt-<step>/ directory (sharded) or ckpt-<step>.pt file (full)")
+    x.add_argument("--out", required=True, help="policy directory to write")
+
     from trainer import plan
     plan.add_arguments(sub.add_parser("plan", help="predicted GPU memory of a cell's update (exit 1: does not fit)"))
 
@@ -145,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         elif args.command == "plan":
             return plan.run(args)
+        elif args.command == "export":
+            print(json.dumps(export_checkpoint(args.checkpoint, args.out)))
         else:
             cfg = load_config(args.config, {"model": {"path": args.policy}})
             print(json.dumps(evaluate_cli(cfg, args.policy, update=args.update, tasks=args.tasks, show=args.show)))

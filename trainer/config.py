@@ -194,10 +194,15 @@ class RLConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: Literal["hf", "vllm"] = "hf"
-    """hf: the batched KV-cached Hugging Face engine (CPU or GPU); vllm: vLLM on a GPU (needs model.path)."""
+    engine: Literal["hf", "vllm", "reference"] = "hf"
+    """hf: the batched KV-cached Hugging Face engine (CPU or GPU); vllm: vLLM on a GPU (needs model.path);
+    reference: vLLM's interface over the Hugging Face model one request at a time (trainer/rollout/reference_llm.py),
+    what the rollout server runs on CPU."""
+    server: bool = False
+    """Generate in a process of its own (trainer/rollout/server.py), weights pushed after each update: vllm on the
+    GPU after the trainer's (the cell asks for one more GPU), reference on CPU. False: in the trainer's rank 0."""
     vllm_gpu_memory_utilization: float = knob(0.5, gt=0, le=1)
-    """Share of the GPU vLLM may take (the trainer's model shares the device)."""
+    """Share of the GPU vLLM may take (in the trainer, the trainer's model shares the device; a server has its own)."""
     mode: RolloutMode = "lagged"
     """sync: rollouts by the current policy; lagged: always by the policy `lag` updates old (deterministic);
     async: a concurrent rollout thread, staleness bounded by `max_staleness`."""
@@ -240,6 +245,11 @@ class RunConfig:
     policy, the point later evaluations are compared with) and after the last."""
     checkpoint_every: int = knob(25, ge=0)
     keep_checkpoints: int = knob(2, ge=1)
+    checkpoint_format: Literal["full", "sharded"] = "full"
+    """How checkpoints are written. "full": one file of whole state dicts, gathered to rank 0 (what one process
+    holds anyway). "sharded": torch's DCP, every rank writing its own shards, no gather (a 4B model on 8 GPUs would
+    gather ~48 GB on rank 0); it resumes on any number of processes, one included, and `python -m trainer export`
+    turns it into a policy directory."""
     threads: int = knob(1, ge=1)
     """torch intra-op threads. Grid cells run as parallel 1-thread jobs."""
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
@@ -471,6 +481,9 @@ def check_cell(cfg: TrainConfig) -> None:
         raise ConfigError(f"model.path: {cfg.model.path!r} does not exist")
     if cfg.rollout.engine == "vllm" and cfg.model.path is None:
         raise ConfigError("rollout.engine: 'vllm' serves a checkpoint directory; set model.path")
+    if cfg.rollout.server and cfg.rollout.engine == "hf":
+        raise ConfigError("rollout.server: the hf engine runs in the trainer; a rollout server runs the vllm or the "
+                          "reference engine")
     if cfg.model.path is None and cfg.model.preset is None:
         raise ConfigError("model: give a tiny `preset` or a checkpoint `path`")
 

@@ -218,6 +218,13 @@ def check_study(study: dict, root: str | Path = ".") -> None:
         if options.get(key) and not (root / options[key]).exists():
             raise StudyError(f"cell.env.options.{key}: {options[key]!r} does not exist (paper-scale tasks and "
                              f"games are read from local files; nothing is downloaded)")
+    rollout = study.get("cell", {}).get("rollout", {})
+    train = study.get("resources", {}).get("train", {})
+    if rollout.get("server") and rollout.get("engine") == "vllm":
+        gpus, procs = train.get("gpu", 0), train.get("processes", 1)
+        if gpus < procs + 1:
+            raise StudyError(f"resources.train.gpu: {gpus} GPUs for {procs} trainer process(es) and a vLLM rollout "
+                             f"server (cell.rollout.server), which takes a GPU of its own: ask for {procs + 1}")
     recipes = {r for block in study["grid"] for r in block["recipes"]}
     if study.get("study") == "companion":
         for key, section in (("eval_every", "run"), ("eval_tasks", "env")):

@@ -11,8 +11,9 @@ that is checkpointed, so the deterministic modes (`sync`, `lagged`) rerun bit fo
 
 Under `torchrun` (several processes) the update is sharded with FSDP2 (`trainer/distributed.py`): rank 0 plays the
 rollouts and evaluations with an unsharded copy of the weights gathered after each update, broadcasts the
-episodes, writes the logs, checkpoints (full state dicts with Hugging Face names, so a sharded run resumes on any
-number of processes and its policy loads in one) and the final policy; every rank computes the same advantages.
+episodes, writes the logs and the final policy; every rank computes the same advantages. Checkpoints are full state
+dicts gathered to rank 0 or, with `run.checkpoint_format: sharded`, DCP shards each rank writes (no gather); either
+resumes on any number of processes and exports to a one-process policy (`python -m trainer export`).
 """
 from __future__ import annotations
 
@@ -28,11 +29,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from trainer.config import ConfigError, TrainConfig, config_to_dict
+from trainer.config import ConfigError, TrainConfig, config_from_dict, config_to_dict
 from trainer.distributed import (enable_activation_checkpointing, full_optimizer_state, full_weights, init_distributed,
                                  load_full_state, rank_device, shard_model)
 from trainer.environments.suite import make_suite
-from trainer.logs.checkpoint import capture_rng_state, load_latest_checkpoint, restore_rng_state, save_checkpoint
+from trainer.logs.checkpoint import (capture_rng_state, list_checkpoints, load_latest_checkpoint, restore_rng_state,
+                                     save_checkpoint)
 from trainer.logs.parquet_log import EPISODE_COLUMNS, METRIC_COLUMNS, MetricsLog
 from trainer.logs.provenance import collect_provenance
 from trainer.logs.rows import episode_row, update_row
@@ -120,16 +122,7 @@ class Trainer:
         self.forward = ForwardSettings(autocast_dtype=self.autocast, chunk_tokens=cfg.run.logprob_chunk_tokens,
                                        require_flash=cfg.run.require_flash_attention)
 
-        if not self.dist.is_main:
-            self.engine = None
-        elif r.engine == "vllm":
-            from trainer.rollout.vllm_engine import VLLMEngine
-            self.engine = VLLMEngine(cfg.model.path, self.fmt, dtype=cfg.run.compute_dtype, seed=cfg.run.seed,
-                                     gpu_memory_utilization=r.vllm_gpu_memory_utilization,
-                                     max_model_len=r.max_episode_tokens)
-        else:
-            unsharded = self.model if self.rollout_model is None else self.rollout_model
-            self.engine = HFEngine(copy.deepcopy(unsharded), self.fmt, device=self.device)
+        self.engine = self._rollout_engine() if self.dist.is_main else None
         self.sampling = SamplingParams.for_rollouts(r)
         self.eval_sampling = SamplingParams.for_evaluation(r)
         sampler = TaskSampler(self.suite.tasks.tasks("train", cfg.env.train_tasks), self.estimator.sample_tasks,
@@ -146,21 +139,48 @@ class Trainer:
         self.update = 0
         self.wall_offset = 0.0
 
+    def _rollout_engine(self):
+        """Rank 0's engine: in this process (hf, vllm colocated, reference), or a rollout server's client."""
+        cfg, r = self.cfg, self.cfg.rollout
+        unsharded = self.model if self.rollout_model is None else self.rollout_model
+        if r.server:
+            from trainer.rollout.server import start_cell_server
+            return start_cell_server(cfg, self.fmt, unsharded, self.out)
+        if r.engine == "vllm":
+            from trainer.rollout.vllm_engine import VLLMEngine
+            return VLLMEngine(cfg.model.path, self.fmt, dtype=cfg.run.compute_dtype, seed=cfg.run.seed,
+                              gpu_memory_utilization=r.vllm_gpu_memory_utilization, max_model_len=r.max_episode_tokens)
+        if r.engine == "reference":
+            from trainer.rollout.reference_llm import reference_engine
+            return reference_engine(copy.deepcopy(unsharded), self.fmt)
+        return HFEngine(copy.deepcopy(unsharded), self.fmt, device=self.device)
+
     # -- checkpointing -------------------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        """The run's state as one process holds it (collective when sharded: every rank calls it)."""
+    def state_dict(self, optimizer: bool = True) -> dict:
+        """The run's state as one process holds it, but the weights (collective when sharded, with the optimizer:
+        every rank calls it). Without `optimizer` (a sharded checkpoint's DCP shards hold it) or before the first
+        optimizer step, "optimizer" is None: gathering an optimizer that has not stepped would initialise it with
+        a zero-lr step (torch's state-dict helper), putting AdamW's step count one ahead of an uninterrupted run's.
+        The driver's latest weights are left out outside the lagged mode: they are the current weights, which `run`
+        publishes again at resume (at paper scale they would be a full copy of the model in rank 0's file)."""
+        driver = self.driver.state_dict() if self.driver is not None else None
+        if driver is not None and self.cfg.rollout.mode != "lagged" and "latest" in driver:
+            driver["latest"] = None
+        stepped = optimizer and bool(self.optimizer.state)  # every rank steps alike
         return {"format": STATE_FORMAT, "config": config_to_dict(self.cfg), "update": self.update,
-                "optimizer": full_optimizer_state(self.model, self.optimizer, self.dist),
-                "estimator": self.estimator.state_dict(),
-                "driver": self.driver.state_dict() if self.driver is not None else None, "rng": capture_rng_state(),
+                "optimizer": full_optimizer_state(self.model, self.optimizer, self.dist) if stepped else None,
+                "estimator": self.estimator.state_dict(), "driver": driver, "rng": capture_rng_state(),
                 "metrics_rows": self.metrics.rows, "episode_rows": self.episodes.rows, "wall_s": self._wall()}
 
-    def load_state_dict(self, state: dict, model_state: dict) -> None:
-        if self.dist.enabled:
+    def load_state_dict(self, state: dict, model_state: dict | None) -> None:
+        """Inverse of `state_dict`, with the weights of a full checkpoint; `model_state` None: the weights and
+        optimizer state are in place already (a sharded checkpoint, loaded by `load_sharded_checkpoint`)."""
+        if model_state is not None and self.dist.enabled:
             load_full_state(self.model, self.optimizer, model_state, state["optimizer"])
-        else:
+        elif model_state is not None:
             self.model.load_state_dict(model_state)
-            self.optimizer.load_state_dict(state["optimizer"])
+            if state["optimizer"] is not None:
+                self.optimizer.load_state_dict(state["optimizer"])
         self.estimator.load_state_dict(state["estimator"])
         if self.driver is not None:
             self.driver.load_state_dict(state["driver"])
@@ -171,15 +191,32 @@ class Trainer:
         self.wall_offset = state["wall_s"]
 
     def checkpoint(self) -> None:
+        """Save the run after `self.update` updates (collective when sharded), the logs flushed first so they never
+        lag behind it. `run.checkpoint_format` "full": the weights and optimizer state gathered, one file by rank 0
+        (Hugging Face names: it loads in one process); "sharded": DCP, each rank writing its own shards, no gather
+        (a 4B model's ~48 GB would otherwise pass through rank 0), rank 0 adding the rest of the state."""
+        directory, keep = self.out / CHECKPOINT_DIR, self.cfg.run.keep_checkpoints
+        if self.cfg.run.checkpoint_format == "sharded":
+            from trainer.logs.sharded_checkpoint import save_sharded_checkpoint  # imports DCP (~1 s)
+
+            extra = self.state_dict(optimizer=False) if self.dist.is_main else None
+            if self.dist.is_main:
+                self.metrics.flush()
+                self.episodes.flush()
+            save_sharded_checkpoint(directory, step=self.update, model=self.model, optimizer=self.optimizer,
+                                    extra=extra, keep=keep)
+            return
         model_state, extra = full_weights(self.model, self.dist), self.state_dict()  # collective when sharded
         if not self.dist.is_main:
             return
         self.metrics.flush()
         self.episodes.flush()
-        save_checkpoint(self.out / CHECKPOINT_DIR, step=self.update, model_state=model_state,
-                        optimizer_state=None, extra=extra, keep=self.cfg.run.keep_checkpoints)
+        save_checkpoint(directory, step=self.update, model_state=model_state, optimizer_state=None, extra=extra,
+                        keep=keep)
 
     def resume(self) -> bool:
+        """Continue from the newest readable checkpoint of either format (collective when sharded); False if there
+        is none. A sharded one loads on any number of processes (DCP reshards)."""
         ckpt = load_latest_checkpoint(self.out / CHECKPOINT_DIR)
         if ckpt is None:
             return False
@@ -187,11 +224,23 @@ class Trainer:
             raise ValueError(f"{ckpt['path']}: the checkpoint holds trainer state of format "
                              f"{ckpt['extra'].get('format')!r}, this trainer reads {STATE_FORMAT!r}; "
                              "start in a fresh --out directory")
-        if ckpt["extra"]["config"] != config_to_dict(self.cfg):
+        if not self._same_config(ckpt["extra"]["config"]):
             raise ValueError(f"{ckpt['path']}: the checkpoint was written with a different config; "
                              "resume with the same config or start in a fresh --out directory")
+        if ckpt["sharded"]:
+            from trainer.logs.sharded_checkpoint import load_sharded_checkpoint
+
+            load_sharded_checkpoint(ckpt["path"], self.model, self.optimizer, with_optimizer=ckpt["optimizer"])
         self.load_state_dict(ckpt["extra"], ckpt["model_state"])
         return True
+
+    def _same_config(self, stored: dict) -> bool:
+        """Whether a checkpoint's config is this run's. Read through today's dataclasses, so a knob added since the
+        checkpoint was written counts as its default, not as a difference."""
+        try:
+            return config_to_dict(config_from_dict(stored)) == config_to_dict(self.cfg)
+        except (ConfigError, TypeError):
+            return False
 
     def _wall(self) -> float:
         return self.wall_offset + time.perf_counter() - self.t_start
@@ -275,7 +324,7 @@ class Trainer:
         self.t_start = time.perf_counter()
         if resume:
             self.resume()
-        elif list((self.out / CHECKPOINT_DIR).glob("ckpt-*.pt")):
+        elif list_checkpoints(self.out / CHECKPOINT_DIR):
             raise FileExistsError(f"{self.out / CHECKPOINT_DIR} holds checkpoints of an earlier run: pass --resume "
                                   "to continue it, or use a fresh --out directory")
         cfg = self.cfg.run
@@ -301,6 +350,8 @@ class Trainer:
             bar.close()
             if self.driver is not None:
                 self.driver.close()
+            if hasattr(self.engine, "close"):  # a rollout server exits with its trainer
+                self.engine.close()
         final = full_weights(self.model, self.dist) if self.dist.enabled and save_policy_to is not None else None
         if self.dist.is_main:
             self.metrics.flush()
