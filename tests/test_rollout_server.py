@@ -93,6 +93,9 @@ def test_a_bad_push_is_refused_by_name_and_the_server_stays_in_step(served):
         engine.load_state_dict(missing, 1)
     with pytest.raises(RuntimeError, match="no parameter 'model.not_a_weight'"):
         engine.load_state_dict({**state, "model.not_a_weight": torch.zeros(3)}, 1)
+    huge = torch.empty((10**13,), device="meta")  # its server-side buffer (40 TB) cannot be allocated
+    with pytest.raises(RuntimeError, match=r"rollout server: RuntimeError: .*(memory|allocat)"):
+        engine.load_state_dict({**state, "model.huge": huge}, 1)  # refused before anything was broadcast
     engine.load_state_dict(state, 2)  # the broadcast stream is still in step: a whole push lands
     assert _same(_play(engine, SAMPLED), _play(reference_engine(model, fmt), SAMPLED, version=2))
 
@@ -117,12 +120,11 @@ def test_the_server_exits_when_its_trainer_is_killed(tmp_path, served):
     deadline = time.time() + 30
     while time.time() < deadline:
         try:
-            os.kill(server_pid, 0)
-        except ProcessLookupError:
+            with open(f"/proc/{server_pid}/stat") as f:  # a zombie (exited, parent gone) counts as exited
+                if f.read().split()[2] == "Z":
+                    break
+        except FileNotFoundError:
             break
-        with open(f"/proc/{server_pid}/stat") as f:  # a zombie (exited, parent gone) counts as exited
-            if f.read().split()[2] == "Z":
-                break
         time.sleep(0.1)
     else:
         os.kill(server_pid, signal.SIGKILL)
@@ -140,6 +142,36 @@ def test_a_dead_server_is_a_clear_error(tmp_path, served):
     client.process.wait()
     with pytest.raises(RuntimeError, match=r"rollout server is gone .*exit code -9.*server\.log"):
         _play(engine, GREEDY)
+
+
+class _Task(int):
+    """A TallyEnv task (an int) with the id the driver's sampler keys tasks by."""
+
+    @property
+    def task_id(self):
+        return f"t{int(self)}"
+
+
+@pytest.mark.slow
+def test_a_server_dying_under_asynchronous_rollouts_fails_the_batch(tmp_path, served):
+    """The rollout thread's error reaches the trainer's thread (before: it waited for episodes forever)."""
+    from trainer.rollout.driver import DriverConfig, RolloutDriver, TaskSampler
+
+    model, fmt, _ = served
+    save_policy(model, fmt, tmp_path / "policy")
+    client = launch_server(tmp_path / "policy", backend="reference", log_path=tmp_path / "server.log",
+                           dtype="float32", seed=0)
+    driver = RolloutDriver(ServerEngine.connect(client, fmt), TallyEnv, TaskSampler([_Task(t) for t in TASKS]),
+                           DriverConfig(mode="async", batch_size=4, max_staleness=1), GREEDY)
+    driver.publish(model.state_dict(), 0)
+    assert len(driver.next_batch(0)) == 4
+    os.kill(client.info["pid"], signal.SIGKILL)
+    started = time.time()
+    with pytest.raises(RuntimeError, match=r"rollout thread failed: RuntimeError: the rollout server is gone"):
+        for version in range(1, 100):  # the queue may still hold a batch played before the kill
+            driver.next_batch(version)
+    assert time.time() - started < 60
+    driver.close()
 
 
 def test_a_server_that_cannot_start_says_why(tmp_path):

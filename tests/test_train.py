@@ -367,5 +367,6 @@ def test_resume_reads_the_checkpoints_config_with_todays_defaults(tmp_path):
     state["config"]["rl"]["length_threshold"] += 1
     save_checkpoint(tmp_path / "out" / "checkpoints", step=2, model_state=trainer.model.state_dict(),
                     optimizer_state=None, extra=state)
-    with pytest.raises(ValueError, match=r"ckpt-00000002.pt: the checkpoint was written with a different config"):
+    with pytest.raises(ValueError, match=r"ckpt-00000002.pt: the checkpoint was written with a different config "
+                                         r"\(rl.length_threshold: 13 then, 12 now\)"):
         Trainer(cfg, tmp_path / "out").resume()

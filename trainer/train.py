@@ -224,8 +224,9 @@ class Trainer:
             raise ValueError(f"{ckpt['path']}: the checkpoint holds trainer state of format "
                              f"{ckpt['extra'].get('format')!r}, this trainer reads {STATE_FORMAT!r}; "
                              "start in a fresh --out directory")
-        if not self._same_config(ckpt["extra"]["config"]):
-            raise ValueError(f"{ckpt['path']}: the checkpoint was written with a different config; "
+        difference = self._config_difference(ckpt["extra"]["config"])
+        if difference is not None:
+            raise ValueError(f"{ckpt['path']}: the checkpoint was written with a different config ({difference}); "
                              "resume with the same config or start in a fresh --out directory")
         if ckpt["sharded"]:
             from trainer.logs.sharded_checkpoint import load_sharded_checkpoint
@@ -234,13 +235,21 @@ class Trainer:
         self.load_state_dict(ckpt["extra"], ckpt["model_state"])
         return True
 
-    def _same_config(self, stored: dict) -> bool:
-        """Whether a checkpoint's config is this run's. Read through today's dataclasses, so a knob added since the
-        checkpoint was written counts as its default, not as a difference."""
+    def _config_difference(self, stored: dict) -> str | None:
+        """None when a checkpoint's config is this run's, else the first difference. Read through today's
+        dataclasses, so a knob added since the checkpoint was written counts as its default, not as a difference."""
         try:
-            return config_to_dict(config_from_dict(stored)) == config_to_dict(self.cfg)
-        except (ConfigError, TypeError):
-            return False
+            then = config_to_dict(config_from_dict(stored))
+        except (ConfigError, TypeError) as err:
+            return f"it no longer reads as a config: {err}"
+        now = config_to_dict(self.cfg)
+        for section in now:
+            for key in now[section] if isinstance(now[section], dict) else [None]:
+                a = then.get(section) if key is None else (then.get(section) or {}).get(key)
+                b = now[section] if key is None else now[section][key]
+                if a != b:
+                    return f"{section if key is None else f'{section}.{key}'}: {a!r} then, {b!r} now"
+        return None
 
     def _wall(self) -> float:
         return self.wall_offset + time.perf_counter() - self.t_start
@@ -322,17 +331,18 @@ class Trainer:
         """Train to `run.updates` (from the newest checkpoint with `resume`); with `save_policy_to`, write the final
         policy there (a policy directory `eval` and `model.path` read). Returns the metrics file."""
         self.t_start = time.perf_counter()
-        if resume:
-            self.resume()
-        elif list_checkpoints(self.out / CHECKPOINT_DIR):
-            raise FileExistsError(f"{self.out / CHECKPOINT_DIR} holds checkpoints of an earlier run: pass --resume "
-                                  "to continue it, or use a fresh --out directory")
         cfg = self.cfg.run
-        if self.cfg.rollout.mode != "lagged" or self.update == 0:
-            self._publish()  # a resumed lagged run has its snapshots back from the checkpoint
-        bar = tqdm(total=cfg.updates, initial=self.update, unit="upd", desc=self.out.name,
-                   disable=(None if progress is None else not progress) if self.dist.is_main else True)
-        try:
+        bar = None
+        try:  # from here on, whatever fails, the rollouts (a server process, environment workers) are closed
+            if resume:
+                self.resume()
+            elif list_checkpoints(self.out / CHECKPOINT_DIR):
+                raise FileExistsError(f"{self.out / CHECKPOINT_DIR} holds checkpoints of an earlier run: pass "
+                                      "--resume to continue it, or use a fresh --out directory")
+            if self.cfg.rollout.mode != "lagged" or self.update == 0:
+                self._publish()  # a resumed lagged run has its snapshots back from the checkpoint
+            bar = tqdm(total=cfg.updates, initial=self.update, unit="upd", desc=self.out.name,
+                       disable=(None if progress is None else not progress) if self.dist.is_main else True)
             while self.update < cfg.updates:
                 row = self.train_step()
                 last = self.update == cfg.updates
@@ -347,7 +357,8 @@ class Trainer:
                 if cfg.checkpoint_every and self.update % cfg.checkpoint_every == 0 and not last:
                     self.checkpoint()
         finally:
-            bar.close()
+            if bar is not None:
+                bar.close()
             if self.driver is not None:
                 self.driver.close()
             if hasattr(self.engine, "close"):  # a rollout server exits with its trainer

@@ -96,6 +96,7 @@ class RolloutDriver:
         """Episodes left out because their prompt does not fit `max_episode_tokens` (`skip_if_prompt_too_long`)."""
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
         self._stop = threading.Event()
         self._latest: tuple[int, dict] | None = None
         self._lock = threading.Lock()
@@ -174,6 +175,14 @@ class RolloutDriver:
 
     # -- asynchronous mode -----------------------------------------------------------------------------------
     def _producer(self) -> None:
+        """The rollout thread; an error in it (a dead rollout server, a failed environment) is kept for the
+        trainer's thread, which raises it instead of waiting for episodes that will never come."""
+        try:
+            self._produce()
+        except BaseException as err:
+            self._error = err
+
+    def _produce(self) -> None:
         last_version = None
         while not self._stop.is_set():
             with self._lock:
@@ -199,7 +208,13 @@ class RolloutDriver:
             self._thread.start()
         batch: list[Episode] = []
         while len(batch) < self.cfg.batch_size:
-            e = self._queue.get()
+            try:
+                e = self._queue.get(timeout=0.5)
+            except queue.Empty:
+                if self._error is not None:
+                    raise RuntimeError(f"the rollout thread failed: {type(self._error).__name__}: "
+                                       f"{self._error}") from self._error
+                continue
             if trainer_version - e.oldest_version > self.cfg.max_staleness:
                 self.dropped_stale += 1
                 continue

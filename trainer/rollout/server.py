@@ -15,13 +15,17 @@ rank 0 starts this module as a subprocess instead (`launch_server`) and drives i
   the order of a name list sent first on the control channel; the server receives them all, then loads them with
   vLLM's own `load_weights` and drops its prefix cache (`vllm_engine.push_weights`), so a failed load never
   leaves the broadcast stream out of step. Receiving all first holds one extra copy of the weights on the
-  server's GPU (8 GB for a 4B model in bf16).
+  server's GPU (8 GB for a 4B model in bf16; leave room for it in `vllm_gpu_memory_utilization`).
 - **Staleness** is the driver's business, unchanged: `sync`/`lagged` push before each batch, `async` pushes from
   the rollout thread whenever a newer version is published, and `max_staleness` bounds both the episodes taken
   and how far the producer may run ahead. In `async` mode generation now really overlaps the update.
 - **Lifetime**: the control channel is a `multiprocessing.connection` socket on 127.0.0.1 with a random key. The
-  server serves one trainer and exits when that connection closes, so a trainer killed by SIGKILL leaves no
-  server behind; a server that dies makes the trainer's next call fail with its exit code and log tail.
+  server serves one trainer and exits when that connection closes or its parent process is gone (a watch thread,
+  for a trainer killed while the server starts or waits in a broadcast), so a trainer killed by SIGKILL leaves no
+  server behind; a server that dies makes the trainer's next call fail with its exit code and log tail (in
+  `async` mode the rollout thread's error is raised in the trainer's thread). A weight push is two-phase (buffers
+  allocated, then broadcast), so a failed push leaves both sides in step; a broadcast that fails part-way breaks
+  the channel and the cell.
 
 Backends: `vllm` (a GPU; the cell's first GPU after the trainer's own, see `server_device`) and `reference`, the
 one-request-at-a-time Hugging Face generator of `trainer/rollout/reference_llm.py` on CPU, which runs the same
@@ -40,6 +44,7 @@ import secrets
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from datetime import timedelta
 from multiprocessing.connection import Client, Listener
@@ -55,10 +60,11 @@ PROTOCOL = "trainer.rollout-server/1"
 AUTHKEY_ENV = "TRAINER_ROLLOUT_SERVER_KEY"
 BACKENDS = ("vllm", "reference")
 WIRE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-                 "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
-                 "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING")
-"""What torchrun puts in rank 0's environment: the server is not one of the trainer's ranks."""
+_TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                 "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                 "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+"""What torchrun puts in rank 0's environment (with every TORCHELASTIC_* variable): the server is not one of the
+trainer's ranks."""
 
 
 # ------------------------------------------------------------------------------------------- the weight channel
@@ -129,24 +135,31 @@ class RolloutServer:
         self.group, self.backend = weight_group(host, port, 1, backend, timeout_s), backend
         return backend
 
-    def receive_weights(self, version: int, specs: list[tuple[str, str, tuple]]) -> int:
-        """Receive every tensor of `specs` (name, dtype, shape) in order, then load them as `version`."""
+    def receive_weights(self, version: int, specs: list[tuple[str, str, tuple]], ready) -> int:
+        """Two phases, so that the broadcast stream never falls out of step: every buffer of `specs` (name, dtype,
+        shape) is allocated first and `ready()` tells the trainer to start broadcasting (an error before it, say
+        out of memory, is an ordinary reply and nothing was sent); then every tensor is received in order and
+        only then loaded as `version`, so a load that fails leaves the stream in step too. A broadcast that fails
+        part-way cannot be resynchronised: the server exits (`BrokenChannel`)."""
         if self.group is None:
             raise RuntimeError("weights sent before the weight channel was joined")
         wire = self.device if self.backend == "nccl" else torch.device("cpu")
-        weights = {}
-        for name, dtype, shape in specs:
-            tensor = torch.empty(shape, dtype=WIRE_DTYPES[dtype], device=wire)
-            broadcast_from_trainer(self.group, tensor)
-            weights[name] = tensor
+        weights = {name: torch.empty(shape, dtype=WIRE_DTYPES[dtype], device=wire) for name, dtype, shape in specs}
+        ready()
+        try:
+            for tensor in weights.values():
+                broadcast_from_trainer(self.group, tensor)
+        except Exception as err:
+            raise BrokenChannel(f"the weight broadcast failed part-way: {err}") from err
         push_weights(self.llm, weights)
         self.version = int(version)
         return self.version
 
-    def handle(self, message: tuple):
+    def handle(self, message: tuple, conn):
         kind, *args = message
-        handlers = {"info": self.info, "generate": self.generate, "join": self.join,
-                    "weights": self.receive_weights}
+        if kind == "weights":
+            return self.receive_weights(*args, ready=lambda: conn.send(("ok", "ready")))
+        handlers = {"info": self.info, "generate": self.generate, "join": self.join}
         if kind not in handlers:
             raise ValueError(f"unknown message {kind!r} (this server speaks {PROTOCOL})")
         return handlers[kind](*args)
@@ -162,11 +175,30 @@ class RolloutServer:
                 conn.send(("ok", None))
                 return
             try:
-                reply = ("ok", self.handle(message))
+                reply = ("ok", self.handle(message, conn))
+            except BrokenChannel:
+                raise
             except Exception as err:  # reported to the trainer, which raises; the server keeps serving
                 print(traceback.format_exc(), file=sys.stderr, flush=True)
                 reply = ("error", f"{type(err).__name__}: {err}")
             conn.send(reply)
+
+
+class BrokenChannel(RuntimeError):
+    """The weight broadcast failed part-way: the two sides can no longer agree where the stream is."""
+
+
+def exit_with_parent(poll_s: float = 2.0) -> None:
+    """End this process when the trainer that started it is gone, whatever the server is doing (starting vLLM,
+    waiting in a broadcast): a daemon thread watching the parent process id."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
 def build_server(backend: str, model_path: str, *, dtype: str, device: str, seed: int, max_model_len: int | None,
@@ -208,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rollout server: {AUTHKEY_ENV} is not set (the trainer sets it when it starts the server)",
               file=sys.stderr)
         return 2
+    exit_with_parent()
     # the trainer reads one line, the address, from stdout; everything else printed (vLLM logs to stdout) goes to
     # stderr, the log file, so that a full pipe nobody reads can never block the server
     handshake = os.fdopen(os.dup(1), "w")
@@ -228,73 +261,84 @@ def main(argv: list[str] | None = None) -> int:
 
 
 class ServerClient:
-    """The trainer's handle on a running server: vLLM's `LLM.generate` for `play_episodes`, and `push_weights`."""
+    """The trainer's handle on a running server: vLLM's `LLM.generate` for `play_episodes`, and `push_weights`.
+
+    Thread-safe (the async driver's rollout thread and the trainer's thread share it): one request at a time. After
+    a failure that leaves the channel in an unknown state (no answer in time, a broadcast failed part-way) the
+    client is broken and every later call raises with the first reason."""
 
     def __init__(self, conn, process: subprocess.Popen | None = None, log_path: Path | None = None,
-                 device: str = "cpu", timeout_s: float = 3600.0):
+                 device: str = "cpu", timeout_s: float = 3600.0, join_timeout_s: float = 300.0):
         self.conn, self.process, self.log_path = conn, process, log_path
         self.device = torch.device(device)
-        self.timeout_s = timeout_s
+        self.timeout_s, self.join_timeout_s = timeout_s, join_timeout_s
+        self._lock = threading.Lock()
+        self._broken: str | None = None
+        self.group = None
         self.info = self.call("info")
         if self.info.get("protocol") != PROTOCOL:
             raise RuntimeError(f"the rollout server speaks {self.info.get('protocol')!r}, this trainer {PROTOCOL!r}")
         self.weight_dtype = WIRE_DTYPES[self.info["weight_dtype"]]
         self.backend = "nccl" if self.info["device"].startswith("cuda") and self.device.type == "cuda" else "gloo"
         self.wire = self.device if self.backend == "nccl" else torch.device("cpu")
-        self.group = None
-        self._lock = threading.Lock()
 
-    # -- the control channel
-    def _gone(self, err: Exception) -> RuntimeError:
+    # -- the control channel (callers hold the lock)
+    def _fail(self, reason: str, err: BaseException | None = None) -> RuntimeError:
+        """Mark the client broken; the error to raise, with the server's exit code and log tail."""
+        self._broken = self._broken or reason
         code = None if self.process is None else self.process.poll()
-        tail = ""
-        if self.log_path is not None and self.log_path.exists():
-            tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-20:])
-        return RuntimeError(f"the rollout server is gone ({type(err).__name__}; exit code {code}); "
-                            f"its log {self.log_path}:\n{tail}")
+        return RuntimeError(f"the rollout server is gone or out of step ({reason}; exit code {code}); "
+                            f"its log {self.log_path}:\n{log_tail(self.log_path)}")
 
     def _send(self, message: tuple) -> None:
+        if self._broken is not None:
+            raise RuntimeError(f"the rollout server client is unusable: {self._broken}")
         try:
             self.conn.send(message)
         except (OSError, EOFError) as err:
-            raise self._gone(err) from err
+            raise self._fail(f"{type(err).__name__} sending {message[0]!r}", err) from err
 
-    def _receive(self):
+    def _receive(self, what: str, timeout_s: float | None = None):
         try:
-            if not self.conn.poll(self.timeout_s):
-                raise TimeoutError(f"no answer in {self.timeout_s:.0f} s")
+            if not self.conn.poll(self.timeout_s if timeout_s is None else timeout_s):
+                raise TimeoutError(f"no answer to {what!r} in {self.timeout_s if timeout_s is None else timeout_s:.0f} s")
             status, value = self.conn.recv()
         except (OSError, EOFError, TimeoutError) as err:
-            raise self._gone(err) from err
+            raise self._fail(f"{type(err).__name__}: {err}", err) from err
         if status == "error":
             raise RuntimeError(f"rollout server: {value}")
         return value
 
     def call(self, kind: str, *args):
-        self._send((kind, *args))
-        return self._receive()
+        with self._lock:
+            self._send((kind, *args))
+            return self._receive(kind)
 
     # -- what the engine calls
     def generate(self, prompts, sampling_params=None, *, use_tqdm: bool = False) -> list:
         """vLLM's `LLM.generate` with `{"prompt_token_ids": ...}` prompts and `request_kwargs` dicts as params."""
-        with self._lock:
-            plain = self.call("generate", [list(p["prompt_token_ids"]) for p in prompts],
-                              [dict(sp) for sp in sampling_params])
+        plain = self.call("generate", [list(p["prompt_token_ids"]) for p in prompts],
+                          [dict(sp) for sp in sampling_params])
         return [SimpleNamespace(prompt_token_ids=None, num_cached_tokens=cached,
                                 outputs=[SimpleNamespace(token_ids=tokens, logprobs=logps)])
                 for tokens, logps, cached in plain]
 
     def _join(self) -> None:
-        store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False,
-                              timeout=timedelta(seconds=self.timeout_s))
+        """Set up the weight channel (the server's answer comes once both sides are in the group)."""
+        timeout = timedelta(seconds=self.join_timeout_s)
+        store = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False, timeout=timeout)
         self._send(("join", "127.0.0.1", store.port, self.backend, self.timeout_s))
-        self.group = weight_group("127.0.0.1", store.port, 0, self.backend, self.timeout_s, store=store)
+        try:
+            self.group = weight_group("127.0.0.1", store.port, 0, self.backend, self.timeout_s, store=store)
+        except Exception as err:  # the server never joined: its answer says why
+            reason = self._receive("join", timeout_s=10) if self.conn.poll(10) else None
+            raise self._fail(f"the weight channel was not set up: {err} (server: {reason})", err) from err
         self._store = store  # the group's rendezvous: kept alive with it
-        self._receive()
+        self._receive("join")
 
     def push_weights(self, state_dict: dict, version: int) -> None:
         """Broadcast every tensor of `state_dict` (Hugging Face names) to the server, which loads them as
-        `version`; returns when the server has them loaded (or raises with its error)."""
+        `version`; returns when the server has them loaded (see `RolloutServer.receive_weights`)."""
         if not state_dict:
             raise ValueError("push_weights: the state dict is empty")
         with self._lock:
@@ -303,19 +347,36 @@ class ServerClient:
             names = list(state_dict)
             dtype = str(self.weight_dtype).removeprefix("torch.")
             self._send(("weights", int(version), [(n, dtype, tuple(state_dict[n].shape)) for n in names]))
-            for name in names:
-                tensor = state_dict[name].detach().to(self.wire, self.weight_dtype).contiguous()
-                broadcast_from_trainer(self.group, tensor)
-            self._receive()
+            self._receive("weights")  # "ready": every buffer allocated; an error here leaves nothing sent
+            try:
+                for name in names:
+                    broadcast_from_trainer(self.group, state_dict[name].detach().to(self.wire, self.weight_dtype)
+                                           .contiguous())
+            except Exception as err:
+                raise self._fail(f"the weight broadcast failed part-way: {err}", err) from err
+            loaded = self._receive("weights")
+        if loaded != int(version):
+            raise RuntimeError(f"the rollout server loaded version {loaded}, not the {version} pushed")
 
     def close(self, timeout_s: float = 30.0) -> int | None:
-        """Ask the server to exit and wait for it (killed after `timeout_s`); its exit code."""
-        try:
-            self.conn.send(("close",))
-            if self.conn.poll(timeout_s):
-                self.conn.recv()
-        except (OSError, EOFError):
-            pass
+        """Ask the server to exit (killed if it cannot be asked within `timeout_s`: a request still running in
+        another thread, a broken channel) and wait for it; its exit code."""
+        if self._lock.acquire(timeout=timeout_s):
+            try:
+                if self._broken is None:
+                    self.conn.send(("close",))
+                    if self.conn.poll(timeout_s):
+                        self.conn.recv()
+            except (OSError, EOFError):
+                pass
+            finally:
+                self._broken = self._broken or "closed"
+                self._lock.release()
+        if self.group is not None and self.backend == "nccl":
+            try:
+                self.group.shutdown()  # NCCL communicators are not torn down at exit otherwise
+            except Exception:
+                pass
         self.conn.close()
         if self.process is None:
             return None
@@ -324,6 +385,12 @@ class ServerClient:
         except subprocess.TimeoutExpired:
             self.process.kill()
             return self.process.wait()
+
+
+def log_tail(path: Path | None, lines: int = 20) -> str:
+    if path is None or not Path(path).exists():
+        return "(no log)"
+    return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
 
 
 class ServerEngine(VLLMEngine):
@@ -363,8 +430,11 @@ def launch_server(model_path: str | Path, *, backend: str, log_path: Path, dtype
     if backend not in BACKENDS:
         raise ValueError(f"rollout server backend must be one of {BACKENDS}, got {backend!r}")
     key = secrets.token_hex(16)
-    env = {k: v for k, v in os.environ.items() if k not in _TORCHRUN_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in _TORCHRUN_ENV and not k.startswith("TORCHELASTIC_")}
     env[AUTHKEY_ENV] = key
+    # vLLM sets NCCL_CUMEM_ENABLE=0 where it is unset (some releases), and a weight group whose two ends disagree on
+    # it can fail: the server gets the trainer's value, or NCCL's own default (1)
+    env["NCCL_CUMEM_ENABLE"] = os.environ.get("NCCL_CUMEM_ENABLE", "1")
     if cuda_device is not None:
         env["CUDA_VISIBLE_DEVICES"] = cuda_device
     cmd = [sys.executable, "-m", "trainer.rollout.server", "--model", str(model_path), "--backend", backend,
@@ -387,12 +457,16 @@ def launch_server(model_path: str | Path, *, backend: str, log_path: Path, dtype
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-        tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
         raise RuntimeError(f"the rollout server did not start (exit code {process.returncode}); "
-                           f"{' '.join(cmd)}\nits log {log_path}:\n{tail}")
-    address = tuple(json.loads(line)["address"])
-    conn = Client(address, authkey=bytes.fromhex(key))
-    return ServerClient(conn, process, log_path, device=trainer_device)
+                           f"{' '.join(cmd)}\nits log {log_path}:\n{log_tail(log_path)}")
+    process.stdout.close()
+    try:
+        address = tuple(json.loads(line)["address"])
+        return ServerClient(Client(address, authkey=bytes.fromhex(key)), process, log_path, device=trainer_device)
+    except BaseException:  # a server nobody will talk to must not keep its GPU
+        process.kill()
+        process.wait()
+        raise
 
 
 SERVER_DIR = "rollout-server"
