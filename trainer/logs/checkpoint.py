@@ -139,18 +139,25 @@ def save_checkpoint(directory: str | os.PathLike, *, step: int, model_state: Map
     return path
 
 
+def _load_payload(file: Path, fmt: str, step: int, keys: set[str], map_location: Any) -> dict:
+    """A checkpoint file's dict (read with `weights_only=True`), checked: its format, its step, its keys."""
+    payload = torch.load(file, map_location=map_location, weights_only=True)
+    if not isinstance(payload, dict) or payload.get("format") != fmt:
+        raise ValueError(f"not a {fmt} checkpoint")
+    if payload.get("step") != step:
+        raise ValueError(f"holds step {payload.get('step')!r}, its name says {step}")
+    missing = keys - payload.keys()
+    if missing:
+        raise ValueError(f"missing {sorted(missing)}")
+    return payload
+
+
 def _read_sharded(path: Path, step: int, map_location: Any) -> dict:
     """A sharded checkpoint's `extra.pt`, once its DCP metadata is read and every shard file it names is there
     and long enough (the shards themselves are read into the model by `load_sharded_checkpoint`)."""
     from torch.distributed.checkpoint import FileSystemReader
 
-    payload = torch.load(path / SHARDED_EXTRA, map_location=map_location, weights_only=True)
-    if not isinstance(payload, dict) or payload.get("format") != SHARDED_FORMAT:
-        raise ValueError(f"not a {SHARDED_FORMAT} checkpoint")
-    if payload.get("step") != step:
-        raise ValueError(f"holds step {payload.get('step')!r}, its name says {step}")
-    if {"optimizer", "extra"} - payload.keys():
-        raise ValueError(f"missing {sorted({'optimizer', 'extra'} - payload.keys())}")
+    payload = _load_payload(path / SHARDED_EXTRA, SHARDED_FORMAT, step, {"optimizer", "extra"}, map_location)
     for info in FileSystemReader(path).read_metadata().storage_data.values():
         shard = path / info.relative_path
         if not shard.is_file() or shard.stat().st_size < info.offset + info.length:
@@ -171,14 +178,7 @@ def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
         payload = _read_sharded(path, step, map_location)
         return {"step": step, "model_state": None, "optimizer_state": None, "extra": payload["extra"],
                 "path": path, "sharded": True, "optimizer": payload["optimizer"]}
-    payload = torch.load(path, map_location=map_location, weights_only=True)
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise ValueError(f"not a {FORMAT} checkpoint")
-    if payload.get("step") != step:
-        raise ValueError(f"holds step {payload.get('step')!r}, its name says {step}")
-    missing = {"model_state", "optimizer_state", "extra"} - payload.keys()
-    if missing:
-        raise ValueError(f"missing {sorted(missing)}")
+    payload = _load_payload(path, FORMAT, step, {"model_state", "optimizer_state", "extra"}, map_location)
     return {"step": step, "model_state": payload["model_state"], "optimizer_state": payload["optimizer_state"],
             "extra": payload["extra"], "path": path, "sharded": False}
 

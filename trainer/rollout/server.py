@@ -54,12 +54,12 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
+from trainer.policy.load import DTYPES
 from trainer.rollout.vllm_engine import LOGPROBS_MODES, VLLMEngine, engine_max_model_len, push_weights
 
 PROTOCOL = "trainer.rollout-server/1"
 AUTHKEY_ENV = "TRAINER_ROLLOUT_SERVER_KEY"
 BACKENDS = ("vllm", "reference")
-WIRE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                  "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                  "TORCH_NCCL_ASYNC_ERROR_HANDLING")
@@ -144,7 +144,7 @@ class RolloutServer:
         if self.group is None:
             raise RuntimeError("weights sent before the weight channel was joined")
         wire = self.device if self.backend == "nccl" else torch.device("cpu")
-        weights = {name: torch.empty(shape, dtype=WIRE_DTYPES[dtype], device=wire) for name, dtype, shape in specs}
+        weights = {name: torch.empty(shape, dtype=DTYPES[dtype], device=wire) for name, dtype, shape in specs}
         ready()
         try:
             for tensor in weights.values():
@@ -209,7 +209,7 @@ def build_server(backend: str, model_path: str, *, dtype: str, device: str, seed
         llm = start_vllm(model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, seed=seed,
                          max_model_len=max_model_len, logprobs_mode=logprobs_mode)
         return RolloutServer(llm, import_vllm().SamplingParams, device=torch.device("cuda", 0),
-                             weight_dtype=WIRE_DTYPES[dtype], logprobs_mode=logprobs_mode,
+                             weight_dtype=DTYPES[dtype], logprobs_mode=logprobs_mode,
                              max_model_len=max_model_len or engine_max_model_len(llm))
     from transformers import AutoModelForCausalLM
 
@@ -217,17 +217,17 @@ def build_server(backend: str, model_path: str, *, dtype: str, device: str, seed
 
     if not Path(model_path).is_dir():  # the model only: token ids in and out, no chat format needed
         raise FileNotFoundError(f"rollout server: model directory {str(model_path)!r} does not exist")
-    model = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True, dtype=WIRE_DTYPES[dtype])
+    model = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True, dtype=DTYPES[dtype])
     model.to(device)
     return RolloutServer(ReferenceLLM(model, logprobs_mode), ReferenceSamplingParams, device=torch.device(device),
-                         weight_dtype=WIRE_DTYPES[dtype], logprobs_mode=logprobs_mode, max_model_len=max_model_len)
+                         weight_dtype=DTYPES[dtype], logprobs_mode=logprobs_mode, max_model_len=max_model_len)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trainer.rollout.server", description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="checkpoint or policy directory the engine starts from")
     ap.add_argument("--backend", choices=BACKENDS, required=True)
-    ap.add_argument("--dtype", choices=sorted(WIRE_DTYPES), default="bfloat16")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     ap.add_argument("--device", default="cpu", help="reference backend only (vllm takes the first visible GPU)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-model-len", type=int, default=None)
@@ -278,7 +278,7 @@ class ServerClient:
         self.info = self.call("info")
         if self.info.get("protocol") != PROTOCOL:
             raise RuntimeError(f"the rollout server speaks {self.info.get('protocol')!r}, this trainer {PROTOCOL!r}")
-        self.weight_dtype = WIRE_DTYPES[self.info["weight_dtype"]]
+        self.weight_dtype = DTYPES[self.info["weight_dtype"]]
         self.backend = "nccl" if self.info["device"].startswith("cuda") and self.device.type == "cuda" else "gloo"
         self.wire = self.device if self.backend == "nccl" else torch.device("cpu")
 
