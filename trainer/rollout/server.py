@@ -499,5 +499,6 @@ def start_cell_server(cfg, fmt, model: torch.nn.Module, out_dir: str | Path) -> 
           file=sys.stderr, flush=True)
     return ServerEngine.connect(client, fmt)
 
+
 if __name__ == "__main__":
     sys.exit(main())
