@@ -10,8 +10,8 @@ from trainer.optim.hybrid import build_muon_adamw, route_parameters
 from trainer.policy.tiny import TinyModelSpec, build_tiny_model
 from trainer.rl.loss import AGGREGATIONS, policy_loss
 from trainer.rollout.episode import Episode
-from trainer.update import (LossSettings, gradient_snr, micro_batches, pad_episodes, policy_update, slice_batch,
-                            token_logprobs)
+from trainer.update import (LossSettings, gradient_snr, micro_batches, pad_episodes, policy_update, score_sequences,
+                            slice_batch, token_logprobs)
 
 VOCAB = 40
 
@@ -227,6 +227,53 @@ def test_bf16_weights_round_an_rl_learning_rate_step_away_fp32_master_weights_ke
         moved[dtype] = changed / sum(q.numel() for q in before)
     assert moved[torch.float32] > 0.9  # every weight with a gradient moves
     assert moved[torch.bfloat16] < 0.05  # only weights near zero (|w| < ~3e-4) move
+
+
+@pytest.mark.parametrize("skip_first", [False, True])
+def test_the_first_step_of_several_gives_its_rows_old_logprobs_exactly(model, skip_first):
+    """With 4 minibatches the first step that runs scores its rows' old log-probs in its own forward passes (no
+    separate pass for them): with one-episode micro-batches they are bit for bit a separate no-grad pass on the
+    pre-update weights, row by row, also when the first minibatch has no signal and is skipped (the next one then
+    fills them), and the update takes the same steps as with the separate pass."""
+    eps = _episodes(8, seed=11)
+    b = pad_episodes(eps, pad_id=0)
+    adv = torch.randn(b.loss_mask.shape, generator=torch.Generator().manual_seed(12)) * b.loss_mask
+    if skip_first:
+        adv[0::4] = 0.0  # minibatch 0 holds rows 0 and 4
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        reference = [token_logprobs(m, slice_batch(b, [r]))[0] for r in range(8)]
+    passes = []
+    hook = m.register_forward_pre_hook(lambda *_: passes.append(torch.is_grad_enabled()))
+    out = policy_update(m, torch.optim.AdamW(m.parameters(), lr=1e-2), b, adv, LossSettings(), minibatches=4,
+                        micro_batch_tokens=1, return_old_logp=True, skip_no_signal=True)
+    hook.remove()
+    assert out["steps"] == (3 if skip_first else 4) and out["skipped_steps"] == (1 if skip_first else 0)
+    # the no-grad pass scored the 6 rows outside the first step that ran; each step ran one pass per row
+    assert passes.count(False) == 6 and passes.count(True) == 2 * out["steps"]
+    for row, got in enumerate(out["old_logp_rows"]):
+        assert torch.equal(torch.tensor(got), reference[row][:len(got)]), row
+    assert out["approx_kl"] != 0.0  # later steps are measured against the pre-update log-probs, not their own
+
+
+def test_score_sequences_scores_each_sequence_on_its_own():
+    """One no-grad pass per sequence: row r is exactly `token_logprobs` on that sequence alone (whatever else is
+    scored with it), and equals one padded pass with an attention mask over all of them up to rounding."""
+    torch.manual_seed(3)
+    m = build_tiny_model(TinyModelSpec("qwen-tiny", VOCAB))
+    eps = _episodes(6, seed=13)
+    sequences = [(e.tokens, e.loss_mask) for e in eps]
+    got = score_sequences(m, sequences, pad_id=0)
+    alone = score_sequences(m, sequences[2:3], pad_id=0)
+    b = pad_episodes(eps, pad_id=0)
+    with torch.no_grad():
+        padded = torch.log_softmax(m(input_ids=b.input_ids, attention_mask=b.attention_mask).logits[:, :-1], -1)
+        padded = padded.gather(-1, b.input_ids[:, 1:, None])[..., 0]
+        for r, e in enumerate(eps):
+            n = e.length - 1
+            assert torch.equal(got[r, :n], token_logprobs(m, slice_batch(b, [r]))[0, :n])
+            assert torch.allclose(got[r, :n], padded[r, :n], atol=1e-5)
+    assert torch.equal(alone[0, :eps[2].length - 1], got[2, :eps[2].length - 1])
 
 
 def test_epochs_and_minibatches_take_that_many_steps_and_the_clip_binds(model):

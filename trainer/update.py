@@ -133,9 +133,10 @@ def token_logprobs(model: nn.Module, batch: PaddedBatch, temperature: float = 1.
     chunk = forward.chunk_tokens if forward is not None else None
     ctx = (torch.autocast(batch.input_ids.device.type, dtype=autocast_dtype) if autocast_dtype is not None
            else contextlib.nullcontext())
-    # without padding the mask says nothing, and leaving it out lets attention take the causal kernel (on CPU the
-    # masked path is several times slower)
-    mask = None if bool(batch.attention_mask.all()) else batch.attention_mask
+    # Rows are right-padded (pad_episodes), so under causal attention a real position never sees a pad: the mask
+    # would change only the pad positions (which every caller masks out). Leaving it out lets attention take the
+    # causal kernel; on CPU the masked path is several times slower.
+    mask = None
     targets = batch.input_ids[:, 1:]
     with ctx, _attention_context(batch.input_ids.device, forward is not None and forward.require_flash):
         if chunk is None:
@@ -160,20 +161,26 @@ def token_logprobs(model: nn.Module, batch: PaddedBatch, temperature: float = 1.
 def score_sequences(model: nn.Module, sequences: list[tuple[list[int], list[int]]], pad_id: int,
                     temperature: float = 1.0, *, device: str | torch.device = "cpu",
                     autocast_dtype: torch.dtype | None = None, forward: ForwardSettings | None = None) -> torch.Tensor:
-    """log pi of each (tokens, loss mask) sequence's tokens under `model`, [R, T-1] fp32 on the CPU, from one padded
-    no-grad forward pass over all of them (row r is valid up to len(tokens_r) - 1).
+    """log pi of each (tokens, loss mask) sequence's tokens under `model`, [R, T-1] fp32 on the CPU (row r is valid up
+    to len(tokens_r) - 1), one no-grad forward pass per sequence: no padding is computed, and a row's numbers do
+    not depend on what else is scored with it (as the update's one-episode micro-batches). On CPU that is ~1.4x
+    faster than one padded pass over all of them (`benchmarks/profile_cell.py`, phase `spo/old_logp`).
 
-    SPO's KL-adaptive forgetting re-scores the responses of the tasks an update revisits with this: one pass per
-    update, not one per task."""
+    SPO's KL-adaptive forgetting re-scores the responses of the tasks an update revisits with this."""
     rows = []
     for tokens, mask in sequences:
         e = Episode(task_id="")
         e.tokens, e.loss_mask = list(tokens), list(mask)
         e.rollout_logp, e.versions = [0.0] * len(tokens), [0] * len(tokens)
         rows.append(e)
+    batch = pad_episodes(rows, pad_id)
+    out = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
     with torch.no_grad():
-        batch = pad_episodes(rows, pad_id).to(device)
-        return token_logprobs(model, batch, temperature, autocast_dtype=autocast_dtype, forward=forward).cpu()
+        for r in range(len(rows)):
+            mb = slice_batch(batch, [r]).to(device)
+            out[r, :mb.width] = token_logprobs(model, mb, temperature, autocast_dtype=autocast_dtype,
+                                               forward=forward)[0].cpu()
+    return out
 
 
 def micro_batches(batch: PaddedBatch, rows: list[int], token_budget: int) -> list[list[int]]:
@@ -261,14 +268,24 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
     device = next(model.parameters()).device
     batch, advantages = batch.to(device), advantages.to(device)
     model.train()
-    # old log-probs from the trainer's weights before this update, micro-batched like the update itself. With one
-    # minibatch the update's own forward pass runs on exactly those weights, so its detached log-probs are the old
-    # ones and the separate pass (a third of the update's compute) is skipped.
+    # old log-probs from the trainer's weights before this update, micro-batched like the update itself. The first
+    # optimizer step that runs starts from exactly those weights, so its own forward passes give the old log-probs
+    # of its rows (detached) and the no-grad pass scores only the other rows: with one step, none (a third of the
+    # update's compute saved), with `minibatches` steps, a 1/minibatches share of the pass.
     old_logp = torch.zeros_like(batch.rollout_logp)
-    reuse_forward = minibatches == 1 and epochs == 1
-    if not reuse_forward:
+    splits = [list(range(B))[i::minibatches] for i in range(minibatches)] if minibatches > 1 else [list(range(B))]
+    steps_rows = [rows for _ in range(epochs) for rows in splits if rows]
+
+    def no_signal(rows: list[int]) -> bool:
+        return skip_no_signal and not bool((advantages[rows] * batch.loss_mask[rows]).any())
+
+    # Sharded with several steps, the pass scores every row (each row is filled by one rank, then summed).
+    first = next((rows for rows in steps_rows if not no_signal(rows)), [])
+    reuse_forward = set(first) if not ctx.enabled or len(steps_rows) == 1 else set()
+    rest = [r for r in range(B) if r not in reuse_forward]
+    if rest:
         with torch.no_grad():
-            for rows, weight in rank_micro_batches(batch, list(range(B)), micro_batch_tokens, ctx):
+            for rows, weight in rank_micro_batches(batch, rest, micro_batch_tokens, ctx):
                 mb = slice_batch(batch, rows)
                 logp = token_logprobs(model, mb, temperature, autocast_dtype=autocast_dtype, forward=forward)
                 if weight:
@@ -281,12 +298,10 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
     losses, grad_norms, skipped, steps = [], [], 0, 0
     deltas_sq, delta_count, spec_max = 0.0, 0, 0.0
     snrs: list[float] = []
-    splits = [list(range(B))[i::minibatches] for i in range(minibatches)] if minibatches > 1 else [list(range(B))]
-    for rows_mb in [rows for _ in range(epochs) for rows in splits]:
-        if not rows_mb:
-            continue
+    filling = bool(reuse_forward)  # the first step that runs fills its rows' old log-probs
+    for rows_mb in steps_rows:
         sub = slice_batch(batch, rows_mb)
-        if skip_no_signal and not bool((advantages[rows_mb] * batch.loss_mask[rows_mb]).any()):
+        if no_signal(rows_mb):
             skipped += 1
             continue
         totals = {"tokens": float(sub.loss_mask.sum()),
@@ -307,10 +322,10 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
                 w = mb.width
                 logp, entropy = token_logprobs(model, mb, temperature, with_entropy=True, autocast_dtype=autocast_dtype,
                                                forward=forward)
-                if reuse_forward and weight:
+                if filling and weight:
                     old_logp[rows, :w] = logp.detach()
                 loss, metrics = policy_loss(
-                    logp, (old_logp[rows, :w] if not reuse_forward or weight else logp.detach()),
+                    logp, (old_logp[rows, :w] if not filling or weight else logp.detach()),
                     mb.rollout_logp if loss_cfg.tis_cap is not None else None,
                     advantages[rows, :w], mb.loss_mask, clip_low=loss_cfg.clip_low, clip_high=loss_cfg.clip_high,
                     tis_cap=loss_cfg.tis_cap, agg=loss_cfg.agg, dual_clip=loss_cfg.dual_clip,
@@ -328,6 +343,7 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
                 share = _part_share(loss_cfg.agg, slice_batch(batch, part), totals)
                 part_grads.append(torch.cat([(m.grad.detach() - b).flatten()
                                              for m, b in zip(stat_matrices, grads_before)]) / max(share, 1e-12))
+        filling = False
         if part_grads:
             snrs.append(gradient_snr(part_grads))
         params = [p for p in model.parameters() if p.grad is not None]
