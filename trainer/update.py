@@ -133,16 +133,15 @@ def token_logprobs(model: nn.Module, batch: PaddedBatch, temperature: float = 1.
     chunk = forward.chunk_tokens if forward is not None else None
     ctx = (torch.autocast(batch.input_ids.device.type, dtype=autocast_dtype) if autocast_dtype is not None
            else contextlib.nullcontext())
-    # Rows are right-padded (pad_episodes), so under causal attention a real position never sees a pad: the mask
-    # would change only the pad positions (which every caller masks out). Leaving it out lets attention take the
-    # causal kernel; on CPU the masked path is several times slower.
-    mask = None
+    # No attention mask: rows are right-padded (pad_episodes), so under causal attention a real position never sees
+    # a pad, and the mask would change only the pad positions (which every caller masks out). Without it attention
+    # takes the causal kernel; on CPU the masked path is several times slower.
     targets = batch.input_ids[:, 1:]
     with ctx, _attention_context(batch.input_ids.device, forward is not None and forward.require_flash):
         if chunk is None:
-            logits = model(input_ids=batch.input_ids, attention_mask=mask).logits[:, :-1]
+            logits = model(input_ids=batch.input_ids).logits[:, :-1]
         else:
-            hidden = model(input_ids=batch.input_ids, attention_mask=mask, output_hidden_states=True,
+            hidden = model(input_ids=batch.input_ids, output_hidden_states=True,
                            logits_to_keep=1).hidden_states[-1][:, :-1]
     if chunk is None:
         logp, entropy = _head_logprobs(logits, targets, temperature, with_entropy)
@@ -167,19 +166,15 @@ def score_sequences(model: nn.Module, sequences: list[tuple[list[int], list[int]
     faster than one padded pass over all of them (`benchmarks/profile_cell.py`, phase `spo/old_logp`).
 
     SPO's KL-adaptive forgetting re-scores the responses of the tasks an update revisits with this."""
-    rows = []
-    for tokens, mask in sequences:
-        e = Episode(task_id="")
-        e.tokens, e.loss_mask = list(tokens), list(mask)
-        e.rollout_logp, e.versions = [0.0] * len(tokens), [0] * len(tokens)
-        rows.append(e)
-    batch = pad_episodes(rows, pad_id)
-    out = torch.zeros(batch.loss_mask.shape, dtype=torch.float32)
+    out = torch.zeros(len(sequences), max((len(tokens) for tokens, _ in sequences), default=1) - 1)
     with torch.no_grad():
-        for r in range(len(rows)):
-            mb = slice_batch(batch, [r]).to(device)
-            out[r, :mb.width] = token_logprobs(model, mb, temperature, autocast_dtype=autocast_dtype,
-                                               forward=forward)[0].cpu()
+        for r, (tokens, mask) in enumerate(sequences):
+            e = Episode(task_id="")
+            e.tokens, e.loss_mask = list(tokens), list(mask)
+            e.rollout_logp, e.versions = [0.0] * len(tokens), [0] * len(tokens)
+            row = pad_episodes([e], pad_id).to(device)
+            out[r, :row.width] = token_logprobs(model, row, temperature, autocast_dtype=autocast_dtype,
+                                                forward=forward)[0].cpu()
     return out
 
 
