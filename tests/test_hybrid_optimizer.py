@@ -176,3 +176,25 @@ def test_muon_class_and_hybrid_agree():
         o1.step()
         o2.step()
     assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def test_newton_schulz_runs_in_fp32_on_a_cpu_and_in_bf16_on_a_gpu_unless_the_config_names_one():
+    """`optim.ns_dtype: auto` (the default): bf16 where the parameters are on CUDA, fp32 on a CPU, where torch's bf16
+    matmul is a reference loop on CPUs without AVX512-BF16 or AMX; a named dtype is used as it is."""
+    from trainer.config import TrainConfig
+    from trainer.optim.muon import resolve_ns_dtype
+    from trainer.train import build_optimizer
+
+    assert resolve_ns_dtype("auto", "cpu") == "float32"
+    assert resolve_ns_dtype("auto", torch.device("cuda", 3)) == "bfloat16"
+    assert resolve_ns_dtype("bfloat16", "cpu") == "bfloat16"
+    assert resolve_ns_dtype("float64", "cuda") == "float64"
+    with pytest.raises(ValueError, match="ns_dtype"):
+        resolve_ns_dtype("float16", "cpu")
+    cfg = TrainConfig()
+    assert cfg.optim.ns_dtype == "auto"
+    muon_groups = [g for g in build_optimizer(Toy(), cfg).param_groups if g["use_muon"]]
+    assert [g["ns_dtype"] for g in muon_groups] == ["float32"]
+    cfg.optim.ns_dtype = "bfloat16"
+    muon_groups = [g for g in build_optimizer(Toy(), cfg).param_groups if g["use_muon"]]
+    assert [g["ns_dtype"] for g in muon_groups] == ["bfloat16"]

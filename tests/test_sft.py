@@ -71,6 +71,9 @@ def test_demonstrations_come_from_outside_the_rl_pool_and_the_offline_pass_cover
         return suite
 
     monkeypatch.setattr(sft, "make_suite", spy)
+    built = []  # the warm start's Muon runs Newton-Schulz in fp32 on the CPU (optim.ns_dtype's "auto")
+    real_build = sft.build_muon_adamw
+    monkeypatch.setattr(sft, "build_muon_adamw", lambda *a, **kw: (built.append(kw), real_build(*a, **kw))[1])
     config = {"model": {"preset": "qwen-tiny"},
               "env": {"name": "minirepo", "train_tasks": 12,
                       "options": {"max_depth": 0, "bug_kinds": ["op"], "expert": "search", "n_train": 40,
@@ -85,3 +88,4 @@ def test_demonstrations_come_from_outside_the_rl_pool_and_the_offline_pass_cover
     stats = json.loads((tmp_path / "policy" / "offline_stats.json").read_text())
     assert sorted(stats) == sorted(pool) and all(n == 2 and 0 <= s <= 2 for n, s in stats.values())
     assert 0 <= report["offline_success"] <= 1
+    assert [kw["ns_dtype"] for kw in built] == ["float32"]

@@ -8,4 +8,4 @@ for refactors, logging and speed work. The workflow imports it from here when it
 imports nothing (in particular no torch).
 """
 
-TRAINER_VERSION = "5"
+TRAINER_VERSION = "6"

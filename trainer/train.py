@@ -39,6 +39,7 @@ from trainer.logs.parquet_log import EPISODE_COLUMNS, METRIC_COLUMNS, MetricsLog
 from trainer.logs.provenance import collect_provenance
 from trainer.logs.rows import episode_row, update_row
 from trainer.optim.hybrid import build_muon_adamw, route_parameters
+from trainer.optim.muon import resolve_ns_dtype
 from trainer.policy.load import DTYPES, load_policy, new_tiny_policy, save_policy
 from trainer.rl.estimators import make_estimator
 from trainer.rollout.driver import DriverConfig, RolloutDriver, TaskSampler
@@ -60,7 +61,8 @@ def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
     return build_muon_adamw(model, muon_lr=o.lr if o.muon_lr is None else o.muon_lr,
                             muon_weight_decay=o.muon_weight_decay, adamw_lr=o.lr,
                             adamw_weight_decay=o.weight_decay, betas=o.betas, momentum=o.momentum,
-                            nesterov=o.nesterov, ns_coefficients=o.ns_coefficients, adjust_lr_fn=o.adjust_lr_fn)
+                            nesterov=o.nesterov, ns_coefficients=o.ns_coefficients, adjust_lr_fn=o.adjust_lr_fn,
+                            ns_dtype=resolve_ns_dtype(o.ns_dtype, next(model.parameters()).device))
 
 
 def build_policy(cfg: TrainConfig, suite, device: str | None = None):

@@ -265,6 +265,14 @@ def ns_dtype_name(dtype) -> str:
     return name
 
 
+def resolve_ns_dtype(name: str, device: torch.device | str) -> str:
+    """A config's `ns_dtype` for parameters on `device`: "auto" is bfloat16 on CUDA and float32 anywhere else (a
+    CPU's bf16 matmul is a slow reference loop without AVX512-BF16 or AMX); any other name is itself."""
+    if name != "auto":
+        return ns_dtype_name(name)
+    return "bfloat16" if torch.device(device).type == "cuda" else "float32"
+
+
 def _local(t: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a DTensor (a view: writes land in the DTensor); any other tensor as it is."""
     return t._local_tensor if isinstance(t, DTensor) else t

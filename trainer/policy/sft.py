@@ -25,6 +25,7 @@ import torch
 from trainer.config import OFFLINE_STATS_FILE, SFTConfig, config_to_dict
 from trainer.environments.suite import make_suite
 from trainer.optim.hybrid import build_muon_adamw
+from trainer.optim.muon import resolve_ns_dtype
 from trainer.policy.load import DTYPES, new_tiny_policy, save_policy
 from trainer.rl.spo import write_offline_stats
 from trainer.rollout.episode import Episode
@@ -117,7 +118,8 @@ def warm_start(cfg: SFTConfig, out_dir: str | Path, progress: bool | None = None
         return evaluate(model, fmt, suite.make_env, tasks, sampling, torch.Generator().manual_seed(cfg.seed))[0]
 
     if cfg.optimizer == "muon":
-        optimizer = build_muon_adamw(model, muon_lr=cfg.muon_lr, adamw_lr=cfg.lr)
+        optimizer = build_muon_adamw(model, muon_lr=cfg.muon_lr, adamw_lr=cfg.lr,
+                                     ns_dtype=resolve_ns_dtype("auto", next(model.parameters()).device))
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg.seed)
