@@ -198,10 +198,19 @@ class _RowCache(Cache):
 class _LeanDecoder:
     """The Llama / Qwen2 / Qwen3 forward pass of transformers' sdpa path, restated as plain tensor calls.
 
-    Same ops, in the same order, on the same shapes as the modeling code (RMSNorm in fp32, rotary angles from the
-    positions, transformers' own `sdpa_attention_forward` for the GQA dispatch), so the logits are bit-identical
-    (tested); what goes is the per-module Python (hooks, decorators, kwargs plumbing, output records). Reads the
-    model's parameters at call time, so published weights need nothing more.
+    The same arithmetic as the modeling code, element for element, so the logits are bit-identical (tested); what
+    goes is the per-module Python (hooks, decorators, kwargs plumbing, output records) and a third of the ops:
+
+    * q, k and v come from one matmul with the three weights stacked, gate and up from another (each output
+      column is the same dot product as in its own matmul); q and k are normalised (Qwen3) and rotated together;
+    * the rotary cos / sin come from a table of every position, built once with transformers' formula, and
+      `rotate_half(x) * sin` is `x.roll(d/2) * [-sin, sin]` (a sign moved between the factors is exact);
+    * prefill attention reads the grouped key/value heads as they are (`enable_gqa`), not as copies
+      repeated per query head; decode packs the query heads of a group (transformers' `pack_gqa`);
+    * the final norm and the head run on the last position only (the only one whose logits are read).
+
+    The stacked weights are copies, rebuilt whenever a parameter was written since (its version counter moved:
+    an optimizer step, `load_state_dict`), so published weights need nothing more.
     """
 
     ARCHITECTURES: ClassVar[dict[str, bool]] = {"LlamaForCausalLM": False, "Qwen2ForCausalLM": False,
@@ -209,14 +218,17 @@ class _LeanDecoder:
     """Served classes, and whether their attention normalises queries and keys (Qwen3's q_norm / k_norm)."""
 
     def __init__(self, model):
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        self.attention = sdpa_attention_forward
         self.model, self.qk_norm = model, self.ARCHITECTURES[type(model).__name__]
         base = model.model
-        self.layers = [(layer, layer.self_attn, layer.mlp) for layer in base.layers]
+        attn = base.layers[0].self_attn
+        self.head_dim = attn.head_dim
+        self.heads = model.config.num_attention_heads
+        self.kv_heads = model.config.num_key_value_heads
         self.inv_freq = base.rotary_emb.inv_freq
         self.rope_scale = base.rotary_emb.attention_scaling
+        self.params = list(model.parameters())
+        self._versions: tuple[int, ...] | None = None
+        self._cos = self._sin = None
 
     @classmethod
     def serves(cls, model) -> bool:
@@ -228,48 +240,84 @@ class _LeanDecoder:
         return (config.hidden_act == "silu" and rope.get("rope_type", "default") == "default"
                 and getattr(config, "pretraining_tp", 1) == 1)
 
+    def _stack_weights(self) -> None:
+        """(Re)build the stacked per-layer weights when any parameter changed since they were built."""
+        versions = tuple(p._version for p in self.params)
+        if versions == self._versions:
+            return
+        with torch.no_grad():
+            self.layers = []
+            for layer in self.model.model.layers:
+                a, m = layer.self_attn, layer.mlp
+                projections = (a.q_proj, a.k_proj, a.v_proj)
+                qkv_bias = (None if a.q_proj.bias is None
+                            else torch.cat([proj.bias for proj in projections]))
+                qk_norm = (torch.cat([a.q_norm.weight.expand(self.heads, -1), a.k_norm.weight.expand(self.kv_heads, -1)])
+                           if self.qk_norm else None)
+                self.layers.append(dict(
+                    norm1=layer.input_layernorm, norm2=layer.post_attention_layernorm, attn=a,
+                    qkv=torch.cat([proj.weight for proj in projections]), qkv_bias=qkv_bias,
+                    qk_norm=qk_norm, qk_eps=a.q_norm.variance_epsilon if self.qk_norm else None,
+                    gate_up=torch.cat([m.gate_proj.weight, m.up_proj.weight]),
+                    gate_up_bias=None if m.gate_proj.bias is None else torch.cat([m.gate_proj.bias, m.up_proj.bias]),
+                    inner=m.gate_proj.weight.shape[0], down=m.down_proj.weight, down_bias=m.down_proj.bias))
+        self._versions = versions
+
+    def _rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and [-sin, sin] at `positions` [n, W] as [n, W, 1, head_dim], from a table grown by doubling."""
+        need = int(positions.max()) + 1
+        if self._cos is None or self._cos.shape[0] < need or self._cos.dtype != dtype:
+            size = max(need, 2 * (0 if self._cos is None else self._cos.shape[0]), 256)
+            freqs = torch.arange(size, device=self.inv_freq.device).float()[:, None] * self.inv_freq.float()
+            emb = torch.cat((freqs, freqs), dim=-1)
+            half = freqs.shape[-1]
+            sin = emb.sin() * self.rope_scale
+            self._cos = (emb.cos() * self.rope_scale).to(dtype)
+            self._sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1).to(dtype)
+        return self._cos[positions].unsqueeze(2), self._sin[positions].unsqueeze(2)
+
     @staticmethod
-    def _norm(x: torch.Tensor, module) -> torch.Tensor:
+    def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         dtype = x.dtype
         x = x.to(torch.float32)
         variance = x.pow(2).mean(-1, keepdim=True)
-        x = x * torch.rsqrt(variance + module.variance_epsilon)
-        return module.weight * x.to(dtype)
-
-    @staticmethod
-    def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        x = x * torch.rsqrt(variance + eps)
+        return weight * x.to(dtype)
 
     def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Cache) -> torch.Tensor:
         """Next-token logits [n, vocab] after the last slot of each row (the model's dtype)."""
         F = torch.nn.functional
+        self._stack_weights()
         base = self.model.model
         h = F.embedding(ids, base.embed_tokens.weight)
-        freqs = positions[..., None].float() * self.inv_freq.to(device=h.device, dtype=torch.float)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos = (emb.cos() * self.rope_scale).to(dtype=h.dtype).unsqueeze(1)
-        sin = (emb.sin() * self.rope_scale).to(dtype=h.dtype).unsqueeze(1)
-        shape = ids.shape
-        for i, (layer, attn, mlp) in enumerate(self.layers):
-            x = self._norm(h, layer.input_layernorm)
-            q = F.linear(x, attn.q_proj.weight, attn.q_proj.bias).view(*shape, -1, attn.head_dim)
-            k = F.linear(x, attn.k_proj.weight, attn.k_proj.bias).view(*shape, -1, attn.head_dim)
+        n, width = ids.shape
+        heads, kv_heads, d = self.heads, self.kv_heads, self.head_dim
+        cos, sin = self._rotary(positions, h.dtype)
+        for i, layer in enumerate(self.layers):
+            norm1, attn = layer["norm1"], layer["attn"]
+            x = self._norm(h, norm1.weight, norm1.variance_epsilon)
+            qkv = F.linear(x, layer["qkv"], layer["qkv_bias"]).view(n, width, heads + 2 * kv_heads, d)
+            qk, v = qkv[:, :, :heads + kv_heads], qkv[:, :, heads + kv_heads:]
             if self.qk_norm:
-                q, k = self._norm(q, attn.q_norm), self._norm(k, attn.k_norm)
-            q, k = q.transpose(1, 2), k.transpose(1, 2)
-            v = F.linear(x, attn.v_proj.weight, attn.v_proj.bias).view(*shape, -1, attn.head_dim).transpose(1, 2)
-            q = (q * cos) + (self._rotate_half(q) * sin)
-            k = (k * cos) + (self._rotate_half(k) * sin)
-            k, v = cache.layers[i].update(k, v)
-            out, _ = self.attention(attn, q, k, v, mask, dropout=0.0, scaling=attn.scaling)
-            h = h + F.linear(out.reshape(*shape, -1).contiguous(), attn.o_proj.weight, attn.o_proj.bias)
-            x = self._norm(h, layer.post_attention_layernorm)
-            gate = F.silu(F.linear(x, mlp.gate_proj.weight, mlp.gate_proj.bias))
-            h = h + F.linear(gate * F.linear(x, mlp.up_proj.weight, mlp.up_proj.bias), mlp.down_proj.weight,
-                             mlp.down_proj.bias)
-        h = self._norm(h, base.norm)
-        return F.linear(h[:, -1:, :], self.model.lm_head.weight, self.model.lm_head.bias)[:, -1]
+                qk = self._norm(qk, layer["qk_norm"], layer["qk_eps"])
+            qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
+            q, k = qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2)
+            k, v = cache.layers[i].update(k, v.transpose(1, 2))
+            if width == 1:  # the query heads of a group share one row of keys (transformers' pack_gqa)
+                out = F.scaled_dot_product_attention(q.reshape(n, kv_heads, heads // kv_heads, d), k, v,
+                                                     attn_mask=mask, scale=attn.scaling)
+                out = out.reshape(n, 1, heads * d)
+            else:
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling,
+                                                     enable_gqa=kv_heads != heads)
+                out = out.transpose(1, 2).reshape(n, width, heads * d)
+            h = h + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+            norm2, inner = layer["norm2"], layer["inner"]
+            x = self._norm(h, norm2.weight, norm2.variance_epsilon)
+            gate_up = F.linear(x, layer["gate_up"], layer["gate_up_bias"])
+            h = h + F.linear(F.silu(gate_up[..., :inner]) * gate_up[..., inner:], layer["down"], layer["down_bias"])
+        h = self._norm(h[:, -1], base.norm.weight, base.norm.variance_epsilon)
+        return F.linear(h, self.model.lm_head.weight, self.model.lm_head.bias)
 
 
 # ------------------------------------------------------------------------------------------- the engine
