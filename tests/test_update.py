@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from trainer.optim.hybrid import build_muon_adamw, route_parameters
+from trainer.policy.lean import lean_decoder
 from trainer.policy.tiny import TinyModelSpec, build_tiny_model
 from trainer.rl.loss import AGGREGATIONS, policy_loss
 from trainer.rollout.episode import Episode
@@ -245,6 +246,9 @@ def test_the_first_step_of_several_gives_its_rows_old_logprobs_exactly(model, sk
         reference = [token_logprobs(m, slice_batch(b, [r]))[0] for r in range(8)]
     passes = []
     hook = m.register_forward_pre_hook(lambda *_: passes.append(torch.is_grad_enabled()))
+    lean = lean_decoder(m)  # no-grad scoring takes the lean forward (the same logits), not the model's call
+    real_logits = lean.logits
+    lean.logits = lambda ids: (passes.append(torch.is_grad_enabled()), real_logits(ids))[1]
     out = policy_update(m, torch.optim.AdamW(m.parameters(), lr=1e-2), b, adv, LossSettings(), minibatches=4,
                         micro_batch_tokens=1, return_old_logp=True, skip_no_signal=True)
     hook.remove()

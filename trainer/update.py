@@ -30,6 +30,7 @@ from torch import nn
 
 from trainer.distributed import SINGLE, DistContext
 from trainer.optim.muon import matrix_update_stats
+from trainer.policy.lean import lean_decoder
 from trainer.rl.loss import policy_loss, token_entropy_from_logits
 from trainer.rollout.episode import Episode
 
@@ -137,8 +138,12 @@ def token_logprobs(model: nn.Module, batch: PaddedBatch, temperature: float = 1.
     # a pad, and the mask would change only the pad positions (which every caller masks out). Without it attention
     # takes the causal kernel; on CPU the masked path is several times slower.
     targets = batch.input_ids[:, 1:]
+    # Scoring without gradients takes the lean forward where it serves the model (the same logits, fewer ops)
+    lean = lean_decoder(model) if chunk is None and autocast_dtype is None and not torch.is_grad_enabled() else None
     with ctx, _attention_context(batch.input_ids.device, forward is not None and forward.require_flash):
-        if chunk is None:
+        if lean is not None:
+            logits = lean.logits(batch.input_ids)[:, :-1]
+        elif chunk is None:
             logits = model(input_ids=batch.input_ids).logits[:, :-1]
         else:
             hidden = model(input_ids=batch.input_ids, output_hidden_states=True,

@@ -30,12 +30,10 @@ Design choices:
   buffers with one `index_select`. Keeping them as filler rows (`free_finished=False`) is slower, because every
   decode pass still computes them (`benchmarks/bench_rollout.py --mask-finished` measures both).
 - **A lean forward for the tiny families.** For Llama, Qwen2 and Qwen3 models on the sdpa kernel (the embedded
-  study's policies), `_LeanDecoder` replaces the transformers call with the same tensor operations in the same
-  order and shapes, so logits, sampled tokens and log-probs are bit-identical (tested against `lean=False`). At
-  ~1M parameters a forward pass is a few milliseconds, and the modeling code's per-module Python (hooks,
-  decorators, kwargs plumbing, mask preparation, output records) is a large share of it. What remains is
-  mostly MKL's small-row matmuls and the flash-attention kernel, which cannot change without changing the
-  numbers (a matmul's rows depend on how many rows it is given, so no pass may drop or add rows either). Other
+  study's policies), `LeanDecoder.step` (trainer/policy/lean.py) replaces the transformers call with the same
+  arithmetic in fewer ops, so logits, sampled tokens and log-probs are bit-identical (tested against `lean=False`).
+  What remains is mostly MKL's small-row matmuls and the attention kernel, which cannot change without changing
+  the numbers (a matmul's rows depend on how many rows it is given, so no pass may drop or add rows either). Other
   models, and `attn_implementation="eager"`, take the generic call.
 - **Log-probs.** The trainer recomputes log-probs from temperature-scaled logits over the full vocabulary, so the
   rollout log-prob of a sampled token is `log_softmax(logits / temperature)[token]`: top-p only restricts which
@@ -69,12 +67,12 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from trainer.environments.protocol import Environment
+from trainer.policy.lean import LeanDecoder
 from trainer.rollout.env_pool import SEQUENTIAL, EnvPool
 from trainer.rollout.episode import ActionEnd, Episode, end_actions, skip_if_prompt_too_long
 from trainer.rollout.sampling import SamplingParams
@@ -192,134 +190,6 @@ class _RowCache(Cache):
         self.plan.n_rows = len(rows)
 
 
-# ------------------------------------------------------------------------------------------- the lean forward
-
-
-class _LeanDecoder:
-    """The Llama / Qwen2 / Qwen3 forward pass of transformers' sdpa path, restated as plain tensor calls.
-
-    The same arithmetic as the modeling code, element for element, so the logits are bit-identical (tested); what
-    goes is the per-module Python (hooks, decorators, kwargs plumbing, output records) and a third of the ops:
-
-    * q, k and v come from one matmul with the three weights stacked, gate and up from another (each output
-      column is the same dot product as in its own matmul); q and k are normalised (Qwen3) and rotated together;
-    * the rotary cos / sin come from a table of every position, built once with transformers' formula, and
-      `rotate_half(x) * sin` is `x.roll(d/2) * [-sin, sin]` (a sign moved between the factors is exact);
-    * prefill attention reads the grouped key/value heads as they are (`enable_gqa`), not as copies
-      repeated per query head; decode packs the query heads of a group (transformers' `pack_gqa`);
-    * the final norm and the head run on the last position only (the only one whose logits are read).
-
-    The stacked weights are copies, rebuilt whenever a parameter was written since (its version counter moved:
-    an optimizer step, `load_state_dict`), so published weights need nothing more.
-    """
-
-    ARCHITECTURES: ClassVar[dict[str, bool]] = {"LlamaForCausalLM": False, "Qwen2ForCausalLM": False,
-                                                "Qwen3ForCausalLM": True}
-    """Served classes, and whether their attention normalises queries and keys (Qwen3's q_norm / k_norm)."""
-
-    def __init__(self, model):
-        self.model, self.qk_norm = model, self.ARCHITECTURES[type(model).__name__]
-        base = model.model
-        attn = base.layers[0].self_attn
-        self.head_dim = attn.head_dim
-        self.heads = model.config.num_attention_heads
-        self.kv_heads = model.config.num_key_value_heads
-        self.inv_freq = base.rotary_emb.inv_freq
-        self.rope_scale = base.rotary_emb.attention_scaling
-        self.params = list(model.parameters())
-        self._versions: tuple[int, ...] | None = None
-        self._cos = self._sin = None
-
-    @classmethod
-    def serves(cls, model) -> bool:
-        """Only configurations that `__call__` restates exactly; anything else takes the generic path."""
-        config = model.config
-        if type(model).__name__ not in cls.ARCHITECTURES or config._attn_implementation != "sdpa":
-            return False
-        rope = getattr(config, "rope_parameters", None) or {}
-        return (config.hidden_act == "silu" and rope.get("rope_type", "default") == "default"
-                and getattr(config, "pretraining_tp", 1) == 1)
-
-    def _stack_weights(self) -> None:
-        """(Re)build the stacked per-layer weights when any parameter changed since they were built."""
-        versions = tuple(p._version for p in self.params)
-        if versions == self._versions:
-            return
-        with torch.no_grad():
-            self.layers = []
-            for layer in self.model.model.layers:
-                a, m = layer.self_attn, layer.mlp
-                projections = (a.q_proj, a.k_proj, a.v_proj)
-                qkv_bias = (None if a.q_proj.bias is None
-                            else torch.cat([proj.bias for proj in projections]))
-                qk_norm = (torch.cat([a.q_norm.weight.expand(self.heads, -1), a.k_norm.weight.expand(self.kv_heads, -1)])
-                           if self.qk_norm else None)
-                self.layers.append(dict(
-                    norm1=layer.input_layernorm, norm2=layer.post_attention_layernorm, attn=a,
-                    qkv=torch.cat([proj.weight for proj in projections]), qkv_bias=qkv_bias,
-                    qk_norm=qk_norm, qk_eps=a.q_norm.variance_epsilon if self.qk_norm else None,
-                    gate_up=torch.cat([m.gate_proj.weight, m.up_proj.weight]),
-                    gate_up_bias=None if m.gate_proj.bias is None else torch.cat([m.gate_proj.bias, m.up_proj.bias]),
-                    inner=m.gate_proj.weight.shape[0], down=m.down_proj.weight, down_bias=m.down_proj.bias))
-        self._versions = versions
-
-    def _rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and [-sin, sin] at `positions` [n, W] as [n, W, 1, head_dim], from a table grown by doubling."""
-        need = int(positions.max()) + 1
-        if self._cos is None or self._cos.shape[0] < need or self._cos.dtype != dtype:
-            size = max(need, 2 * (0 if self._cos is None else self._cos.shape[0]), 256)
-            freqs = torch.arange(size, device=self.inv_freq.device).float()[:, None] * self.inv_freq.float()
-            emb = torch.cat((freqs, freqs), dim=-1)
-            half = freqs.shape[-1]
-            sin = emb.sin() * self.rope_scale
-            self._cos = (emb.cos() * self.rope_scale).to(dtype)
-            self._sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1).to(dtype)
-        return self._cos[positions].unsqueeze(2), self._sin[positions].unsqueeze(2)
-
-    @staticmethod
-    def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.to(torch.float32)
-        variance = x.pow(2).mean(-1, keepdim=True)
-        x = x * torch.rsqrt(variance + eps)
-        return weight * x.to(dtype)
-
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache: Cache) -> torch.Tensor:
-        """Next-token logits [n, vocab] after the last slot of each row (the model's dtype)."""
-        F = torch.nn.functional
-        self._stack_weights()
-        base = self.model.model
-        h = F.embedding(ids, base.embed_tokens.weight)
-        n, width = ids.shape
-        heads, kv_heads, d = self.heads, self.kv_heads, self.head_dim
-        cos, sin = self._rotary(positions, h.dtype)
-        for i, layer in enumerate(self.layers):
-            norm1, attn = layer["norm1"], layer["attn"]
-            x = self._norm(h, norm1.weight, norm1.variance_epsilon)
-            qkv = F.linear(x, layer["qkv"], layer["qkv_bias"]).view(n, width, heads + 2 * kv_heads, d)
-            qk, v = qkv[:, :, :heads + kv_heads], qkv[:, :, heads + kv_heads:]
-            if self.qk_norm:
-                qk = self._norm(qk, layer["qk_norm"], layer["qk_eps"])
-            qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
-            q, k = qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2)
-            k, v = cache.layers[i].update(k, v.transpose(1, 2))
-            if width == 1:  # the query heads of a group share one row of keys (transformers' pack_gqa)
-                out = F.scaled_dot_product_attention(q.reshape(n, kv_heads, heads // kv_heads, d), k, v,
-                                                     attn_mask=mask, scale=attn.scaling)
-                out = out.reshape(n, 1, heads * d)
-            else:
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling,
-                                                     enable_gqa=kv_heads != heads)
-                out = out.transpose(1, 2).reshape(n, width, heads * d)
-            h = h + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
-            norm2, inner = layer["norm2"], layer["inner"]
-            x = self._norm(h, norm2.weight, norm2.variance_epsilon)
-            gate_up = F.linear(x, layer["gate_up"], layer["gate_up_bias"])
-            h = h + F.linear(F.silu(gate_up[..., :inner]) * gate_up[..., inner:], layer["down"], layer["down_bias"])
-        h = self._norm(h[:, -1], base.norm.weight, base.norm.variance_epsilon)
-        return F.linear(h, self.model.lm_head.weight, self.model.lm_head.bias)
-
-
 # ------------------------------------------------------------------------------------------- the engine
 
 
@@ -349,7 +219,7 @@ class HFEngine:
         """`model` is used in place (moved to device/dtype, put in eval mode): give the engine its own copy if a
         trainer keeps updating the original. `fmt` is a format from trainer/policy/chat_format.py (TinyFormat,
         HFChatFormat).
-        `lean=False` calls the transformers model even where `_LeanDecoder` serves it (tests compare the two)."""
+        `lean=False` calls the transformers model even where `LeanDecoder` serves it (tests compare the two)."""
         config = model.config
         if getattr(config, "is_encoder_decoder", False):
             raise ValueError("HFEngine needs a decoder-only causal LM, got an encoder-decoder model")
@@ -374,7 +244,7 @@ class HFEngine:
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
-        self._lean = (_LeanDecoder(self.model) if lean and not self.uncached and _LeanDecoder.serves(self.model)
+        self._lean = (LeanDecoder(self.model) if lean and not self.uncached and LeanDecoder.serves(self.model)
                       else None)
         self.policy_version = 0
         self.last_stats: dict[str, int] = {}
@@ -425,7 +295,7 @@ class HFEngine:
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=device)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
         if self._lean is not None:
-            return self._lean(ids_t, cols_t, mask[:, None], cache).float()
+            return self._lean.step(ids_t, cols_t, mask[:, None], cache).float()
         out = self.model(input_ids=ids_t, position_ids=cols_t, attention_mask=mask[:, None], use_cache=True,
                          **{self._cache_kw: cache}, **self._keep_kw)
         return out.logits[:, -1].float()
