@@ -2,6 +2,10 @@
 
     python benchmarks/bench_muon.py [--rounds 15] [--threads 1] [--json out.json]
 
+Besides ours in bf16 (torch's default, the GPU setting) it times ours with Newton-Schulz in fp32 (`optim.ns_dtype`'s
+"auto" on a CPU): on a CPU without AVX512-BF16 or AMX torch's bf16 matmul is a reference loop, so fp32 is many times
+faster there (the `fp32/bf16` column).
+
 Cases: (a) the hidden matrices of the embedded tiny models, (b) 8 matrices of 256x256, (c) the hidden matrices
 of a 4-layer d=512 transformer (q, k, v, o, 4d up, 4d down per layer). Each round times every optimizer once on
 the same gradients, in a rotating order; we report per-optimizer medians and the median of per-round ratios,
@@ -61,6 +65,7 @@ def parity(shapes, steps=3) -> float:
 
 def bench_case(shapes, rounds: int) -> dict:
     opts = {"ours_muon": make(Muon, shapes, lr=0.02)[1],
+            "ours_muon_fp32": make(Muon, shapes, lr=0.02, ns_dtype=torch.float32)[1],
             "torch_muon": make(torch.optim.Muon, shapes, lr=0.02)[1],
             "torch_adamw": make(torch.optim.AdamW, shapes, lr=1e-3, foreach=True)[1]}
     names = list(opts)
@@ -77,6 +82,7 @@ def bench_case(shapes, rounds: int) -> dict:
     return {"n_matrices": len(shapes), "n_params": sum(r * c for r, c in shapes),
             **{f"{n}_ms": statistics.median(times[n]) * 1e3 for n in names},
             "ours/torch_muon": ratio("ours_muon", "torch_muon"),
+            "fp32/bf16_ns": ratio("ours_muon_fp32", "ours_muon"),
             "ours/torch_adamw": ratio("ours_muon", "torch_adamw"),
             "torch_muon/torch_adamw": ratio("torch_muon", "torch_adamw"),
             "parity_max_abs_diff": parity(shapes)}
@@ -95,14 +101,15 @@ def main(argv=None):
                "rounds": args.rounds, "cases": {}}
     print(f"torch {torch.__version__}, {results['cpu_capability']}, {args.threads} thread(s), "
           f"{args.rounds} interleaved rounds; times are medians in ms")
-    header = f"{'case':<16}{'mats':>5}{'ours':>9}{'torch':>9}{'adamw':>8}{'ours/torch':>12}{'torch/adamw':>13}{'parity':>9}"
+    header = (f"{'case':<16}{'mats':>5}{'ours':>9}{'ours fp32':>10}{'torch':>9}{'adamw':>8}{'ours/torch':>12}"
+              f"{'fp32/bf16':>11}{'torch/adamw':>13}{'parity':>9}")
     print(header)
     for name in args.cases:
         r = bench_case(CASES[name](), args.rounds)
         results["cases"][name] = r
-        print(f"{name:<16}{r['n_matrices']:>5}{r['ours_muon_ms']:>9.2f}{r['torch_muon_ms']:>9.2f}"
-              f"{r['torch_adamw_ms']:>8.2f}{r['ours/torch_muon']:>12.2f}{r['torch_muon/torch_adamw']:>13.1f}"
-              f"{r['parity_max_abs_diff']:>9.1e}")
+        print(f"{name:<16}{r['n_matrices']:>5}{r['ours_muon_ms']:>9.2f}{r['ours_muon_fp32_ms']:>10.2f}"
+              f"{r['torch_muon_ms']:>9.2f}{r['torch_adamw_ms']:>8.2f}{r['ours/torch_muon']:>12.2f}"
+              f"{r['fp32/bf16_ns']:>11.3f}{r['torch_muon/torch_adamw']:>13.1f}{r['parity_max_abs_diff']:>9.1e}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -77,3 +77,16 @@ def test_a_models_decoder_does_not_keep_the_model_alive():
     del model
     gc.collect()
     assert gone() is None
+
+
+def test_a_model_moved_to_another_dtype_after_scoring_is_scored_in_it():
+    """`.to()` replaces the parameters' storage without moving their version counters: the stacked weights and
+    the rotary table follow it anyway."""
+    model = build_tiny_model(TinyModelSpec("qwen-tiny", vocab_size=97), seed=4).eval()
+    ids = torch.randint(0, 97, (2, 23), generator=torch.Generator().manual_seed(1))
+    lean = lean_decoder(model)
+    with torch.no_grad():
+        assert torch.equal(lean.logits(ids), model(input_ids=ids).logits)
+        model.to(torch.bfloat16)
+        got = lean.logits(ids)
+        assert got.dtype == torch.bfloat16 and torch.equal(got, model(input_ids=ids).logits)

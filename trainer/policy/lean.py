@@ -48,10 +48,8 @@ class LeanDecoder:
         self.head_dim = base.layers[0].self_attn.head_dim
         self.heads = model.config.num_attention_heads
         self.kv_heads = model.config.num_key_value_heads
-        self.inv_freq = base.rotary_emb.inv_freq
-        self.rope_scale = base.rotary_emb.attention_scaling
         self.params = list(model.parameters())
-        self._versions: tuple[int, ...] | None = None
+        self._versions: tuple | None = None
         self._cos = self._sin = None
 
     @classmethod
@@ -67,8 +65,9 @@ class LeanDecoder:
     # -- weights and tables ------------------------------------------------------------------------------------
 
     def _stack_weights(self) -> None:
-        """(Re)build the stacked per-layer weights when any parameter changed since they were built."""
-        versions = tuple(p._version for p in self.params)
+        """(Re)build the stacked per-layer weights when any parameter changed since they were built: written in
+        place (its version counter moved) or replaced by `.to()` (its storage moved)."""
+        versions = tuple((p._version, p.data_ptr()) for p in self.params)
         if versions == self._versions:
             return
         with torch.no_grad():
@@ -88,16 +87,20 @@ class LeanDecoder:
                     inner=m.gate_proj.weight.shape[0], down=m.down_proj.weight, down_bias=m.down_proj.bias))
         self._versions = versions
 
-    def _rotary(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and [-sin, sin] at `positions` [n, W] as [n, W, 1, head_dim], from a table grown by doubling."""
-        need = int(positions.max()) + 1
-        if self._cos is None or self._cos.shape[0] < need or self._cos.dtype != dtype:
-            size = max(need, 2 * (0 if self._cos is None else self._cos.shape[0]), 256)
-            freqs = torch.arange(size, device=self.inv_freq.device).float()[:, None] * self.inv_freq.float()
+    def _rotary(self, positions: torch.Tensor, size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and [-sin, sin] at `positions` [n, W] (all below `size`) as [n, W, 1, head_dim], from a table of
+        positions grown by doubling, computed as transformers computes them (the module's own `inv_freq`)."""
+        rotary = self.base.rotary_emb
+        table = self._cos
+        if (table is None or table.shape[0] < size or table.dtype != dtype
+                or table.device != rotary.inv_freq.device):
+            size = max(size, 2 * (0 if table is None else table.shape[0]), 256)
+            inv_freq = rotary.inv_freq.float()
+            freqs = torch.arange(size, device=inv_freq.device).float()[:, None] * inv_freq
             emb = torch.cat((freqs, freqs), dim=-1)
             half = freqs.shape[-1]
-            sin = emb.sin() * self.rope_scale
-            self._cos = (emb.cos() * self.rope_scale).to(dtype)
+            sin = emb.sin() * rotary.attention_scaling
+            self._cos = (emb.cos() * rotary.attention_scaling).to(dtype)
             self._sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1).to(dtype)
         return self._cos[positions].unsqueeze(2), self._sin[positions].unsqueeze(2)
 
@@ -111,14 +114,15 @@ class LeanDecoder:
 
     # -- the layers ----------------------------------------------------------------------------------------------
 
-    def _hidden(self, ids: torch.Tensor, positions: torch.Tensor, attend) -> torch.Tensor:
-        """The final hidden states [n, W, hidden] (before the final norm); `attend(i, q, k, v)` is layer i's
-        attention over q [n, heads, W, d] and this pass's k, v [n, kv_heads, W, d], returning [n, W, heads * d]."""
+    def _hidden(self, ids: torch.Tensor, positions: torch.Tensor, positions_below: int, attend) -> torch.Tensor:
+        """The final hidden states [n, W, hidden] (before the final norm) at `positions` (each < `positions_below`);
+        `attend(i, q, k, v)` is layer i's attention over q [n, heads, W, d] and this pass's k, v [n, kv_heads, W, d],
+        returning [n, W, heads * d]."""
         self._stack_weights()
         h = F.embedding(ids, self.base.embed_tokens.weight)
         n, width = ids.shape
         heads, kv_heads, d = self.heads, self.kv_heads, self.head_dim
-        cos, sin = self._rotary(positions, h.dtype)
+        cos, sin = self._rotary(positions, positions_below, h.dtype)
         for i, layer in enumerate(self.layers):
             norm1, attn = layer["norm1"], layer["attn"]
             x = self._norm(h, norm1.weight, norm1.variance_epsilon)
@@ -141,8 +145,9 @@ class LeanDecoder:
 
     def step(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
         """Feed `ids` [n, W] at `positions` to the engine's row cache (its layers' `update` writes this pass's keys and
-        values and returns the keys and values to attend to), attending under the additive `mask` [n, 1, W, kv_len];
-        the next-token logits [n, vocab] after the last slot of each row (the model's dtype)."""
+        values and returns the keys and values to attend to; `cache.plan.kv_len` exceeds every position), attending
+        under the additive `mask` [n, 1, W, kv_len]; the next-token logits [n, vocab] after the last slot of each
+        row (the model's dtype)."""
         n, width = ids.shape
         heads, kv_heads, d = self.heads, self.kv_heads, self.head_dim
 
@@ -156,7 +161,7 @@ class LeanDecoder:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=kv_heads != heads)
             return out.transpose(1, 2).reshape(n, width, heads * d)
 
-        return self._head(self._hidden(ids, positions, attend)[:, -1])
+        return self._head(self._hidden(ids, positions, cache.plan.kv_len, attend)[:, -1])
 
     def logits(self, ids: torch.Tensor) -> torch.Tensor:
         """Logits [B, T, vocab] of whole sequences `ids` [B, T] from position 0, causal attention, no padding mask
@@ -170,7 +175,7 @@ class LeanDecoder:
                                                  enable_gqa=kv_heads != heads)
             return out.transpose(1, 2).reshape(batch, width, heads * d)
 
-        return self._head(self._hidden(ids, positions, attend))
+        return self._head(self._hidden(ids, positions, width, attend))
 
 
 _SCORERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
