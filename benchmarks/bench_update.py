@@ -17,6 +17,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from trainer.optim.hybrid import build_muon_adamw, route_parameters
+from trainer.optim.muon import resolve_ns_dtype
 from trainer.policy.tiny import TinyModelSpec, build_tiny_model
 from trainer.rollout.episode import Episode
 from trainer.update import LossSettings, pad_episodes, policy_update
@@ -73,7 +74,7 @@ def main(argv=None):
           f"{'ratio':>7}")
     for name, autocast in (("float32", None), ("bfloat16", torch.bfloat16)):
         model = build_tiny_model(TinyModelSpec(args.preset, args.vocab))
-        opt = build_muon_adamw(model)
+        opt = build_muon_adamw(model, ns_dtype=resolve_ns_dtype("auto", next(model.parameters()).device))
         d = model.config.hidden_size
         hidden = [p for _, p in route_parameters(model).muon]
         run = lambda: policy_update(model, opt, batch, adv, LossSettings(), autocast_dtype=autocast,  # noqa: E731

@@ -177,7 +177,7 @@ def test_greedy_play_equals_naive_reencoding(fmt, policies, preset):
 @pytest.mark.parametrize("preset,dtype", [("minicpm-tiny", torch.float32), ("qwen-tiny", torch.float32),
                                           ("qwen2.5-tiny", torch.float32), ("qwen-tiny", torch.bfloat16)])
 def test_lean_forward_is_bit_identical_to_the_transformers_call(fmt, policies, preset, dtype):
-    """Sampled episodes (tokens and log-probs) with `_LeanDecoder` equal those of the model's own forward, exactly."""
+    """Sampled episodes (tokens and log-probs) with `LeanDecoder.step` equal those of the model's own forward, exactly."""
     model = policies.get(preset) or build_tiny_model(TinyModelSpec(preset, vocab_size=fmt.vocab_size), seed=1)
     sp = SamplingParams(temperature=1.0, max_turn_tokens=10)
     runs = []

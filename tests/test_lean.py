@@ -90,3 +90,37 @@ def test_a_model_moved_to_another_dtype_after_scoring_is_scored_in_it():
         model.to(torch.bfloat16)
         got = lean.logits(ids)
         assert got.dtype == torch.bfloat16 and torch.equal(got, model(input_ids=ids).logits)
+
+
+@pytest.mark.parametrize("kwargs", [dict(num_key_value_heads=4), dict(attention_bias=True, mlp_bias=True)])
+def test_llama_without_grouped_heads_and_with_biases_is_bit_identical(kwargs):
+    """Configurations the presets do not cover: as many key/value heads as query heads (no grouping: the decode
+    step's packing and `enable_gqa` both off), and biases on every projection (o_proj and the MLP too)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=53, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                         num_attention_heads=4, **{"num_key_value_heads": 2, **kwargs})
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    ids = torch.randint(0, 53, (2, 19), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert torch.equal(lean_decoder(model).logits(ids), model(input_ids=ids).logits)
+
+
+def test_what_is_not_served_and_no_gradients_through_the_copies():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    windowed = Qwen2ForCausalLM(Qwen2Config(vocab_size=53, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True,
+                                            sliding_window=8, max_window_layers=0))
+    windowed.config._attn_implementation = "sdpa"
+    assert set(windowed.config.layer_types) == {"sliding_attention"} and not LeanDecoder.serves(windowed)
+    on_meta = build_tiny_model(TinyModelSpec("qwen-tiny", vocab_size=97), seed=0).to("meta")
+    assert not LeanDecoder.serves(on_meta)
+    model = build_tiny_model(TinyModelSpec("qwen-tiny", vocab_size=97), seed=0)
+    with pytest.raises(RuntimeError, match="without gradients"):
+        lean_decoder(model).logits(torch.zeros(1, 3, dtype=torch.long))

@@ -280,3 +280,8 @@ def test_matrix_update_stats_follows_plain_power_iteration(shape):
             v = v / v.norm()
         assert float(got) == pytest.approx(float((m @ v).norm()), rel=1e-5)
     assert matrix_update_stats(torch.zeros(1, 3, 4))[1].tolist() == [0.0]
+
+
+def test_matrix_update_stats_does_not_underflow_on_a_flat_spectrum_over_many_iterations():
+    Q = torch.linalg.qr(torch.randn(64, 64, generator=torch.Generator().manual_seed(0)))[0] * 1e-3
+    assert float(matrix_update_stats(Q[None], iters=50)[1][0]) == pytest.approx(1e-3, rel=1e-4)

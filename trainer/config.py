@@ -143,8 +143,8 @@ class OptimConfig:
     grad_clip: float | None = knob(1.0, gt=0)
     """Clip the global norm of the raw gradients (never Muon's orthogonalised update); None: off."""
     ns_dtype: Literal["auto", "bfloat16", "float32", "float64"] = "auto"
-    """Precision of Muon's Newton-Schulz iteration. "auto": bfloat16 where the parameters live on a GPU (the papers'
-    and torch's choice), float32 on a CPU, where torch's bf16 matmul is a reference loop unless the CPU has
+    """Precision of Muon's Newton-Schulz iteration. "auto": bfloat16 where the parameters live on CUDA (the papers'
+    and torch's choice), float32 anywhere else: on a CPU torch's bf16 matmul is a reference loop unless the CPU has
     AVX512-BF16 or AMX (one qwen-tiny step: 1,124 ms in bf16 vs 54 ms in fp32 on an AVX2 EPYC), and where one
     precision for every CPU keeps a study's numbers independent of which kind of CPU ran it."""
 

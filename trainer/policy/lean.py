@@ -18,8 +18,11 @@ update's old log-probs and SPO's re-scoring, `trainer.update.token_logprobs`). T
 own call: there the stacked weights would change the gradients' rounding.
 
 The stacked weights are copies, rebuilt whenever a parameter was written since (its version counter moved: an
-optimizer step, `load_state_dict`), so a model that keeps training needs nothing more. Other architectures,
-attention kernels and rotary types are not served (`serves`): callers take the model's own call.
+optimizer step, `load_state_dict`), replaced, or moved (`.to()`), so a model that keeps training needs nothing
+more; writes through `.data` bypass the version counter and are not seen. Served: these architectures with full
+attention on every layer, the sdpa kernel, default rotary embeddings and no attention dropout, **on a CPU** (where
+per-op cost is what the lean forward saves; bit-identity is tested there, and on a GPU the stacked copies would
+double the weights' memory and its kernels choose by shape). Anything else takes the model's own call.
 """
 from __future__ import annotations
 
@@ -48,26 +51,32 @@ class LeanDecoder:
         self.head_dim = base.layers[0].self_attn.head_dim
         self.heads = model.config.num_attention_heads
         self.kv_heads = model.config.num_key_value_heads
-        self.params = list(model.parameters())
         self._versions: tuple | None = None
         self._cos = self._sin = None
 
     @classmethod
     def serves(cls, model: nn.Module) -> bool:
-        """Only configurations that this class restates exactly (a sharded model's class has another name)."""
+        """Only configurations that this class restates exactly, on a CPU (see the module docstring); a sharded or
+        wrapped model's class has another name."""
         config = getattr(model, "config", None)
-        if type(model).__name__ not in cls.ARCHITECTURES or getattr(config, "_attn_implementation", None) != "sdpa":
+        if (type(model).__name__ not in cls.ARCHITECTURES or not type(model).__module__.startswith("transformers.")
+                or getattr(config, "_attn_implementation", None) != "sdpa"):
             return False
         rope = getattr(config, "rope_parameters", None) or {}
+        layer_types = getattr(config, "layer_types", None) or ["full_attention"]
+        first = next(model.parameters(), None)
         return (config.hidden_act == "silu" and rope.get("rope_type", "default") == "default"
-                and getattr(config, "pretraining_tp", 1) == 1 and not getattr(config, "attention_dropout", 0.0))
+                and getattr(config, "pretraining_tp", 1) == 1 and not getattr(config, "attention_dropout", 0.0)
+                and all(t == "full_attention" for t in layer_types)
+                and first is not None and first.device.type == "cpu")
 
     # -- weights and tables ------------------------------------------------------------------------------------
 
     def _stack_weights(self) -> None:
         """(Re)build the stacked per-layer weights when any parameter changed since they were built: written in
         place (its version counter moved) or replaced by `.to()` (its storage moved)."""
-        versions = tuple((p._version, p.data_ptr()) for p in self.params)
+        versions = tuple((id(p), p._version, p.data_ptr(), p.dtype)
+                         for module in (self.base, self.lm_head) for p in module.parameters())
         if versions == self._versions:
             return
         with torch.no_grad():
@@ -166,6 +175,8 @@ class LeanDecoder:
     def logits(self, ids: torch.Tensor) -> torch.Tensor:
         """Logits [B, T, vocab] of whole sequences `ids` [B, T] from position 0, causal attention, no padding mask
         (the model's call on right-padded rows: a real position never attends to a later pad)."""
+        if torch.is_grad_enabled():  # the stacked weights are detached copies: no gradient would reach the model
+            raise RuntimeError("LeanDecoder.logits scores without gradients; train through the model's own call")
         batch, width = ids.shape
         heads, kv_heads, d = self.heads, self.kv_heads, self.head_dim
         positions = torch.arange(width, device=ids.device).expand(batch, width)
