@@ -358,12 +358,15 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
         before = [_full(m.detach()).clone() for m in stat_matrices] if stat_matrices else []
         optimizer.step()
         steps += 1
+        by_shape: dict[tuple, list[torch.Tensor]] = {}  # stacked by shape: one call per shape
         for m, b in zip(stat_matrices or [], before):
             d = (_full(m.detach()) - b).float()
-            rms, spec = matrix_update_stats(d.reshape(1, d.shape[0], -1))
-            deltas_sq += float(rms[0]) ** 2 * d.numel()
-            delta_count += d.numel()
-            spec_max = max(spec_max, float(spec[0]))
+            by_shape.setdefault(tuple(d.shape), []).append(d.reshape(d.shape[0], -1))
+        for same in by_shape.values():
+            rms, spec = matrix_update_stats(torch.stack(same))
+            deltas_sq += float(rms.pow(2).sum()) * same[0].numel()
+            delta_count += same[0].numel() * len(same)
+            spec_max = max(spec_max, float(spec.max()))
     if ctx.enabled:  # metrics were token-weighted on each rank's rows
         names = sorted(sums)
         totals_all = ctx.all_sum([sums[k] for k in names] + [weight_total])
