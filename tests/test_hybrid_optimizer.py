@@ -198,3 +198,23 @@ def test_newton_schulz_runs_in_fp32_on_a_cpu_and_in_bf16_on_a_gpu_unless_the_con
     cfg.optim.ns_dtype = "bfloat16"
     muon_groups = [g for g in build_optimizer(Toy(), cfg).param_groups if g["use_muon"]]
     assert [g["ns_dtype"] for g in muon_groups] == ["bfloat16"]
+
+
+@pytest.mark.parametrize("name", ["adam", "muon"])
+def test_adamw_eps_is_the_cells_under_either_optimizer(name):
+    """`optim.eps` reaches every AdamW-trained parameter. First AdamW step, by hand: m_hat = g and v_hat = g^2,
+    so the step is lr * g / (|g| + eps): half of lr where |g| = eps, all of it (to 1e-6) where eps is tiny."""
+    from trainer.config import TrainConfig
+    from trainer.train import build_optimizer
+
+    for eps, share in ((1e-6, 0.5), (1e-14, 1.0)):
+        model, cfg = Toy(), TrainConfig()
+        cfg.optim.name, cfg.optim.lr, cfg.optim.eps, cfg.optim.weight_decay = name, 1e-3, eps, 0.0
+        opt = build_optimizer(model, cfg)
+        before = model.embed.weight.detach().clone()
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)
+        model.embed.weight.grad.fill_(1e-6)
+        opt.step()
+        assert torch.allclose(before - model.embed.weight.detach(), torch.full_like(before, 1e-3 * share),
+                              rtol=1e-4, atol=0)

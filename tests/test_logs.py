@@ -120,9 +120,10 @@ def test_provenance_rejects_non_json_config_naming_the_entry():
 def test_metric_columns_follow_design_in_order_with_dtypes():
     names = [n.strip() for n in DESIGN_METRICS.split(",")]
     # DESIGN's, then the companion's gradient SNR, the optimizer steps taken and skipped, SPO's informed baselines,
-    # the cheating probe
+    # the cheating probe, the embedding and head's step sizes
     assert list(METRIC_COLUMNS) == [*names, "grad_snr", "optimizer_steps", "skipped_steps",
-                                    "baseline_informed_frac", "cheat_rate"] and len(names) == 28
+                                    "baseline_informed_frac", "cheat_rate", "embed_head_update_rms",
+                                    "embed_head_update_spectral_norm"] and len(names) == 28
     for name, dtype in METRIC_COLUMNS.items():
         assert dtype == (pa.int64() if name in INT_METRICS else pa.float64()), name
     assert list(EPISODE_COLUMNS) == ["update", "task_id", "reward", "success", "n_turns", "gen_tokens", "length",

@@ -64,7 +64,8 @@ def test_smoke_run_writes_every_metric_with_provenance(reference_run):
     assert df["eval_success"].isna().tolist() == [False, False, True, False]
     # lagged by one: the first batch comes from version 0, the rest are one update stale
     assert df["staleness_mean"].tolist() == [0.0, 1.0, 1.0, 1.0]
-    assert df[["loss", "grad_norm", "entropy", "update_rms"]].notna().all().all()
+    assert df[["loss", "grad_norm", "entropy", "update_rms", "embed_head_update_rms",
+               "embed_head_update_spectral_norm"]].notna().all().all()
     assert prov["config"]["recipe"] == "full" and prov["git"]["commit"]
     episodes, _ = read_log(reference_run / "episodes.parquet")
     assert (episodes["split"] == "train").sum() == 16 and (episodes["split"] == "eval").sum() == 12  # 3 evals

@@ -381,3 +381,29 @@ def test_update_diagnostics_are_the_rms_and_top_singular_value_of_the_applied_up
     assert out["steps"] == 1
     assert out["update_rms"] == pytest.approx(rms, rel=1e-5)
     assert 0.9 * top <= out["update_spectral_norm"] <= top * (1 + 1e-5)
+
+
+def test_embedding_and_head_steps_are_measured_beside_the_hidden_matrices(model):
+    """embed_head_update_rms and _spectral_norm: the same measurement on the AdamW-trained matrices (embedding,
+    head), against the applied update by hand (RMS over both together, an SVD for the top singular value)."""
+    m = copy.deepcopy(model)
+    b = pad_episodes(_episodes(4, seed=6), pad_id=0)
+    adv = torch.where(torch.arange(4).unsqueeze(1) < 2, 1.0, -1.0).expand_as(b.loss_mask) * b.loss_mask
+    opt = build_muon_adamw(m, muon_lr=0.01, adamw_lr=1e-3)
+    params, route = dict(m.named_parameters()), route_parameters(m)
+    io = [params[n] for n, p in route.adamw if p.dim() == 2]
+    assert io and all(p.shape[0] == m.config.vocab_size for p in io)
+    before = [p.detach().clone() for p in io]
+    out = policy_update(m, opt, b, adv, LossSettings(), minibatches=1,
+                        stat_matrices=[params[n] for n, _ in route.muon], embed_head_matrices=io)
+    deltas = [(p.detach() - q).double() for p, q in zip(io, before)]
+    rms = math.sqrt(sum(float(d.pow(2).sum()) for d in deltas) / sum(d.numel() for d in deltas))
+    top = max(float(torch.linalg.matrix_norm(d, ord=2)) for d in deltas)
+    assert rms > 0 and out["embed_head_update_rms"] == pytest.approx(rms, rel=1e-5)
+    assert 0.9 * top <= out["embed_head_update_spectral_norm"] <= top * (1 + 1e-5)
+    assert out["update_rms"] > 0 and out["update_rms"] != out["embed_head_update_rms"]
+    idle = copy.deepcopy(model)
+    idle_io = [p for _, p in route_parameters(idle).adamw if p.dim() == 2]
+    none = policy_update(idle, build_muon_adamw(idle), b, torch.zeros_like(adv), LossSettings(), minibatches=1,
+                         skip_no_signal=True, embed_head_matrices=idle_io)
+    assert none["embed_head_update_rms"] is None and none["embed_head_update_spectral_norm"] is None

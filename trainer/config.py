@@ -130,6 +130,12 @@ class OptimConfig:
     muon_weight_decay: float = knob(0.0, ge=0)
     """Muon decoupled weight decay (uses the unadjusted lr)."""
     betas: tuple[float, float] = knob((0.9, 0.95), ge=0, lt=1)
+    """AdamW's (beta1, beta2), on every parameter under "adam" and on embeddings, head and norms under "muon".
+    0.95 (the project's default) forgets a gradient spike's second moment within ~20 steps; verl's actor and
+    torch's default is 0.999, under which a spike after a quiet stretch is divided by a stale, small moment."""
+    eps: float = knob(1e-8, gt=0)
+    """AdamW's epsilon, added to the root of the second moment (torch's default): where gradients are smaller than
+    it, AdamW's step shrinks below lr instead of normalising to it."""
     momentum: float = knob(0.95, ge=0, lt=1)
     nesterov: bool = True
     ns_coefficients: str = "jordan"

@@ -57,10 +57,10 @@ def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
     o = cfg.optim
     if o.name in ("adam", "adam_high_lr"):
         return torch.optim.AdamW(model.parameters(), lr=o.lr if o.name == "adam" else o.muon_lr, betas=o.betas,
-                                 weight_decay=o.weight_decay, foreach=True)
+                                 eps=o.eps, weight_decay=o.weight_decay, foreach=True)
     return build_muon_adamw(model, muon_lr=o.lr if o.muon_lr is None else o.muon_lr,
                             muon_weight_decay=o.muon_weight_decay, adamw_lr=o.lr,
-                            adamw_weight_decay=o.weight_decay, betas=o.betas, momentum=o.momentum,
+                            adamw_weight_decay=o.weight_decay, betas=o.betas, adamw_eps=o.eps, momentum=o.momentum,
                             nesterov=o.nesterov, ns_coefficients=o.ns_coefficients, adjust_lr_fn=o.adjust_lr_fn,
                             ns_dtype=resolve_ns_dtype(o.ns_dtype, next(model.parameters()).device))
 
@@ -112,9 +112,12 @@ class Trainer:
                           "model stops moving; keep float32 master weights with run.compute_dtype: bfloat16",
                           stacklevel=2)
         self.optimizer = build_optimizer(self.model, cfg)
-        params = dict(self.model.named_parameters())
-        self.hidden = [params[n] for n, _ in route_parameters(self.model).muon]
+        params, route = dict(self.model.named_parameters()), route_parameters(self.model)
+        self.hidden = [params[n] for n, _ in route.muon]
         """The hidden matrices, whose update RMS and spectral norm are logged (and gradient SNR, if asked)."""
+        self.embed_head = [params[n] for n, p in route.adamw if p.dim() == 2]
+        """The embedding and head matrices: AdamW-trained in every cell (under "muon" at `optim.lr`, the hidden
+        matrices at `optim.muon_lr`), their step sizes logged beside the hidden matrices'."""
         self.estimator = make_estimator(cfg.rl)
         self.loss_cfg = LossSettings(clip_low=cfg.rl.clip_low, clip_high=cfg.rl.clip_high, tis_cap=cfg.rl.tis_cap,
                                      agg=cfg.rl.agg, dual_clip=cfg.rl.dual_clip,
@@ -273,7 +276,8 @@ class Trainer:
         out = policy_update(self.model, self.optimizer, batch, adv, self.loss_cfg, minibatches=run.minibatches,
                             epochs=run.epochs, skip_no_signal=run.skip_no_signal,
                             micro_batch_tokens=run.micro_batch_tokens, grad_clip=self.cfg.optim.grad_clip,
-                            autocast_dtype=self.autocast, stat_matrices=self.hidden, ctx=self.dist,
+                            autocast_dtype=self.autocast, stat_matrices=self.hidden,
+                            embed_head_matrices=self.embed_head, ctx=self.dist,
                             forward=self.forward,
                             grad_parts=[[row] for row in range(len(episodes))] if run.grad_snr else None,
                             return_old_logp=self.estimator.needs_old_logp)

@@ -246,7 +246,8 @@ class LossSettings:
 def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: PaddedBatch, advantages: torch.Tensor,
                   loss_cfg: LossSettings, *, minibatches: int = 1, epochs: int = 1, micro_batch_tokens: int = 16384,
                   grad_clip: float | None = 1.0, autocast_dtype: torch.dtype | None = None,
-                  stat_matrices: list[torch.Tensor] | None = None, return_old_logp: bool = False,
+                  stat_matrices: list[torch.Tensor] | None = None,
+                  embed_head_matrices: list[torch.Tensor] | None = None, return_old_logp: bool = False,
                   grad_parts: list[list[int]] | None = None, skip_no_signal: bool = False,
                   ctx: DistContext = SINGLE, forward: ForwardSettings | None = None) -> dict:
     """Run `epochs` x `minibatches` optimizer steps over the batch; returns metrics averaged over steps
@@ -258,6 +259,10 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
     With `grad_parts` (a partition of the rows, e.g. the task groups) and `stat_matrices`, also "grad_snr": each
     part is back-propagated on its own and `gradient_snr` compares the parts' gradients of those matrices (the
     summed gradient, and so the step, is the same up to round-off).
+    The steps' size is measured on `stat_matrices` (the hidden matrices: "update_rms", "update_spectral_norm") and
+    on `embed_head_matrices` (the embedding and head, AdamW-trained under either optimizer: "embed_head_update_rms",
+    "embed_head_update_spectral_norm"): the RMS over all entries and the largest top singular value of one step,
+    averaged / maximised over the steps.
     """
     B = batch.input_ids.shape[0]
     if ctx.enabled and grad_parts:
@@ -296,7 +301,8 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
     sums: dict[str, float] = {}
     weight_total = 0.0
     losses, grad_norms, skipped, steps = [], [], 0, 0
-    deltas_sq, delta_count, spec_max = 0.0, 0, 0.0
+    step_sizes = {"update": _StepSizes(stat_matrices or []),
+                  "embed_head_update": _StepSizes(embed_head_matrices or [])}
     snrs: list[float] = []
     filling = bool(reuse_forward)  # the first step that runs fills its rows' old log-probs
     for rows_mb in steps_rows:
@@ -355,18 +361,12 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
             skipped += 1
             optimizer.zero_grad(set_to_none=True)
             continue
-        before = [_full(m.detach()).clone() for m in stat_matrices] if stat_matrices else []
+        for sizes in step_sizes.values():
+            sizes.before_step()
         optimizer.step()
         steps += 1
-        by_shape: dict[tuple, list[torch.Tensor]] = {}  # stacked by shape: one call per shape
-        for m, b in zip(stat_matrices or [], before):
-            d = (_full(m.detach()) - b).float()
-            by_shape.setdefault(tuple(d.shape), []).append(d.reshape(d.shape[0], -1))
-        for same in by_shape.values():
-            rms, spec = matrix_update_stats(torch.stack(same))
-            deltas_sq += float(rms.pow(2).sum()) * same[0].numel()
-            delta_count += same[0].numel() * len(same)
-            spec_max = max(spec_max, float(spec.max()))
+        for sizes in step_sizes.values():
+            sizes.after_step()
     if ctx.enabled:  # metrics were token-weighted on each rank's rows
         names = sorted(sums)
         totals_all = ctx.all_sum([sums[k] for k in names] + [weight_total])
@@ -380,12 +380,42 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
     # None (logged as null: not measured) where no step was computed, so a batch without signal is not mistaken
     # for a diverged one (NaN), which the collapse rule flags
     out.update(loss=sum(losses) / len(losses) if losses else None,
-               grad_norm=sum(grad_norms) / len(grad_norms) if grad_norms else None, steps=steps, skipped_steps=skipped,
-               update_rms=math.sqrt(deltas_sq / delta_count) if delta_count else None,
-               update_spectral_norm=spec_max if delta_count else None)
+               grad_norm=sum(grad_norms) / len(grad_norms) if grad_norms else None, steps=steps, skipped_steps=skipped)
+    for prefix, sizes in step_sizes.items():
+        out[f"{prefix}_rms"], out[f"{prefix}_spectral_norm"] = sizes.result()
     if snrs:
         out["grad_snr"] = sum(snrs) / len(snrs)
     return out
+
+
+class _StepSizes:
+    """The size of the optimizer's steps on some matrices: the RMS over all their entries and steps, and the largest
+    top singular value of one matrix's step (power iteration; matrices of one shape in one batched call). None
+    where no step was measured."""
+
+    def __init__(self, matrices: list[torch.Tensor]):
+        self.matrices, self.before = matrices, []
+        self.sq_sum, self.count, self.spec_max = 0.0, 0, 0.0
+
+    def before_step(self) -> None:
+        self.before = [_full(m.detach()).clone() for m in self.matrices]
+
+    def after_step(self) -> None:
+        by_shape: dict[tuple, list[torch.Tensor]] = {}
+        for m, b in zip(self.matrices, self.before):
+            d = (_full(m.detach()) - b).float()
+            by_shape.setdefault(tuple(d.shape), []).append(d.reshape(d.shape[0], -1))
+        for same in by_shape.values():
+            rms, spec = matrix_update_stats(torch.stack(same))
+            self.sq_sum += float(rms.pow(2).sum()) * same[0].numel()
+            self.count += same[0].numel() * len(same)
+            self.spec_max = max(self.spec_max, float(spec.max()))
+        self.before = []
+
+    def result(self) -> tuple[float | None, float | None]:
+        if not self.count:
+            return None, None
+        return math.sqrt(self.sq_sum / self.count), self.spec_max
 
 
 def gradient_snr(part_grads: list[torch.Tensor]) -> float:

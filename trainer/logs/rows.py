@@ -13,7 +13,8 @@ import numpy as np
 from trainer.rl.shaping import ShapingConfig, overlong_flags
 
 UPDATE_STATISTICS = ("entropy", "approx_kl", "clip_frac_low", "clip_frac_high", "tis_weight_mean",
-                     "tis_truncated_frac", "grad_norm", "update_rms", "update_spectral_norm", "loss")
+                     "tis_truncated_frac", "grad_norm", "update_rms", "update_spectral_norm", "loss",
+                     "embed_head_update_rms", "embed_head_update_spectral_norm")
 """Columns copied from the policy update's output; null when every optimizer step of the update was skipped."""
 
 

@@ -136,7 +136,7 @@ class MuonAdamW(Optimizer):
 
 def build_muon_adamw(model: nn.Module, *, muon_lr: float = 0.02, muon_weight_decay: float = 0.1,
                      adamw_lr: float = 3e-4, adamw_weight_decay: float = 0.0, betas=(0.9, 0.999),
-                     head: nn.Module | None = None, track_stats: bool = False, **muon_options) -> MuonAdamW:
+                     adamw_eps: float = 1e-8, head: nn.Module | None = None, track_stats: bool = False, **muon_options) -> MuonAdamW:
     """The hybrid for `model`: routed by `route_parameters`; `muon_options` go to the Muon group."""
     route = route_parameters(model, head=head)
     groups = []
@@ -145,5 +145,5 @@ def build_muon_adamw(model: nn.Module, *, muon_lr: float = 0.02, muon_weight_dec
                            lr=muon_lr, weight_decay=muon_weight_decay, **muon_options))
     if route.adamw:
         groups.append(dict(params=[p for _, p in route.adamw], names=[n for n, _ in route.adamw], use_muon=False,
-                           lr=adamw_lr, weight_decay=adamw_weight_decay, betas=betas))
+                           lr=adamw_lr, weight_decay=adamw_weight_decay, betas=betas, eps=adamw_eps))
     return MuonAdamW(groups, track_stats=track_stats)
