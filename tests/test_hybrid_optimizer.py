@@ -218,3 +218,28 @@ def test_adamw_eps_is_the_cells_under_either_optimizer(name):
         opt.step()
         assert torch.allclose(before - model.embed.weight.detach(), torch.full_like(before, 1e-3 * share),
                               rtol=1e-4, atol=0)
+
+
+def test_a_spectrally_matched_muon_cell_matches_the_cells_own_adamw():
+    """`optim.adjust_lr_fn: match_spectral_adamw`: the Muon group measures the step of the AdamW the cell
+    configures (its betas and eps), and the step it takes has that step's top singular value."""
+    from trainer.config import TrainConfig
+    from trainer.train import build_optimizer
+
+    cfg = TrainConfig()
+    cfg.optim.adjust_lr_fn, cfg.optim.betas, cfg.optim.eps, cfg.optim.weight_decay = (
+        "match_spectral_adamw", (0.8, 0.99), 1e-7, 0.0)
+    model = Toy()
+    opt = build_optimizer(model, cfg)
+    muon = next(g for g in opt.param_groups if g["use_muon"])
+    assert muon["adamw_betas"] == (0.8, 0.99) and muon["adamw_eps"] == 1e-7
+    reference = copy.deepcopy(model.down.weight)
+    adamw = torch.optim.AdamW([reference], lr=cfg.optim.lr, betas=(0.8, 0.99), eps=1e-7, weight_decay=0.0)
+    before = model.down.weight.detach().clone()
+    _grads(model, 3)
+    reference.grad = model.down.weight.grad.clone()
+    opt.step()
+    adamw.step()
+    ours, theirs = (torch.linalg.matrix_norm((w.detach() - before).double(), ord=2)
+                    for w in (model.down.weight, reference))
+    assert float(ours) == pytest.approx(float(theirs), rel=0.05)

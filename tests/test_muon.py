@@ -285,3 +285,63 @@ def test_matrix_update_stats_follows_plain_power_iteration(shape):
 def test_matrix_update_stats_does_not_underflow_on_a_flat_spectrum_over_many_iterations():
     Q = torch.linalg.qr(torch.randn(64, 64, generator=torch.Generator().manual_seed(0)))[0] * 1e-3
     assert float(matrix_update_stats(Q[None], iters=50)[1][0]) == pytest.approx(1e-3, rel=1e-4)
+
+
+def _spiky_low_rank_grads(shape, steps, seed):
+    """Policy-gradient-like gradients: a few outer products plus noise, of varying size (AdamW's steps on these
+    are far from isotropic, so their top singular value is several times that of an RMS-matched Muon step)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        u, v = torch.randn(shape[0], 2, generator=g), torch.randn(2, shape[1], generator=g)
+        scale = float(torch.rand((), generator=g)) * 3 + 0.1
+        out.append(scale * (u @ v + 0.3 * torch.randn(shape, generator=g)))
+    return out
+
+
+@pytest.mark.parametrize("shape", [(24, 80), (80, 24), (48, 48)])
+def test_match_spectral_adamw_steps_have_adamws_top_singular_value(shape):
+    """Against torch.optim.AdamW fed the same gradients: at every step the Muon step's top singular value (SVD)
+    equals AdamW's to within the power iterations' error (both are estimated; 5% here), while its RMS differs
+    (it is Muon's direction, with AdamW's spectral norm)."""
+    grads = _spiky_low_rank_grads(shape, 8, seed=3)
+    a = torch.randn(shape).requires_grad_()
+    m = a.detach().clone().requires_grad_()
+    adamw = torch.optim.AdamW([a], lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    muon = Muon([m], lr=1e-3, weight_decay=0.0, adjust_lr_fn="match_spectral_adamw", adamw_betas=(0.9, 0.95),
+                ns_dtype=torch.float32)
+    rms_ratios = []
+    for grad in grads:
+        before_a, before_m = a.detach().clone(), m.detach().clone()
+        a.grad, m.grad = grad.clone(), grad.clone()
+        adamw.step()
+        muon.step()
+        da, dm = (a.detach() - before_a).double(), (m.detach() - before_m).double()
+        top_a, top_m = (float(torch.linalg.matrix_norm(d, ord=2)) for d in (da, dm))
+        assert top_m == pytest.approx(top_a, rel=0.05)
+        rms_ratios.append(float(dm.pow(2).mean().sqrt() / da.pow(2).mean().sqrt()))
+    assert max(rms_ratios) > 1.5  # not an RMS match: AdamW's low-rank steps have a small RMS for their norm
+
+
+def test_match_spectral_adamw_keeps_muons_direction_and_resumes_identically():
+    """The first step is the RMS-matched step times one positive number per matrix (the rule changes the size,
+    not the direction); the AdamW moments it keeps are in the state, so a reloaded optimizer continues
+    bit-identically."""
+    a, b = _pair(SHAPES, seed=4)
+    grads = [torch.randn(x.shape, generator=torch.Generator().manual_seed(i)) for i, x in enumerate(a)]
+    before = [x.detach().clone() for x in a]
+    for x, y, grad in zip(a, b, grads):
+        x.grad, y.grad = grad.clone(), grad.clone()
+    opt = Muon(a, lr=0.01, weight_decay=0.0, adjust_lr_fn="match_spectral_adamw", ns_dtype=torch.float32)
+    opt.step()
+    Muon(b, lr=0.01, weight_decay=0.0, adjust_lr_fn="match_rms_adamw", ns_dtype=torch.float32).step()
+    for x, y, p0 in zip(a, b, before):
+        dx, dy = (x.detach() - p0).flatten().double(), (y.detach() - p0).flatten().double()
+        assert float(dx @ dy) / float(dx.norm() * dy.norm()) > 1 - 1e-6
+    assert all("adamw_exp_avg_sq" in opt.state[x] for x in a)
+    saved = copy.deepcopy(opt.state_dict())
+    c = [x.detach().clone().requires_grad_() for x in a]
+    opt_c = Muon(c, lr=0.01, weight_decay=0.0, adjust_lr_fn="match_spectral_adamw", ns_dtype=torch.float32)
+    opt_c.load_state_dict(saved)
+    _run(opt, opt_c, a, c, steps=3, seed=11)
+    assert all(torch.equal(x, y) for x, y in zip(a, c))

@@ -140,12 +140,15 @@ class OptimConfig:
     nesterov: bool = True
     ns_coefficients: str = "jordan"
     """"jordan" (torch's default) or "polar_express"."""
-    adjust_lr_fn: Literal["original", "match_rms_adamw", "spectral"] = "match_rms_adamw"
+    adjust_lr_fn: Literal["original", "match_rms_adamw", "spectral", "match_spectral_adamw"] = "match_rms_adamw"
     """How Muon scales its orthogonalised update by the matrix shape. "match_rms_adamw" (Moonlight): RMS 0.2 x lr,
     AdamW's typical update RMS, so one lr means the same step size under both optimizers: the project's rule at
     every scale. "original" (torch's default): lr x sqrt(max(1, rows/cols)), an RMS of about lr/sqrt(cols), which
     makes Muon's steps at a given lr several times smaller than AdamW's; "spectral": spectral norm lr x
-    sqrt(rows/cols)."""
+    sqrt(rows/cols); "match_spectral_adamw": each matrix's step gets the top singular value of the step AdamW (with
+    `betas` and `eps`) would take on the same gradients at lr, measured every step (its moments kept beside
+    Muon's), so the optimizers are matched in spectral norm, not RMS (at equal RMS AdamW's top singular value is
+    several times Muon's)."""
     grad_clip: float | None = knob(1.0, gt=0)
     """Clip the global norm of the raw gradients (never Muon's orthogonalised update); None: off."""
     ns_dtype: Literal["auto", "bfloat16", "float32", "float64"] = "auto"

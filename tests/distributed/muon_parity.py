@@ -56,7 +56,7 @@ def main() -> int:
             want = _run(lambda ps: torch.optim.Muon(ps, lr=0.02, weight_decay=wd), params, grads)
             _same(f"bf16 NS vs torch.optim.Muon (seed {seed}, wd {wd})",
                   _run(lambda ps: Muon(ps, lr=0.02, weight_decay=wd), params, grads, mesh), want)
-        for adjust in (None, "match_rms_adamw", "spectral"):
+        for adjust in (None, "match_rms_adamw", "spectral", "match_spectral_adamw"):
             make = (lambda ps: Muon(ps, lr=0.02, weight_decay=0.1, ns_dtype=torch.float32, adjust_lr_fn=adjust,
                                     nesterov=False))
             _same(f"fp32 NS, adjust_lr_fn {adjust} (seed {seed})", _run(make, params, grads, mesh),

@@ -24,7 +24,11 @@ What it adds:
   `nesterov=False` (`buf.bfloat16()` is `buf` itself, then `div_`). Our NS divides out of place (same values),
   so our state is never touched by NS, and `p.grad` is never written.
 * **Options.** `adjust_lr_fn="spectral"` (sqrt(r/c), dion's rule) beside torch's "original" and
-  "match_rms_adamw"; `ns_coefficients="polar_express"` (per-step minimax coefficients of arXiv:2505.16932, with
+  "match_rms_adamw"; `adjust_lr_fn="match_spectral_adamw"`: each matrix's step has the top singular value of the
+  step AdamW would take on the same gradients (its moments kept beside Muon's, with the group's `adamw_betas` and
+  `adamw_eps`, both steps' top singular values by power iteration), so the two optimizers are matched in the
+  norm the papers' trust-region argument names rather than in RMS (AdamW's steps are far from isotropic: at the
+  same RMS its top singular value is several times Muon's); `ns_coefficients="polar_express"` (per-step minimax coefficients of arXiv:2505.16932, with
   the 1.02 normalisation safety factor); NS in bf16 (default, as torch) or fp32/fp64 (`ns_dtype`).
 * **Diagnostics.** With `track_stats=True` each step records, per parameter group, the RMS of the applied update
   and a power-iteration estimate of its largest spectral norm: the mechanism the paper argues about, logged.
@@ -66,7 +70,9 @@ POLAR_EXPRESS_COEFFICIENTS = (
 """Polar Express (Amsel et al., arXiv:2505.16932), 5 steps, as published with a 2% safety margin for bf16."""
 
 POLAR_EXPRESS_NORM_SCALE = 1.02
-ADJUST_LR_FNS = ("original", "match_rms_adamw", "spectral")
+ADJUST_LR_FNS = ("original", "match_rms_adamw", "spectral", "match_spectral_adamw")
+MEASURED_LR_FNS = ("match_spectral_adamw",)
+"""Rules whose scale is measured per matrix and step, not a function of the shape (`lr_shape_factor`)."""
 
 
 def resolve_coefficients(ns_coefficients, ns_steps: int) -> tuple[list[tuple[float, float, float]], float]:
@@ -173,6 +179,8 @@ def lr_shape_factor(adjust_lr_fn: str | None, rows: int, cols: int) -> float:
         return 0.2 * math.sqrt(max(rows, cols))
     if adjust_lr_fn == "spectral":
         return math.sqrt(rows / cols)
+    if adjust_lr_fn in MEASURED_LR_FNS:
+        raise ValueError(f"adjust_lr_fn {adjust_lr_fn!r} is measured per step, not a function of the shape")
     raise ValueError(f"adjust_lr_fn {adjust_lr_fn!r} is not one of {ADJUST_LR_FNS}")
 
 
@@ -231,6 +239,7 @@ class Muon(Optimizer):
     def __init__(self, params: Iterable, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
                  nesterov: bool = True, ns_coefficients=JORDAN_COEFFICIENTS, eps: float = 1e-7, ns_steps: int = 5,
                  adjust_lr_fn: str | None = None, *, ns_dtype: torch.dtype = torch.bfloat16,
+                 adamw_betas: tuple[float, float] = (0.9, 0.999), adamw_eps: float = 1e-8,
                  track_stats: bool = False):
         if isinstance(lr, torch.Tensor):
             if lr.numel() != 1:
@@ -249,7 +258,7 @@ class Muon(Optimizer):
         resolve_coefficients(ns_coefficients, ns_steps)  # validate early
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn,
-                        ns_dtype=ns_dtype)
+                        ns_dtype=ns_dtype, adamw_betas=tuple(adamw_betas), adamw_eps=adamw_eps)
         super().__init__(params, defaults)
         self.track_stats = track_stats
         self.last_stats: list[dict[str, float]] = []
@@ -321,6 +330,28 @@ def check_muon_param(p: torch.Tensor, name: str = "") -> None:
         raise ValueError(f"Muon parameter{label} is complex; Muon supports real parameters only")
 
 
+def _adamw_directions(params: list[torch.Tensor], grads: list[torch.Tensor], state: dict,
+                      group: dict) -> list[torch.Tensor]:
+    """The step direction AdamW would take on these gradients, m_hat / (sqrt(v_hat) + eps) (this rank's shard), its
+    moments kept in the parameters' state under their own keys and advanced here."""
+    beta1, beta2 = group.get("adamw_betas", (0.9, 0.999))
+    eps = group.get("adamw_eps", 1e-8)
+    out = []
+    for p, g in zip(params, grads):
+        st = state[p]
+        if "adamw_exp_avg" not in st:  # laid out like the parameter (a DTensor when it is one), as AdamW's state
+            st["adamw_step"] = torch.tensor(0.0, dtype=torch.float32)
+            st["adamw_exp_avg"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+            st["adamw_exp_avg_sq"] = torch.zeros_like(p, dtype=torch.float32, memory_format=torch.preserve_format)
+        st["adamw_step"] += 1
+        t, m, v = float(st["adamw_step"]), _local(st["adamw_exp_avg"]), _local(st["adamw_exp_avg_sq"])
+        g = g.float()
+        m.lerp_(g, 1.0 - beta1)
+        v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
+        out.append((m / (1.0 - beta1 ** t)) / ((v / (1.0 - beta2 ** t)).sqrt() + eps))
+    return out
+
+
 def muon_group_step(group: dict, state: dict, *, track_stats: bool = False) -> dict[str, float]:
     """One Muon step on a parameter group, bucketed by shape (see the module docstring). Returns its stats."""
     lr, wd, mu = float(group["lr"]), group["weight_decay"], group["momentum"]
@@ -362,16 +393,27 @@ def muon_group_step(group: dict, state: dict, *, track_stats: bool = False) -> d
                                              ns_dtype)
             ortho = stacked.unbind(0)
         rows, cols = matrices[0].shape
-        adjusted = lr * lr_shape_factor(group["adjust_lr_fn"], rows, cols)
+        if group["adjust_lr_fn"] == "match_spectral_adamw":
+            adamw = _adamw_directions(params, grads, state, group)
+            target = matrix_update_stats(torch.stack([_as_matrix(_full(d, p)) for d, p in zip(adamw, params)]))[1]
+            own = matrix_update_stats(_stack_like_batched(ortho) if stacked is None else stacked)[1]
+            adjusted = [lr * float(t) / max(float(o), 1e-30) for t, o in zip(target, own)]
+        else:
+            adjusted = [lr * lr_shape_factor(group["adjust_lr_fn"], rows, cols)] * len(params)
         if wd != 0:
             torch._foreach_mul_([_local(p) for p in params], 1.0 - lr * wd)
-        for p, o in zip(params, ortho):
-            _local(p).add_(_shard_of(o.reshape(shape), p), alpha=-adjusted)
+        for p, o, alpha in zip(params, ortho, adjusted):
+            _local(p).add_(_shard_of(o.reshape(shape), p), alpha=-alpha)
         if track_stats:
             rms, spec = matrix_update_stats(_stack_like_batched(ortho) if stacked is None else stacked)
-            sq_sum += float((rms * adjusted).pow(2).sum()) * rows * cols
+            if len(set(adjusted)) == 1:
+                sq_sum += float((rms * adjusted[0]).pow(2).sum()) * rows * cols
+                spec_max = max(spec_max, float(spec.max()) * adjusted[0])
+            else:
+                scale = torch.tensor(adjusted, dtype=rms.dtype)
+                sq_sum += float((rms * scale).pow(2).sum()) * rows * cols
+                spec_max = max(spec_max, float((spec * scale).max()))
             count += rows * cols * len(params)
-            spec_max = max(spec_max, float(spec.max()) * adjusted)
     if not track_stats or count == 0:
         return {}
     return {"update_rms": math.sqrt(sq_sum / count), "update_spectral_norm": spec_max}
