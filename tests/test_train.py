@@ -1,4 +1,5 @@
 """The trainer as a program: a smoke run through the CLI, bit-identical reruns, and SIGKILL + --resume."""
+import copy
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 import yaml
 
 from trainer.logs.parquet_log import METRIC_COLUMNS, read_log
@@ -371,3 +373,33 @@ def test_resume_reads_the_checkpoints_config_with_todays_defaults(tmp_path):
     with pytest.raises(ValueError, match=r"ckpt-00000002.pt: the checkpoint was written with a different config "
                                          r"\(rl.length_threshold: 13 then, 12 now\)"):
         Trainer(cfg, tmp_path / "out").resume()
+
+
+@pytest.mark.slow
+def test_bf16_rollout_weights_put_the_rollouts_a_rounding_away_from_the_trainer(tmp_path):
+    """rollout.weight_dtype: with the trainer's own weights (lag 0) the rollouts' log-probs are the trainer's, bit
+    for bit, so every TIS weight is exactly 1; with weights rounded to bf16 they are not."""
+    tis = {}
+    for dtype in ("float32", "bfloat16"):
+        cell = copy.deepcopy(CELL)
+        cell["rollout"].update(lag=0, weight_dtype=dtype)
+        cell["run"].update(updates=2, eval_every=0, checkpoint_every=0)
+        out = tmp_path / dtype
+        r = _cli("train", "--config", str(_write(tmp_path, cell, f"{dtype}.yaml")), "--out", str(out), "--no-progress")
+        assert r.returncode == 0, r.stderr
+        tis[dtype] = _metrics(out)["tis_weight_mean"].tolist()
+    assert tis["float32"] == [1.0, 1.0]
+    assert all(abs(w - 1.0) > 1e-7 for w in tis["bfloat16"]), tis
+
+
+def test_the_driver_rounds_published_weights_to_bf16_only_when_asked():
+    from trainer.rollout.driver import DriverConfig, RolloutDriver, TaskSampler
+
+    weights = {"w": torch.randn(5, 7, dtype=torch.float32) * 0.02, "steps": torch.arange(3)}
+    for dtype, want in (("float32", weights["w"]), ("bfloat16", weights["w"].bfloat16().float())):
+        driver = RolloutDriver(None, None, TaskSampler([]), DriverConfig(lag=0, weight_dtype=dtype), None)
+        driver.publish(weights, 0)
+        (version, got), = driver.snapshots
+        assert version == 0 and got["w"].dtype == torch.float32 and torch.equal(got["w"], want)
+        assert torch.equal(got["steps"], weights["steps"]) and got["w"].data_ptr() != weights["w"].data_ptr()
+    assert not torch.equal(weights["w"], weights["w"].bfloat16().float())

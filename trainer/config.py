@@ -222,6 +222,12 @@ class RolloutConfig:
     async: a concurrent rollout thread, staleness bounded by `max_staleness`."""
     lag: int = knob(1, ge=0)
     max_staleness: int = knob(4, ge=0)
+    weight_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Precision of the weights the rollouts sample from. "bfloat16": every weight handed to the rollouts is
+    rounded to bf16 (kept in float32 on a CPU, where bf16 matmuls are slow without AVX512-BF16 or AMX), so they
+    sample from a policy a rounding away from the one the trainer scores, as a bf16 vLLM beside an fp32 trainer
+    does: the gap the papers' TIS corrects, visible in `tis_weight_mean` and `tis_truncated_frac`. Activations stay
+    in full precision, so the gap is smaller than a bf16 engine's. "float32": the trainer's weights as they are."""
     batch_size: int = knob(16, ge=1, most="episodes")
     """Trajectories per update (tasks per update = batch_size / group_size)."""
     temperature: float = knob(1.0, ge=0)

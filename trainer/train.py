@@ -135,7 +135,7 @@ class Trainer:
         self.driver = None if not self.dist.is_main else RolloutDriver(self.engine, self.suite.make_env, sampler,
                                     DriverConfig(mode=r.mode, lag=r.lag, max_staleness=r.max_staleness,
                                                  batch_size=r.batch_size, group_size=cfg.rl.group_size,
-                                                 env_workers=r.env_workers),
+                                                 env_workers=r.env_workers, weight_dtype=r.weight_dtype),
                                     self.sampling, self.estimator.dispatch_baseline, seed=cfg.run.seed)
 
         provenance = collect_provenance(config_to_dict(cfg))

@@ -44,6 +44,9 @@ class DriverConfig:
     group_size: int = 1
     env_workers: int = 1
     """Width of the pool the batch's environments are reset, stepped, graded and closed in (`rollout.env_workers`)."""
+    weight_dtype: str = "float32"
+    """"bfloat16": each published floating-point weight rounded to bf16 (kept in its own dtype), so rollouts sample
+    from a policy a rounding away from the trainer's (`rollout.weight_dtype`)."""
 
 
 class TaskSampler:
@@ -105,8 +108,13 @@ class RolloutDriver:
 
     # -- weights -------------------------------------------------------------------------------------------
     def publish(self, state_dict: dict, version: int) -> None:
-        """Make the trainer's weights after `version` updates available to rollouts (copied)."""
-        weights = {k: v.detach().clone() for k, v in state_dict.items()}
+        """Make the trainer's weights after `version` updates available to rollouts (copied; rounded to bf16
+        under `weight_dtype: bfloat16`)."""
+        if self.cfg.weight_dtype == "bfloat16":
+            weights = {k: v.detach().to(torch.bfloat16).to(v.dtype) if v.is_floating_point() else v.detach().clone()
+                       for k, v in state_dict.items()}
+        else:
+            weights = {k: v.detach().clone() for k, v in state_dict.items()}
         if self.cfg.mode == "lagged":
             self.snapshots.append((version, weights))
             while len(self.snapshots) > self.cfg.lag + 1:
