@@ -28,8 +28,9 @@ What it adds:
   step AdamW would take on the same gradients (its moments kept beside Muon's, with the group's `adamw_betas` and
   `adamw_eps`, both steps' top singular values by power iteration), so the two optimizers are matched in the
   norm the papers' trust-region argument names rather than in RMS (AdamW's steps are far from isotropic: at the
-  same RMS its top singular value is several times Muon's); `ns_coefficients="polar_express"` (per-step minimax coefficients of arXiv:2505.16932, with
-  the 1.02 normalisation safety factor); NS in bf16 (default, as torch) or fp32/fp64 (`ns_dtype`).
+  same RMS its top singular value is several times Muon's); `ns_coefficients="polar_express"` (per-step
+  minimax coefficients of arXiv:2505.16932, with the 1.02 normalisation safety factor); NS in bf16 (default, as
+  torch) or fp32/fp64 (`ns_dtype`).
 * **Diagnostics.** With `track_stats=True` each step records, per parameter group, the RMS of the applied update
   and a power-iteration estimate of its largest spectral norm: the mechanism the paper argues about, logged.
 * **Sharded parameters (FSDP2 DTensors).** Momentum and weight decay act on each rank's shard (they are
