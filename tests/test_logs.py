@@ -43,7 +43,8 @@ DESIGN_METRICS = """update, policy_version, success_rate, reward_mean, n_traject
 turns_mean, tool_error_rate, overlong_rate, advantage_std, entropy, approx_kl, clip_frac_low, clip_frac_high,
 tis_weight_mean, tis_truncated_frac, staleness_mean, staleness_max, grad_norm, update_rms,
 update_spectral_norm, lr, loss, eval_success, rollout_s, train_s, wall_s"""  # the metric contract, written out independently of METRIC_COLUMNS
-INT_METRICS = {"update", "policy_version", "n_trajectories", "gen_tokens", "optimizer_steps", "skipped_steps"}
+INT_METRICS = {"update", "policy_version", "n_trajectories", "gen_tokens", "optimizer_steps", "skipped_steps",
+               "no_signal_steps"}
 
 
 def prov(config: dict | None = None) -> dict:
@@ -69,6 +70,8 @@ def test_provenance_has_every_field_and_is_json():
     assert json.loads(json.dumps(p)) == p  # JSON round trip loses nothing
     assert p["config"] == {"optim": {"name": "muon", "betas": [0.9, 0.95]}, "out": "/tmp/x", "seed": 3, "n": None}
     assert p["versions"]["python"] == platform.python_version()
+    assert p["trainer_version"] == (Path(__file__).parents[1] / "trainer/__init__.py").read_text().split(
+        'TRAINER_VERSION = "')[1].split('"')[0]
     assert p["versions"]["torch"] == torch.__version__
     assert p["versions"]["numpy"] == np.__version__ and p["versions"]["pyarrow"] == pa.__version__
     hw = p["hardware"]
@@ -120,10 +123,10 @@ def test_provenance_rejects_non_json_config_naming_the_entry():
 def test_metric_columns_follow_design_in_order_with_dtypes():
     names = [n.strip() for n in DESIGN_METRICS.split(",")]
     # DESIGN's, then the companion's gradient SNR, the optimizer steps taken and skipped, SPO's informed baselines,
-    # the cheating probe, the embedding and head's step sizes
+    # the cheating probe, the embedding and head's step sizes, the mini-batches without signal
     assert list(METRIC_COLUMNS) == [*names, "grad_snr", "optimizer_steps", "skipped_steps",
                                     "baseline_informed_frac", "cheat_rate", "embed_head_update_rms",
-                                    "embed_head_update_spectral_norm"] and len(names) == 28
+                                    "embed_head_update_spectral_norm", "no_signal_steps"] and len(names) == 28
     for name, dtype in METRIC_COLUMNS.items():
         assert dtype == (pa.int64() if name in INT_METRICS else pa.float64()), name
     assert list(EPISODE_COLUMNS) == ["update", "task_id", "reward", "success", "n_turns", "gen_tokens", "length",

@@ -316,15 +316,17 @@ def test_a_minibatch_without_signal_skips_its_step(model):
     before = [p.detach().clone() for p in m.parameters()]
     zero = torch.zeros_like(b.loss_mask)
     out = policy_update(m, opt, b, zero, LossSettings(), minibatches=2, skip_no_signal=True)
-    assert out["steps"] == 0 and out["skipped_steps"] == 2
+    assert out["steps"] == 0 and out["skipped_steps"] == 2 and out["no_signal_steps"] == 2
     assert out["loss"] is None and out["grad_norm"] is None and out["update_rms"] is None
     assert all(torch.equal(p, q) for p, q in zip(m.parameters(), before))
     out = policy_update(m, opt, b, zero, LossSettings(), minibatches=2, skip_no_signal=False)
-    assert out["steps"] == 2 and not all(torch.equal(p, q) for p, q in zip(m.parameters(), before))
+    assert out["steps"] == 2 and out["no_signal_steps"] == 2 and not all(torch.equal(p, q) for p, q in zip(m.parameters(), before))
     # only the half without signal is skipped
     half = torch.where(torch.arange(4).unsqueeze(1) % 2 == 0, 1.0, 0.0).expand_as(b.loss_mask) * b.loss_mask
     out = policy_update(m, opt, b, half, LossSettings(), minibatches=2, skip_no_signal=True)
-    assert out["steps"] == 1 and out["skipped_steps"] == 1
+    assert out["steps"] == 1 and out["skipped_steps"] == 1 and out["no_signal_steps"] == 1
+    out = policy_update(m, opt, b, half, LossSettings(), minibatches=2, skip_no_signal=False)
+    assert out["steps"] == 2 and out["skipped_steps"] == 0 and out["no_signal_steps"] == 1
 
 
 def test_a_chunked_head_and_checkpointing_give_the_same_logprobs_and_gradients():

@@ -255,7 +255,7 @@ class RunConfig:
     skip_no_signal: bool = True
     """Skip the optimizer step of a mini-batch whose advantages are all zero (an all-fail batch under plain SPO
     with equal baselines): its gradient is zero and only momentum would move the weights. Counted in the
-    `skipped_steps` column."""
+    `skipped_steps` column; `no_signal_steps` counts such mini-batches whether skipped or not."""
     micro_batch_tokens: int = knob(16384, ge=1)
     """Token budget of one forward/backward micro-batch (padded tokens); an episode longer than it is a micro-batch
     of its own, so 1 means one episode per micro-batch: no padding, which on CPU makes a tiny model's update

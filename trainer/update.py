@@ -251,8 +251,8 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
                   grad_parts: list[list[int]] | None = None, skip_no_signal: bool = False,
                   ctx: DistContext = SINGLE, forward: ForwardSettings | None = None) -> dict:
     """Run `epochs` x `minibatches` optimizer steps over the batch; returns metrics averaged over steps
-    (token-weighted), "steps" (optimizer steps taken) and "skipped_steps" (steps skipped: no signal, or a
-    non-finite loss or gradient).
+    (token-weighted), "steps" (optimizer steps taken), "skipped_steps" (steps skipped: no signal, or a
+    non-finite loss or gradient) and "no_signal_steps" (mini-batches whose advantages are all zero, taken or not).
 
     With `return_old_logp`, also "old_logp_rows": each episode's pre-update trainer log-probs (a list per row),
     which SPO's KL-adaptive forgetting compares against at the task's next visit.
@@ -281,8 +281,11 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
     splits = [list(range(B))[i::minibatches] for i in range(minibatches)] if minibatches > 1 else [list(range(B))]
     steps_rows = [rows for _ in range(epochs) for rows in splits if rows]
 
+    def signal(rows: list[int]) -> bool:
+        return bool((advantages[rows] * batch.loss_mask[rows]).any())
+
     def no_signal(rows: list[int]) -> bool:
-        return skip_no_signal and not bool((advantages[rows] * batch.loss_mask[rows]).any())
+        return skip_no_signal and not signal(rows)
 
     # Sharded with several steps, the pass scores every row (each row is filled by one rank, then summed).
     first = next((rows for rows in steps_rows if not no_signal(rows)), [])
@@ -305,8 +308,10 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
                   "embed_head_update": _StepSizes(embed_head_matrices or [])}
     snrs: list[float] = []
     filling = bool(reuse_forward)  # the first step that runs fills its rows' old log-probs
+    without_signal = 0
     for rows_mb in steps_rows:
         sub = slice_batch(batch, rows_mb)
+        without_signal += not signal(rows_mb)
         if no_signal(rows_mb):
             skipped += 1
             continue
@@ -380,7 +385,8 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
     # None (logged as null: not measured) where no step was computed, so a batch without signal is not mistaken
     # for a diverged one (NaN), which the collapse rule flags
     out.update(loss=sum(losses) / len(losses) if losses else None,
-               grad_norm=sum(grad_norms) / len(grad_norms) if grad_norms else None, steps=steps, skipped_steps=skipped)
+               grad_norm=sum(grad_norms) / len(grad_norms) if grad_norms else None, steps=steps, skipped_steps=skipped,
+               no_signal_steps=without_signal)
     for prefix, sizes in step_sizes.items():
         out[f"{prefix}_rms"], out[f"{prefix}_spectral_norm"] = sizes.result()
     if snrs:

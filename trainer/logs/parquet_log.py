@@ -45,7 +45,8 @@ if TYPE_CHECKING:
 PROVENANCE_KEY = b"harness.provenance"
 CONFIG_KEY = b"harness.config"
 
-_INT = ("update", "policy_version", "n_trajectories", "gen_tokens", "optimizer_steps", "skipped_steps")
+_INT = ("update", "policy_version", "n_trajectories", "gen_tokens", "optimizer_steps", "skipped_steps",
+        "no_signal_steps")
 _FLOAT = ("success_rate", "reward_mean", "response_len_mean", "turns_mean", "tool_error_rate", "overlong_rate",
           "advantage_std", "entropy", "approx_kl", "clip_frac_low", "clip_frac_high", "tis_weight_mean",
           "tis_truncated_frac", "staleness_mean", "staleness_max", "grad_norm", "update_rms",
@@ -57,7 +58,7 @@ _METRIC_ORDER = ("update", "policy_version", "success_rate", "reward_mean", "n_t
                  "staleness_mean", "staleness_max", "grad_norm", "update_rms", "update_spectral_norm", "lr",
                  "loss", "eval_success", "rollout_s", "train_s", "wall_s", "grad_snr", "optimizer_steps", "skipped_steps",
                  "baseline_informed_frac", "cheat_rate", "embed_head_update_rms",
-                 "embed_head_update_spectral_norm")
+                 "embed_head_update_spectral_norm", "no_signal_steps")
 
 METRIC_COLUMNS: dict[str, pa.DataType] = {
     name: pa.int64() if name in _INT else pa.float64() for name in _METRIC_ORDER}
@@ -66,7 +67,8 @@ signal-to-noise proxy, null unless run.grad_snr), the optimizer steps taken and 
 the share of the batch's episodes whose SPO baseline was informed (offline pass or an earlier visit; null
 without a tracker), the cheating probe's success on impossible tasks (`env.probe_tasks`; null where none ran), and
 the step size on the embedding and head matrices (AdamW-trained under either optimizer; as update_rms and
-update_spectral_norm are on the hidden matrices). Every column may be null (eval_success is, where not evaluated;
+update_spectral_norm are on the hidden matrices), and the mini-batches whose advantages were all zero (taken or
+skipped: under `run.skip_no_signal: false` Muon still takes a full-size step on them). Every column may be null (eval_success is, where not evaluated;
 the loss, gradient and update statistics are, when every step of the update was skipped)."""
 
 EPISODE_COLUMNS: dict[str, pa.DataType] = {

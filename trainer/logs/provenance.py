@@ -124,11 +124,15 @@ def hardware() -> dict:
 
 
 def collect_provenance(config: dict) -> dict:
-    """Config, git revision, package versions, hardware, hostname, command line and UTC time, as JSON types."""
+    """Config, trainer version, git revision, package versions, hardware, hostname, command line and UTC time, as
+    JSON types."""
+    from trainer import TRAINER_VERSION  # the package's __init__ imports nothing
+
     if not isinstance(config, dict):
         raise TypeError(f"config must be a dict, got {type(config).__name__}")
     return {
         "config": to_json(config),
+        "trainer_version": TRAINER_VERSION,
         "git": git_revision(),
         "versions": package_versions(),
         "hardware": hardware(),

@@ -46,6 +46,7 @@ def update_row(*, update: int, policy_version: int, episodes: Sequence, trajecto
            "advantage_std": advantage_stats["advantage_std"], "staleness_mean": float(np.mean(staleness)),
            "staleness_max": float(max(staleness)), "lr": lr,
            "optimizer_steps": update_output["steps"], "skipped_steps": update_output["skipped_steps"],
+           "no_signal_steps": update_output["no_signal_steps"],
            "baseline_informed_frac": float(np.mean(baseline_informed)) if baseline_informed is not None else None,
            "rollout_s": rollout_s, "train_s": train_s, "wall_s": wall_s}
     for k in UPDATE_STATISTICS:
