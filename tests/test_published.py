@@ -1,0 +1,128 @@
+"""Published results as data (trainer/analysis/published.py): the committed studies are of this trainer version,
+`publish` records where its numbers came from, `compare` tells identical, within-interval and outside runs apart."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from trainer import TRAINER_VERSION
+from trainer.analysis.published import compare, main, publish, read_published, version_at
+from trainer.logs.parquet_log import PROVENANCE_KEY
+
+ROOT = Path(__file__).resolve().parents[1]
+PUBLISHED = sorted(p.parent for p in (ROOT / "docs" / "results").glob("*/provenance.json"))
+
+
+def test_every_published_study_is_of_this_trainer_version_and_complete():
+    """Fails when the trainer's version moves past a committed study: rerun and republish it, or bump knowingly."""
+    assert PUBLISHED, "no published study under docs/results/"
+    for folder in PUBLISHED:
+        runs, prov = read_published(folder)
+        assert prov["trainer_version"] == TRAINER_VERSION, f"{folder}: version {prov['trainer_version']}"
+        assert len(runs) == prov["n_cells"] and not runs.duplicated(["model", "recipe", "optimizer", "seed"]).any()
+        assert len(prov["study_sha256"]) == 64 and prov["commits"]
+        summary = pd.read_csv(folder / "summary.csv")
+        assert summary["n_seeds"].sum() == len(runs), folder
+
+
+def _runs(shift: dict | None = None) -> pd.DataFrame:
+    rows = []
+    for recipe, base in (("spo_adam", 0.40), ("full", 0.60)):
+        for seed in range(3):
+            value = base + 0.02 * seed
+            rows.append({"model": "qwen-tiny", "recipe": recipe, "optimizer": "muon", "seed": seed,
+                         "window_success": value, "gain": value / 2, "eval_success": value - 0.1,
+                         "eval_first": 0.3, "collapsed": False})
+    frame = pd.DataFrame(rows)
+    for (recipe, seed, column), value in (shift or {}).items():
+        frame.loc[(frame["recipe"] == recipe) & (frame["seed"] == seed), column] = value
+    return frame
+
+
+def test_compare_tells_identical_within_outside_missing_and_extra_apart():
+    published = _runs()
+    assert set(compare(_runs(), published)["status"]) == {"identical"}
+    # seed 1 of `full` 0.62 -> 0.615: the group mean 0.6183 stays in the 3 seeds' interval [0.60, 0.64]
+    near = compare(_runs({("full", 1, "window_success"): 0.615}), published).set_index(["recipe", "seed"])
+    assert near.loc[("full", 1), "status"] == "within" and "window_success" in near.loc[("full", 1), "detail"]
+    assert (near.drop(index=[("full", 1)])["status"] == "identical").all()
+    far = compare(_runs({("full", 1, "collapsed"): True}), published).set_index(["recipe", "seed"])
+    assert far.loc[("full", 1), "status"] == "outside" and "collapsed" in far.loc[("full", 1), "detail"]
+    rerun = pd.concat([_runs().iloc[1:], _runs().iloc[[0]].assign(seed=7)])
+    table = compare(rerun, published).set_index(["recipe", "seed"])
+    assert table.loc[("spo_adam", 0), "status"] == "missing" and table.loc[("spo_adam", 7), "status"] == "extra"
+    # one published seed: no interval, so any difference is outside
+    single = compare(_runs({("full", 0, "gain"): 0.5}).query("seed == 0"), published.query("seed == 0"))
+    assert single.set_index("recipe").loc["full", "status"] == "outside"
+
+
+def _cell(folder: Path, commit: str, version: str | None, dirty: bool = False) -> None:
+    prov = {"config": {}, "git": {"commit": commit, "dirty": dirty}, "versions": {"torch": "x"},
+            "hardware": {"processor": "cpu", "machine": "x86_64", "logical_cores": 2, "cuda_devices": []},
+            "timestamp_utc": "2026-12-03T00:00:00+00:00"}
+    if version is not None:
+        prov["trainer_version"] = version
+    folder.mkdir(parents=True)
+    table = pa.table({"update": [0]}).replace_schema_metadata({PROVENANCE_KEY: json.dumps(prov).encode()})
+    pq.write_table(table, folder / "metrics.parquet")
+
+
+def _study(tmp_path: Path, versions: list, dirty: bool = False) -> Path:
+    results = tmp_path / "results"
+    for i, version in enumerate(versions):
+        _cell(results / "cells" / f"model=m/recipe=r/optimizer=muon/seed={i}", "abc", version, dirty)
+    _runs().iloc[:len(versions)].to_parquet(results / "runs.parquet")
+    (results / "summary.csv").write_text("model,n_seeds\nm,1\n")
+    return results
+
+
+def test_publish_records_version_commit_and_study_and_refuses_mixed_or_dirty(tmp_path):
+    study = tmp_path / "study.yaml"
+    study.write_text("grid: []\n")
+    out = tmp_path / "pub"
+    prov = publish(_study(tmp_path / "a", [TRAINER_VERSION] * 3), study, out, ROOT, wall_time_s=12.5)
+    assert prov["trainer_version"] == TRAINER_VERSION and prov["commits"] == ["abc"] and prov["n_cells"] == 3
+    assert prov["wall_time_s"] == 12.5 and json.loads((out / "provenance.json").read_text()) == prov
+    runs, _ = read_published(out)
+    assert runs["window_success"].tolist() == _runs()["window_success"].iloc[:3].tolist()  # full precision
+    with pytest.raises(ValueError, match="trainer versions"):
+        publish(_study(tmp_path / "b", ["5", "6"]), study, tmp_path / "pub2", ROOT)
+    with pytest.raises(ValueError, match="uncommitted"):
+        publish(_study(tmp_path / "c", ["6"], dirty=True), study, tmp_path / "pub3", ROOT)
+    assert not (tmp_path / "pub2").exists() and not (tmp_path / "pub3").exists()
+
+
+def test_a_cell_without_a_recorded_version_gets_its_commits():
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        pytest.skip("not a git checkout")
+    text = subprocess.run(["git", "-C", str(ROOT), "show", "HEAD:trainer/__init__.py"], capture_output=True,
+                          text=True).stdout
+    assert f'TRAINER_VERSION = "{version_at(head.stdout.strip(), ROOT)}"' in text
+    with pytest.raises(ValueError, match="cannot read"):
+        version_at("0" * 40, ROOT)
+
+
+def test_the_command_exits_1_on_a_run_outside_and_0_when_identical(tmp_path, capsys):
+    results = _study(tmp_path, [TRAINER_VERSION] * 3)
+    study = tmp_path / "study.yaml"
+    study.write_text("grid: []\n")
+    assert main(["publish", "--results", str(results), "--study", str(study), "--out", str(tmp_path / "pub")]) == 0
+    assert main(["compare", "--results", str(results), "--published", str(tmp_path / "pub")]) == 0
+    assert "3 identical" in capsys.readouterr().out
+    _runs({("spo_adam", 1, "window_success"): 0.9}).iloc[:3].to_parquet(results / "runs.parquet")
+    assert main(["compare", "--results", str(results), "--published", str(tmp_path / "pub")]) == 1
+    assert "outside" in capsys.readouterr().out
+    assert main(["compare", "--results", str(tmp_path), "--published", str(tmp_path / "pub")]) == 2
+    assert "runs.parquet: missing" in capsys.readouterr().err
+
+
+def test_the_module_runs_as_a_command():
+    run = subprocess.run([sys.executable, "-m", "trainer.analysis.published", "--help"], capture_output=True,
+                         text=True)
+    assert run.returncode == 0 and "compare" in run.stdout
