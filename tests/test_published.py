@@ -24,7 +24,8 @@ def test_every_published_study_is_of_this_trainer_version_and_complete():
     for folder in PUBLISHED:
         runs, prov = read_published(folder)
         assert prov["trainer_version"] == TRAINER_VERSION, f"{folder}: version {prov['trainer_version']}"
-        assert len(runs) == prov["n_cells"] and not runs.duplicated(["model", "recipe", "optimizer", "seed"]).any()
+        keys = [k for k in ("model", "recipe", "optimizer", "lr", "seed") if k in runs.columns]
+        assert len(runs) == prov["n_cells"] and not runs.duplicated(keys).any()
         assert len(prov["study_sha256"]) == 64 and prov["commits"]
         summary = pd.read_csv(folder / "summary.csv")
         assert summary["n_seeds"].sum() == len(runs), folder
