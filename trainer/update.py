@@ -311,8 +311,9 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
     without_signal = 0
     for rows_mb in steps_rows:
         sub = slice_batch(batch, rows_mb)
-        without_signal += not signal(rows_mb)
-        if no_signal(rows_mb):
+        has_signal = signal(rows_mb)
+        without_signal += not has_signal
+        if skip_no_signal and not has_signal:
             skipped += 1
             continue
         totals = {"tokens": float(sub.loss_mask.sum()),

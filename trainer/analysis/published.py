@@ -22,11 +22,9 @@ import argparse
 import hashlib
 import json
 import math
-import os
 import re
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +32,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from trainer.analysis.summary import bootstrap_interval
+from trainer.logs.atomic import atomic_path
 from trainer.logs.parquet_log import PROVENANCE_KEY
 
 COMPARED = ("window_success", "gain", "eval_success", "eval_first", "collapsed")
@@ -44,12 +43,9 @@ KEYS = ("model", "recipe", "optimizer", "lr", "seed")
 FILES = ("summary.csv", "runs.csv", "provenance.json")
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+def _write(path: Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
 
 
 def cell_provenance(metrics_path: Path) -> dict:
@@ -103,9 +99,9 @@ def publish(results: Path, study_file: Path, out: Path, repo: Path, wall_time_s:
             raise ValueError(f"{results / name}: missing; run the study's summarize rule first")
     provenance = study_provenance(results, study_file, repo, wall_time_s)
     runs = pd.read_parquet(results / "runs.parquet")
-    _atomic_write(out / "summary.csv", (results / "summary.csv").read_text())
-    _atomic_write(out / "runs.csv", runs.to_csv(index=False))  # pandas writes floats at full (repr) precision
-    _atomic_write(out / "provenance.json", json.dumps(provenance, indent=2) + "\n")
+    _write(out / "summary.csv", (results / "summary.csv").read_text())
+    _write(out / "runs.csv", runs.to_csv(index=False))  # pandas writes floats at full (repr) precision
+    _write(out / "provenance.json", json.dumps(provenance, indent=2) + "\n")
     return provenance
 
 

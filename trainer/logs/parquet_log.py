@@ -65,11 +65,12 @@ METRIC_COLUMNS: dict[str, pa.DataType] = {
 """One row per update: the contract's columns in their order, then grad_snr (the companion study's gradient
 signal-to-noise proxy, null unless run.grad_snr), the optimizer steps taken and skipped (no signal, or non-finite),
 the share of the batch's episodes whose SPO baseline was informed (offline pass or an earlier visit; null
-without a tracker), the cheating probe's success on impossible tasks (`env.probe_tasks`; null where none ran), and
-the step size on the embedding and head matrices (AdamW-trained under either optimizer; as update_rms and
+without a tracker), the cheating probe's success on impossible tasks (`env.probe_tasks`; null where none ran), the
+step size on the embedding and head matrices (AdamW-trained under either optimizer; as update_rms and
 update_spectral_norm are on the hidden matrices), and the mini-batches whose advantages were all zero (taken or
-skipped: under `run.skip_no_signal: false` Muon still takes a full-size step on them). Every column may be null (eval_success is, where not evaluated;
-the loss, gradient and update statistics are, when every step of the update was skipped)."""
+skipped: under `run.skip_no_signal: false` Muon still takes a full-size step on them). Every column may be null
+(eval_success is, where not evaluated; the loss, gradient and update statistics are, when every step of the update
+was skipped)."""
 
 EPISODE_COLUMNS: dict[str, pa.DataType] = {
     "update": pa.int64(),          # the update whose batch consumed the episode

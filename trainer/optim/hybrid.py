@@ -136,7 +136,8 @@ class MuonAdamW(Optimizer):
 
 def build_muon_adamw(model: nn.Module, *, muon_lr: float = 0.02, muon_weight_decay: float = 0.1,
                      adamw_lr: float = 3e-4, adamw_weight_decay: float = 0.0, betas=(0.9, 0.999),
-                     adamw_eps: float = 1e-8, head: nn.Module | None = None, track_stats: bool = False, **muon_options) -> MuonAdamW:
+                     adamw_eps: float = 1e-8, head: nn.Module | None = None, track_stats: bool = False,
+                     **muon_options) -> MuonAdamW:
     """The hybrid for `model`: routed by `route_parameters`; `muon_options` go to the Muon group, which also gets
     the AdamW half's betas and eps (the AdamW step `adjust_lr_fn="match_spectral_adamw"` matches)."""
     route = route_parameters(model, head=head)

@@ -394,11 +394,14 @@ def muon_group_step(group: dict, state: dict, *, track_stats: bool = False) -> d
                                              ns_dtype)
             ortho = stacked.unbind(0)
         rows, cols = matrices[0].shape
-        if group["adjust_lr_fn"] == "match_spectral_adamw":
+        measured = group["adjust_lr_fn"] == "match_spectral_adamw"
+        # RMS and top singular value of each orthogonalised update, for the measured rule and the stats alike
+        rms, spec = (matrix_update_stats(_stack_like_batched(ortho) if stacked is None else stacked)
+                     if measured or track_stats else (None, None))
+        if measured:
             adamw = _adamw_directions(params, grads, state, group)
             target = matrix_update_stats(torch.stack([_as_matrix(_full(d, p)) for d, p in zip(adamw, params)]))[1]
-            own = matrix_update_stats(_stack_like_batched(ortho) if stacked is None else stacked)[1]
-            adjusted = [lr * float(t) / max(float(o), 1e-30) for t, o in zip(target, own)]
+            adjusted = [lr * float(t) / max(float(o), 1e-30) for t, o in zip(target, spec)]
         else:
             adjusted = [lr * lr_shape_factor(group["adjust_lr_fn"], rows, cols)] * len(params)
         if wd != 0:
@@ -406,7 +409,6 @@ def muon_group_step(group: dict, state: dict, *, track_stats: bool = False) -> d
         for p, o, alpha in zip(params, ortho, adjusted):
             _local(p).add_(_shard_of(o.reshape(shape), p), alpha=-alpha)
         if track_stats:
-            rms, spec = matrix_update_stats(_stack_like_batched(ortho) if stacked is None else stacked)
             if len(set(adjusted)) == 1:
                 sq_sum += float((rms * adjusted[0]).pow(2).sum()) * rows * cols
                 spec_max = max(spec_max, float(spec.max()) * adjusted[0])

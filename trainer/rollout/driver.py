@@ -110,11 +110,9 @@ class RolloutDriver:
     def publish(self, state_dict: dict, version: int) -> None:
         """Make the trainer's weights after `version` updates available to rollouts (copied; rounded to bf16
         under `weight_dtype: bfloat16`)."""
-        if self.cfg.weight_dtype == "bfloat16":
-            weights = {k: v.detach().to(torch.bfloat16).to(v.dtype) if v.is_floating_point() else v.detach().clone()
-                       for k, v in state_dict.items()}
-        else:
-            weights = {k: v.detach().clone() for k, v in state_dict.items()}
+        rounded = self.cfg.weight_dtype == "bfloat16"
+        weights = {k: v.detach().to(torch.bfloat16).to(v.dtype) if rounded and v.is_floating_point()
+                   else v.detach().clone() for k, v in state_dict.items()}
         if self.cfg.mode == "lagged":
             self.snapshots.append((version, weights))
             while len(self.snapshots) > self.cfg.lag + 1:
