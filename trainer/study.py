@@ -12,6 +12,12 @@ and Snakemake only writes their results to disk. Design choices:
 - **An lr axis** (the stability study): a block's `lrs` adds a learning rate to each of its cells, and the grid
   gets an `lr` column (folders `.../optimizer=O/lr=L/seed=S/`, L written by `lr_label`). Then every block gives
   `lrs`; a study without them keeps the four-key layout.
+- **Arms** (the decisive comparisons): a block's `arm` names a variant of the trainer and its `cell` holds that
+  variant's trainer keys, deep-merged over the shared `cell` block for the block's cells (an lr by role, AdamW's
+  betas, an off-policy rollout, ...). The grid gets an `arm` column (folders `.../optimizer=O/arm=A/seed=S/`),
+  so the analysis keys every run by its arm. Then every block names an arm, and blocks that share a label share
+  its keys. An arm's `optim.lr` / `optim.muon_lr` win over the study's `lr:` table (lr by role: `lr` is the
+  AdamW-trained rest of a Muon cell, `muon_lr` its hidden matrices); with an `lrs` axis they are refused.
 - **A cell config is the study's shared `cell` block plus the per-cell keys**: `recipe`, `optim.name`,
   `run.seed` and `model.path`, the model's `env_options` over `cell.env.options`, the cell's learning rate
   (`optim_lrs`: the grid's lr, else the study's `lr:` entry for its optimizer) and, when the warm start writes
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import typing
 from pathlib import Path
 
@@ -61,6 +68,8 @@ GRID_COLUMNS = ["model", "recipe", "optimizer", "seed"]
 """Columns of the grid, in the order of the Hive folders results/cells/model=../recipe=../optimizer=../seed=../."""
 LR_GRID_COLUMNS = ["model", "recipe", "optimizer", "lr", "seed"]
 """The grid's columns in a study with an lr axis (a block with `lrs`): .../optimizer=../lr=../seed=../."""
+ARM_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
+"""An arm label as its folder spells it (`arm=LABEL`): no separators, no `=`."""
 
 STUDY_LR_OPTIMIZERS = ("adam", "muon")
 """Keys of a study's `lr:` table. adam_high_lr cells run AdamW at Muon's rate: the table's `muon` entry."""
@@ -171,6 +180,7 @@ def check_blocks(study: dict) -> None:
         if optimizer not in ("recipe", *OPTIMIZERS):
             raise StudyError(f"grid[{i}].optimizer: {optimizer!r} is not 'recipe' (each recipe's own) or one of "
                              f"{list(OPTIMIZERS)}")
+    check_arms(study)
     for name, entry in study["models"].items():
         if entry.get("preset") is not None and entry["preset"] not in TINY_PRESETS:
             raise StudyError(f"models.{name}.preset: {entry['preset']!r} is not a tiny preset of "
@@ -180,6 +190,60 @@ def check_blocks(study: dict) -> None:
         CollapseCriterion.from_dict(study.get("analysis", {}).get("collapse"))
     except (ValueError, TypeError) as e:
         raise StudyError(f"analysis.collapse: {e}") from None
+
+
+def check_arms(study: dict) -> None:
+    """The arm keys: every block names an `arm` or none does; a label is a folder name; a block's `cell` only
+    with an arm, holding no per-cell key and only knobs the trainer knows (checked merged over the shared block);
+    blocks that share a label share its `cell`; no arm lr beside an `lrs` axis. StudyError naming the key."""
+    blocks = study["grid"]
+    with_arm = [i for i, block in enumerate(blocks) if "arm" in block]
+    for i, block in enumerate(blocks):
+        if "cell" in block and "arm" not in block:
+            raise StudyError(f"grid[{i}].cell: a block's own trainer keys make it an arm; name it with `arm`")
+    if with_arm and len(with_arm) < len(blocks):
+        i = next(i for i in range(len(blocks)) if i not in with_arm)
+        raise StudyError(f"grid[{i}].arm: missing; grid[{with_arm[0]}] names an arm, so the study has an arm axis "
+                         f"and every block must name its arm")
+    seen: dict[str, tuple[int, dict]] = {}
+    for i in with_arm:
+        block = blocks[i]
+        label, own = block["arm"], block.get("cell") or {}
+        if not isinstance(label, str) or not re.match(ARM_PATTERN, label):
+            raise StudyError(f"grid[{i}].arm: {label!r} is not a folder label (letters, digits, _ . + -)")
+        if label in seen and seen[label][1] != own:
+            raise StudyError(f"grid[{i}].cell: arm {label!r} is also grid[{seen[label][0]}]'s with other keys; "
+                             f"one label, one trainer variant: rename one of them")
+        seen[label] = (i, own)
+        if "recipe" in own:
+            raise StudyError(f"grid[{i}].cell.recipe: the block's `recipes` give each cell's recipe")
+        for section, keys in PER_CELL_KEYS.items():
+            for key in keys:
+                if key in (own.get(section) or {}):
+                    raise StudyError(f"grid[{i}].cell.{section}.{key}: each cell sets it (from the grid, `models`, "
+                                     f"`resources` or its recipe); remove it from the arm")
+        if "lrs" in block and any(k in (own.get("optim") or {}) for k in ("lr", "muon_lr")):
+            raise StudyError(f"grid[{i}].cell.optim: the block sweeps `lrs`; an arm's own lr would fight the axis")
+        try:
+            check_bounds(build_config(TrainConfig, deep_merge(study.get("cell", {}), own), f"grid[{i}].cell"),
+                         f"grid[{i}].cell")
+        except ConfigError as e:
+            raise StudyError(str(e)) from None
+
+
+def has_arms(study: dict) -> bool:
+    """Whether the study's blocks name arms (then the grid has an `arm` column)."""
+    return any("arm" in block for block in study["grid"])
+
+
+def arm_cell(study: dict, arm: str | None) -> dict:
+    """The trainer keys of an arm (its block's `cell`); {} for no arm. KeyError for a label no block names."""
+    if arm is None:
+        return {}
+    for block in study["grid"]:
+        if block.get("arm") == arm:
+            return copy.deepcopy(block.get("cell") or {})
+    raise KeyError(f"arm {arm!r} is not named by any grid block")
 
 
 def check_study(study: dict, root: str | Path = ".") -> None:
@@ -298,22 +362,30 @@ def has_lr_axis(study: dict) -> bool:
     return any("lrs" in block for block in study["grid"])
 
 
+def grid_columns(study: dict) -> list[str]:
+    """The grid's columns in folder order: `GRID_COLUMNS`, with `arm` and then `lr` before `seed` where the study
+    has them."""
+    return ["model", "recipe", "optimizer", *(["arm"] if has_arms(study) else []),
+            *(["lr"] if has_lr_axis(study) else []), "seed"]
+
+
 def grid_frame(study: dict) -> pd.DataFrame:
-    """One row per cell (model, recipe, optimizer, seed), blocks in order, exact duplicates dropped. With an lr
-    axis, also `lr` before `seed`: the folder's spelling (`lr_label`, a string; float() reads it back exactly)."""
-    with_lr = has_lr_axis(study)
+    """One row per cell (model, recipe, optimizer, seed), blocks in order, exact duplicates dropped. With arms,
+    also `arm` after the optimizer; with an lr axis, `lr` before `seed`: the folder's spelling (`lr_label`, a
+    string; float() reads it back exactly)."""
+    with_lr, with_arm = has_lr_axis(study), has_arms(study)
     rows = []
     for block in study["grid"]:
         for model in block.get("models") or list(study["models"]):
             for recipe in block["recipes"]:
                 optimizer = block.get("optimizer", "recipe")
                 optimizer = RECIPE_OPTIMIZER[recipe] if optimizer == "recipe" else optimizer
+                arm_key = (block["arm"],) if with_arm else ()
                 for lr in block.get("lrs", [None]):
                     for seed in block["seeds"]:
                         lr_key = (lr_label(lr),) if with_lr else ()
-                        rows.append((model, recipe, optimizer, *lr_key, int(seed)))
-    columns = LR_GRID_COLUMNS if with_lr else GRID_COLUMNS
-    return pd.DataFrame(rows, columns=columns).drop_duplicates(ignore_index=True)
+                        rows.append((model, recipe, optimizer, *arm_key, *lr_key, int(seed)))
+    return pd.DataFrame(rows, columns=grid_columns(study)).drop_duplicates(ignore_index=True)
 
 
 def policy_model(study: dict, model: str) -> str:
@@ -371,12 +443,15 @@ def offline_stats_path(study: dict, model: str, model_path: str) -> str | None:
 
 
 def cell_config(study: dict, model: str, recipe: str, optimizer: str, seed: int, model_path: str,
-                threads: int, lr: float | None = None) -> dict:
-    """The trainer config of one cell: the shared `cell` block plus the cell's own keys (`lr`: its grid lr)."""
-    shared = copy.deepcopy(study.get("cell", {}))
+                threads: int, lr: float | None = None, arm: str | None = None) -> dict:
+    """The trainer config of one cell: the shared `cell` block with its arm's keys merged over it, plus the cell's
+    own keys (`lr`: its grid lr; an arm's own optim.lr / muon_lr win over the study's `lr:` table)."""
+    own = arm_cell(study, arm)
+    shared = deep_merge(study.get("cell", {}), own)
+    own_lrs = {k: v for k, v in (own.get("optim") or {}).items() if k in ("lr", "muon_lr")}
     cell = {"recipe": recipe}
     cell["model"] = {**shared.pop("model", {}), "path": model_path}
-    cell["optim"] = {**shared.pop("optim", {}), "name": optimizer, **optim_lrs(study, optimizer, lr)}
+    cell["optim"] = {**shared.pop("optim", {}), "name": optimizer, **optim_lrs(study, optimizer, lr), **own_lrs}
     run = {**shared.pop("run", {}), "seed": int(seed), "threads": int(threads)}
     if "env" in shared or study["models"][model].get("env_options"):
         shared["env"] = model_env(study, model)  # in place: a cell.yaml without env_options reads as before
@@ -406,12 +481,14 @@ def check_cells(study: dict, grid: pd.DataFrame, root: str | Path, threads: int 
     offline statistics the warm start will write beside it are left out."""
     for row in grid.itertuples(index=False):
         lr = float(row.lr) if "lr" in grid.columns else None
-        cell = cell_config(study, row.model, row.recipe, row.optimizer, int(row.seed), ".", threads=threads, lr=lr)
+        arm = row.arm if "arm" in grid.columns else None
+        cell = cell_config(study, row.model, row.recipe, row.optimizer, int(row.seed), ".", threads=threads, lr=lr,
+                           arm=arm)
         cell.get("rl", {}).pop("offline_stats", None)
         try:
             config_from_dict(cell)
         except ConfigError as e:
-            at = "" if lr is None else f" / lr {row.lr}"
+            at = ("" if arm is None else f" / arm {arm}") + ("" if lr is None else f" / lr {row.lr}")
             raise StudyError(f"cell (as {row.model} / {row.recipe} / {row.optimizer}{at} / seed {row.seed} trains "
                              f"it): {e}") from None
 

@@ -65,5 +65,9 @@ STABILITY = StudyKind(
 HORIZON = StudyKind(
     "horizon", {"horizon": "Horizon"}, "horizon_summary", "summarize_horizon", "plot_horizon", horizons=True)
 
-STUDY_KINDS: dict[str, StudyKind] = {kind.name: kind for kind in (MAIN, COMPANION, STABILITY, HORIZON)}
+ARMS = StudyKind(
+    "arms", {"arms_curves": "Curves", "arms_predictors": "Predictors"}, "arms_summary", "summarize_arms",
+    "plot_arms", extra_outputs={"predictors": "results/predictors.csv"}, ema_span=True, collapse_note=False)
+
+STUDY_KINDS: dict[str, StudyKind] = {kind.name: kind for kind in (MAIN, COMPANION, STABILITY, HORIZON, ARMS)}
 """Every kind, by the name a config's `study:` gives."""

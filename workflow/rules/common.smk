@@ -4,7 +4,8 @@
 #
 # Results layout:
 #   results/policies/{model}/                     warm-started base policy of a tiny family (+ {model}.yaml config)
-#   results/cells/model=M/recipe=R/optimizer=O/seed=S/          (with an lr axis: .../optimizer=O/lr=L/seed=S/)
+#   results/cells/model=M/recipe=R/optimizer=O/seed=S/          (with an lr axis: .../optimizer=O/lr=L/seed=S/,
+#                                                               with arms: .../optimizer=O/arm=A/seed=S/)
 #       cell.yaml  metrics.parquet  episodes.parquet  train.log   (checkpoints/ only while the cell is unfinished)
 #   results/summary.csv, summary.md, runs.parquet, results/logs/   figures/*.png, *.pdf
 #   results/selected_lr.yaml                      (stability study: the selected lr per model and optimizer)
@@ -68,6 +69,7 @@ wildcard_constraints:
     model="|".join(re.escape(m) for m in config["models"]),
     recipe="|".join(study_tools.RECIPE_OPTIMIZER),
     optimizer="|".join(study_tools.OPTIMIZERS),
+    arm=r"[A-Za-z0-9][A-Za-z0-9_.+-]*",
     lr=r"[0-9.]+e[+-][0-9]+",
     seed=r"\d+",
 
@@ -136,6 +138,7 @@ def cell_params(wildcards):
         model_path=model_path(wildcards.model),
         threads=config["resources"]["train"]["threads"],
         lr=float(wildcards.lr) if "lr" in GRID.columns else None,
+        arm=wildcards.arm if "arm" in GRID.columns else None,
     )
 
 
