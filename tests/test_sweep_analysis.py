@@ -57,7 +57,7 @@ def test_load_metrics_reads_the_lr_folder_as_a_float_key(tmp_path):
     assert "lr" not in load_metrics([plain], tmp_path / "plain", STABILITY_COLUMNS).columns
     assert set(load_metrics([plain], tmp_path / "plain")["lr"]) == {1e-3}
     mixed = write_metrics(cell_path(tmp_path, "m", "spo_muon", "muon", 0), synthetic_metrics(4, 0.5, rng))
-    with pytest.raises(ValueError, match="some name an lr=... folder and some do not"):
+    with pytest.raises(ValueError, match="some name lr=... folders and some do not"):
         load_metrics([*paths, mixed], tmp_path)
 
 

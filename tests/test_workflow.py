@@ -132,10 +132,13 @@ def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_pat
     grid = cc.grid_frame(study)
     for row in grid.itertuples(index=False):
         lr = float(row.lr) if "lr" in grid.columns else None
+        arm = row.arm if "arm" in grid.columns else None
         cfg = config_from_dict(cc.cell_config(study, row.model, row.recipe, row.optimizer, row.seed,
-                                              str(tmp_path), threads=1, lr=lr))
+                                              str(tmp_path), threads=1, lr=lr, arm=arm))
         assert (cfg.recipe, cfg.optim.name, cfg.run.seed) == (row.recipe, row.optimizer, row.seed)
         assert lr is None or cfg.optim.lr == lr
+        own = (cc.arm_cell(study, arm).get("optim") or {})
+        assert all(getattr(cfg.optim, key) == own[key] for key in ("lr", "muon_lr") if key in own)
         # PPO as the papers' base setups run it: several optimizer steps per rollout batch, so the clip binds;
         # and one step-size rule (Muon's update RMS matched to AdamW's) in every study
         assert cfg.run.minibatches * cfg.run.epochs >= 2, (study_file, "one optimizer step per batch")

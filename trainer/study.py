@@ -205,6 +205,12 @@ def check_arms(study: dict) -> None:
         i = next(i for i in range(len(blocks)) if i not in with_arm)
         raise StudyError(f"grid[{i}].arm: missing; grid[{with_arm[0]}] names an arm, so the study has an arm axis "
                          f"and every block must name its arm")
+    kind = study.get("study", "main")
+    if with_arm and kind != "arms":
+        raise StudyError(f"grid[{with_arm[0]}].arm: only a `study: arms` has arms (the {kind} analysis keys runs "
+                         f"without them)")
+    if kind == "arms" and not with_arm:
+        raise StudyError("grid: a study of arms names one in every block (`arm`, and its trainer keys in `cell`)")
     seen: dict[str, tuple[int, dict]] = {}
     for i in with_arm:
         block = blocks[i]

@@ -1,6 +1,6 @@
 """From the cells' Parquet logs to the papers' figures and a table beside the papers' numbers.
 
-kinds.py     one record per kind of study (main, companion, stability, horizon): its functions and files
+kinds.py     one record per kind of study (main, companion, stability, horizon, arms): its functions and files
 logs.py      read many cells' metrics.parquet (pyarrow.dataset over an explicit list, Hive keys as columns)
 collapse.py  the EMA and a documented, configurable collapse rule applied to every run
 summary.py   per-run window means and verdicts; model x recipe x optimizer table with bootstrap intervals
@@ -9,6 +9,7 @@ figures.py   Figures 2-5 and the optimizer diagnostics, as PNG and reproducible 
 companion.py the companion study: validation metrics per run, estimator x optimizer table, its three figures
 stability.py the lr sweep: per-lr success, held-out AUC and collapses, the selected lr per model and optimizer
 horizon.py   one model per task length: final success, learning and collapses against the horizon
+arms.py      the decisive comparisons: per arm success, collapses and step sizes by role; what predicts collapse
 synthetic.py logs with known shapes for tests, the benchmark and looking at the figures
 
 The names below are imported from their modules on first use, so that `trainer.analysis.kinds` (read while the
@@ -21,7 +22,7 @@ from typing import Any
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "kinds": ("DEFAULT_MODELS", "STUDY_KINDS", "StudyKind"),
-    "logs": ("NONFINITE_COLUMNS", "RUN_KEYS", "check_no_lr_axis", "load_metrics", "paper_model"),
+    "logs": ("NONFINITE_COLUMNS", "RUN_KEYS", "check_no_axes", "load_metrics", "paper_model"),
     "collapse": ("CollapseCriterion", "CollapseVerdict", "detect_collapse", "ema", "first_sustained"),
     "summary": ("SUMMARY_COLUMNS", "bootstrap_interval", "coverage_notes", "load_paper_numbers", "run_table",
                 "summarize", "summary_markdown", "summary_table", "window_size", "write_tables"),
@@ -30,6 +31,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "companion": ("companion_run_table", "companion_summary_table", "plot_companion", "summarize_companion"),
     "stability": ("plot_stability", "summarize_stability"),
     "horizon": ("plot_horizon", "summarize_horizon"),
+    "arms": ("arms_run_table", "arms_summary_table", "plot_arms", "predictor_table", "summarize_arms"),
 }
 _MODULE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_MODULE)

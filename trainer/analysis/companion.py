@@ -73,7 +73,7 @@ from matplotlib.patches import Patch
 from trainer.analysis.collapse import CollapseCriterion
 from trainer.analysis.figures import DIAGNOSTICS
 from trainer.analysis.kinds import COMPANION, COMPANION_MODELS, COMPANION_NUMBERS
-from trainer.analysis.logs import RUN_KEYS, check_no_lr_axis, load_metrics
+from trainer.analysis.logs import RUN_KEYS, check_no_axes, load_metrics
 from trainer.analysis.plotting import (COLLAPSE_HANDLE, COLLAPSED_SEED_HANDLE, LINE_STYLES, MUTED,
                                        OPTIMIZER_COLORS, OPTIMIZER_LABELS, OPTIMIZER_STYLES, SEED_HANDLE, STYLE,
                                        curve_axes, empty, error_bars, family_handles, family_title, grid,
@@ -517,7 +517,7 @@ def summarize_companion(metrics_paths: Sequence[str | os.PathLike], base_dir: st
     models = dict(COMPANION.default_models if models is None else models)
     criterion = CollapseCriterion.from_dict(collapse)
     metrics = load_metrics(metrics_paths, base_dir, COMPANION_COLUMNS)
-    check_no_lr_axis(metrics, "companion")
+    check_no_axes(metrics, "companion")
     runs = companion_run_table(metrics, criterion, window_fraction, models)
     reference = load_companion_numbers(numbers)
     summary = companion_summary_table(runs, reference, bootstrap_seed, models)
@@ -534,6 +534,6 @@ def plot_companion(metrics_paths: Sequence[str | os.PathLike], base_dir: str | o
     the companion's `numbers`); log notes."""
     models = dict(COMPANION.default_models if models is None else models)
     metrics = load_metrics(metrics_paths, base_dir, COMPANION_COLUMNS)
-    check_no_lr_axis(metrics, "companion")
+    check_no_axes(metrics, "companion")
     runs = pd.read_parquet(runs_path)
     return write_companion_figures(outputs, metrics, runs, models, bootstrap_seed, load_companion_numbers(numbers))

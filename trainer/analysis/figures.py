@@ -42,7 +42,7 @@ from matplotlib.textpath import TextPath
 from trainer.analysis import plotting
 from trainer.analysis.collapse import ema_by_run
 from trainer.analysis.kinds import MAIN, PAPER_NUMBERS
-from trainer.analysis.logs import RUN_KEYS, check_no_lr_axis, load_metrics, paper_model
+from trainer.analysis.logs import RUN_KEYS, check_no_axes, load_metrics, paper_model
 from trainer.analysis.plotting import (ADAM, COLLAPSE_HANDLE, COLLAPSED_SEED_HANDLE, FULL, LINE_STYLES,
                                        MUON, MUTED, SEED_HANDLE, SELECTED_COLORS, STYLE, curve_axes, empty,
                                        error_bars, family_handles, family_title, grid, label_outer, legend, lines,
@@ -355,6 +355,6 @@ def plot(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike
     paper's `numbers`); returns log notes."""
     models = dict(MAIN.default_models if models is None else models)
     metrics = load_metrics(metrics_paths, base_dir, PLOT_COLUMNS)
-    check_no_lr_axis(metrics, "main")
+    check_no_axes(metrics, "main")
     runs = pd.read_parquet(runs_path)
     return write_figures(outputs, metrics, runs, models, ema_span, bootstrap_seed, load_paper_numbers(numbers))

@@ -35,7 +35,7 @@ from matplotlib.ticker import MaxNLocator
 
 from trainer.analysis.collapse import CollapseCriterion
 from trainer.analysis.kinds import HORIZON
-from trainer.analysis.logs import RUN_KEYS, check_no_lr_axis, load_metrics, paper_model
+from trainer.analysis.logs import RUN_KEYS, check_no_axes, load_metrics, paper_model
 from trainer.analysis.plotting import (MUTED, SELECTED_COLORS, STYLE, empty, fixed_log_x, grid, interval_line,
                                        legend, outputs_by_figure, recipe_label, save_figures)
 from trainer.analysis.stability import STABILITY_COLUMNS, evaluation_notes, sweep_run_table
@@ -180,7 +180,7 @@ def summarize_horizon(metrics_paths: Sequence[str | os.PathLike], base_dir: str 
     """Read the logs, judge every run, write the summary CSV and Markdown and the per-run Parquet table."""
     criterion = CollapseCriterion.from_dict(collapse)
     metrics = load_metrics(metrics_paths, base_dir, STABILITY_COLUMNS)
-    check_no_lr_axis(metrics, "horizon")
+    check_no_axes(metrics, "horizon")
     runs = horizon_run_table(metrics, horizons, criterion, window_fraction, models)
     summary = horizon_summary_table(runs, bootstrap_seed, models)
     notes = horizon_notes(runs, horizons)

@@ -1,7 +1,8 @@
 """Read many cells' metrics logs into one long table: one row per (model, recipe, optimizer, seed, update).
 
 Each training cell writes `<base_dir>/model=M/recipe=R/optimizer=O/seed=S/metrics.parquet` (Hive-style folders);
-a study with a learning-rate axis (the stability study) adds `lr=L` before the seed (`trainer.study.lr_label`).
+a study with a learning-rate axis (the stability study) adds `lr=L` before the seed (`trainer.study.lr_label`), a
+study of arms (the decisive comparisons) `arm=A` after the optimizer.
 Choices and why:
 
 * **`pyarrow.dataset` over the explicit list of files, never a glob.** Snakemake hands the aggregate rule the
@@ -12,9 +13,9 @@ Choices and why:
   demand every path lies under `base_dir` and names all four keys (any folder order), else ValueError naming
   the path. The partition types are fixed (strings, an int64 seed, a float64 lr) instead of inferred, so a model
   called "123" stays a string.
-* **The optional `lr` key.** `RUN_KEYS` are the four keys every study has, which name a run of the main,
-  companion and horizon studies. A read whose folders name `lr` (all of them, or none: a mix is a ValueError)
-  gets an `lr` column too, and `LR_RUN_KEYS` are then the five keys that name one run.
+* **The optional `arm` and `lr` keys.** `RUN_KEYS` are the four keys every study has, which name a run of the
+  main, companion and horizon studies. A read whose folders name `lr` or `arm` (all of them, or none: a mix is a
+  ValueError) gets that column too (`lr` a float, `arm` a string), and `run_keys` then names one run with it.
 * **The reading schema is the trainer's `METRIC_COLUMNS`.** A file that lacks a column reads it as null; an
   extra column is ignored. `update` must be present and non-null, and (run, update) unique.
 * **Null is not NaN.** The trainer writes NaN for a measured-but-broken value (a diverged loss) and null for
@@ -49,28 +50,33 @@ from trainer.logs.parquet_log import CONFIG_KEY, METRIC_COLUMNS
 RUN_KEYS: tuple[str, ...] = ("model", "recipe", "optimizer", "seed")
 """The Hive keys of every cell's folder, which together name one run (with `lr` where the folders have it)."""
 
-OPTIONAL_KEYS: tuple[str, ...] = ("lr",)
-"""Hive keys a study may add to `RUN_KEYS`: `lr`, the learning-rate axis of a stability study."""
+OPTIONAL_KEYS: dict[str, pa.DataType] = {"arm": pa.string(), "lr": pa.float64()}
+"""Hive keys a study may add to `RUN_KEYS`, with their types: `arm`, the trainer variant of a study of arms, and
+`lr`, the learning-rate axis of a stability study."""
 LR_RUN_KEYS: tuple[str, ...] = ("model", "recipe", "optimizer", "lr", "seed")
 """The keys that name one run of a study with an lr axis, in folder order."""
+ARM_RUN_KEYS: tuple[str, ...] = ("model", "recipe", "optimizer", "arm", "seed")
+"""The keys that name one run of a study of arms, in folder order."""
 
 PARTITION_SCHEMA = pa.schema([("model", pa.string()), ("recipe", pa.string()), ("optimizer", pa.string()),
                               ("seed", pa.int64())])
-LR_FIELD = pa.field("lr", pa.float64())
 
 
 def run_keys(frame: pd.DataFrame) -> list[str]:
-    """The keys naming one run of `frame` (read without the logged `lr` metric): `LR_RUN_KEYS` when it has an `lr`
-    column, else `RUN_KEYS`."""
-    return list(LR_RUN_KEYS if "lr" in frame.columns else RUN_KEYS)
+    """The keys naming one run of `frame` (read without the logged `lr` metric), in folder order: `RUN_KEYS` with
+    `arm` and `lr` before `seed` where it has them."""
+    return [*RUN_KEYS[:3], *(k for k in OPTIONAL_KEYS if k in frame.columns), "seed"]
 
 
-def check_no_lr_axis(metrics: pd.DataFrame, analysis: str) -> None:
-    """ValueError if `metrics` (read without the logged `lr` metric) has the folders' lr key: an analysis keyed
-    by `RUN_KEYS` alone would pool the runs of different learning rates."""
+def check_no_axes(metrics: pd.DataFrame, analysis: str) -> None:
+    """ValueError if `metrics` (read without the logged `lr` metric) has the folders' lr or arm key: an analysis
+    keyed by `RUN_KEYS` alone would pool the runs of different learning rates or arms."""
     if "lr" in metrics.columns:
         raise ValueError(f"the {analysis} analysis has no learning-rate axis, but these cells' folders name lr=...: "
                          f"analyse a grid with `lrs` as `study: stability`")
+    if "arm" in metrics.columns:
+        raise ValueError(f"the {analysis} analysis has no arms, but these cells' folders name arm=...: analyse a "
+                         f"grid of arms as `study: arms`")
 
 
 NONFINITE_COLUMNS: tuple[str, ...] = ("loss", "grad_norm")
@@ -83,15 +89,15 @@ def paper_model(model: str, models: Mapping[str, str] | None = None) -> str:
     return models.get(model, model)
 
 
-def _check_paths(paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike) -> tuple[list[str], bool]:
-    """Absolute paths, each checked to lie under `base_dir` and to name every Hive key once, and whether they
-    name the optional `lr` key (all of them, or none)."""
+def _check_paths(paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike) -> tuple[list[str], list[str]]:
+    """Absolute paths, each checked to lie under `base_dir` and to name every Hive key once, and the optional keys
+    they name (each named by all of them, or by none)."""
     if isinstance(paths, (str, os.PathLike)):
         raise TypeError(f"paths must be a list of metrics files, got a single path {paths!r}")
     if len(paths) == 0:
         raise ValueError("no metrics files given (an empty input list)")
     base = Path(os.path.abspath(base_dir))
-    checked, seen, with_lr = [], set(), set()
+    checked, seen, optional = [], set(), set()
     for path in paths:
         absolute = Path(os.path.abspath(path))
         try:
@@ -110,25 +116,27 @@ def _check_paths(paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike
             raise ValueError(f"metrics file {str(path)!r} is listed twice")
         seen.add(absolute)
         checked.append(str(absolute))
-        with_lr.add("lr" in keys)
-    if len(with_lr) > 1:
-        raise ValueError(f"metrics files under {str(base_dir)!r}: some name an lr=... folder and some do not; "
-                         f"one read takes the cells of one study")
-    return checked, with_lr == {True}
+        optional.add(tuple(key for key in OPTIONAL_KEYS if key in keys))
+    if len(optional) > 1:
+        named = sorted({key for keys in optional for key in keys})
+        raise ValueError(f"metrics files under {str(base_dir)!r}: some name {'/'.join(f'{k}=...' for k in named)} "
+                         f"folders and some do not; one read takes the cells of one study")
+    return checked, list(next(iter(optional)))
 
 
 def load_metrics(paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
                  columns: Sequence[str] | None = None) -> pd.DataFrame:
     """All rows of the given metrics files, with the run keys as columns, sorted by run and update.
 
-    Columns: `RUN_KEYS` (and `lr`, a float, where the folders name it: it then replaces the logged `lr` metric,
-    the optimizer's first parameter group's rate), the `METRIC_COLUMNS` named in `columns` (default: all;
+    Columns: `RUN_KEYS` (and `arm`, a string, and `lr`, a float, where the folders name them: the folders' `lr`
+    then replaces the logged `lr` metric, the optimizer's first parameter group's rate), the `METRIC_COLUMNS` named in `columns` (default: all;
     `update` always) as float64 (int64 where the whole column is non-null), and `nonfinite_<col>`
     booleans for those of `NONFINITE_COLUMNS` read. Reading only the columns a step needs makes a 1,000-file read
     faster.
     """
-    files, has_lr = _check_paths(paths, base_dir)
-    partitions = pa.schema([*PARTITION_SCHEMA, LR_FIELD]) if has_lr else PARTITION_SCHEMA
+    files, optional = _check_paths(paths, base_dir)
+    has_lr = "lr" in optional
+    partitions = pa.schema([*PARTITION_SCHEMA, *(pa.field(key, OPTIONAL_KEYS[key]) for key in optional)])
     wanted = list(METRIC_COLUMNS) if columns is None else ["update", *(c for c in columns if c != "update")]
     unknown = [c for c in wanted if c not in METRIC_COLUMNS]
     if unknown:
@@ -148,9 +156,9 @@ def load_metrics(paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike
         flag = pc.fill_null(pc.invert(pc.is_finite(table[column])), False)
         table = table.append_column(f"nonfinite_{column}", flag)
     frame = table.to_pandas()
-    for key in RUN_KEYS[:3]:
+    for key in (*RUN_KEYS[:3], *(k for k in optional if k == "arm")):
         frame[key] = frame[key].astype(object)
-    keys = list(LR_RUN_KEYS if has_lr else RUN_KEYS)
+    keys = run_keys(frame)
     frame = frame.sort_values([*keys, "update"], kind="stable", ignore_index=True)
     duplicated = frame.duplicated([*keys, "update"])
     if duplicated.any():

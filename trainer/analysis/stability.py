@@ -299,6 +299,8 @@ def summarize_stability(metrics_paths: Sequence[str | os.PathLike], base_dir: st
     metrics = load_metrics(metrics_paths, base_dir, STABILITY_COLUMNS)
     if "lr" not in metrics.columns:
         raise ValueError("stability analysis: the cells' folders name no lr=...: the grid has no `lrs`")
+    if "arm" in metrics.columns:
+        raise ValueError("stability analysis: these cells' folders name arm=...: analyse arms as `study: arms`")
     runs = sweep_run_table(metrics, criterion, window_fraction, models)
     summary = stability_summary_table(runs, bootstrap_seed, models)
     selection = select_lrs(summary)

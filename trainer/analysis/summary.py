@@ -39,7 +39,7 @@ import pandas as pd
 from trainer.analysis import calibration
 from trainer.analysis.collapse import CollapseCriterion, ema_by_run, judge, nonfinite_flags
 from trainer.analysis.kinds import MAIN, PAPER_NUMBERS
-from trainer.analysis.logs import (NONFINITE_COLUMNS, RUN_KEYS, check_no_lr_axis, load_metrics, paper_model,
+from trainer.analysis.logs import (NONFINITE_COLUMNS, RUN_KEYS, check_no_axes, load_metrics, paper_model,
                                    run_keys)
 from trainer.config import FIGURE2_RECIPES, RECIPES
 
@@ -426,7 +426,7 @@ def summarize(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.Pat
     models = dict(MAIN.default_models if models is None else models)
     criterion = CollapseCriterion.from_dict(collapse)
     metrics = load_metrics(metrics_paths, base_dir, SUMMARY_COLUMNS)
-    check_no_lr_axis(metrics, "main")
+    check_no_axes(metrics, "main")
     runs = run_table(metrics, criterion, window_fraction, models)
     summary = summary_table(runs, load_paper_numbers(numbers), bootstrap_seed, models)
     notes = coverage_notes(runs, models)

@@ -100,10 +100,12 @@ def write_metrics(path: str | os.PathLike, columns: dict[str, Sequence], config:
 
 
 def cell_path(base_dir: str | os.PathLike, model: str, recipe: str, optimizer: str, seed: int,
-              lr: float | None = None) -> Path:
-    """`<base_dir>/model=M/recipe=R/optimizer=O/seed=S/metrics.parquet`, the workflow's layout; with `lr`,
-    `.../optimizer=O/lr=L/seed=S/...` (L as `lr_label` writes it)."""
+              lr: float | None = None, arm: str | None = None) -> Path:
+    """`<base_dir>/model=M/recipe=R/optimizer=O/seed=S/metrics.parquet`, the workflow's layout; with `arm`,
+    `.../optimizer=O/arm=A/...`; with `lr`, `.../lr=L/seed=S/...` (L as `lr_label` writes it)."""
     folder = Path(base_dir) / f"model={model}" / f"recipe={recipe}" / f"optimizer={optimizer}"
+    if arm is not None:
+        folder = folder / f"arm={arm}"
     if lr is not None:
         folder = folder / f"lr={lr_label(lr)}"
     return folder / f"seed={seed}" / "metrics.parquet"
