@@ -38,8 +38,8 @@ from trainer.logs.parquet_log import PROVENANCE_KEY
 COMPARED = ("window_success", "gain", "eval_success", "eval_first", "collapsed")
 """The per-run numbers `compare` checks: final-window success, learning, last and first held-out success, the
 collapse verdict."""
-KEYS = ("model", "recipe", "optimizer", "lr", "seed")
-"""Run keys, in order; `lr` only where the study has an lr axis."""
+KEYS = ("model", "recipe", "optimizer", "arm", "lr", "seed")
+"""Run keys, in order; `arm` only in a study of arms, `lr` only where the study has an lr axis."""
 FILES = ("summary.csv", "runs.csv", "provenance.json")
 
 
@@ -133,6 +133,8 @@ def compare(rerun: pd.DataFrame, published: pd.DataFrame, seed: int = 0) -> pd.D
         frame["collapsed"] = frame["collapsed"].astype(float)
         if "lr" in keys:
             frame["lr"] = frame["lr"].astype(float)
+        if "arm" in keys:  # a label read back from CSV may look like a number
+            frame["arm"] = frame["arm"].astype(str)
     merged = published.merge(rerun, on=keys, how="outer", suffixes=("_pub", "_new"), indicator=True)
     group_keys = [k for k in keys if k != "seed"]
     outside: dict[tuple, list[str]] = {}
