@@ -8,7 +8,8 @@ study's held-out AUC. Added here, all fixed before any arm ran:
 * **Step sizes by role**: per run, the median over its updates before the collapse (all of them when it did not
   collapse) of the hidden matrices' update RMS and top singular value (`update_rms`, `update_spectral_norm`), the
   same two for the AdamW-trained embedding/head matrices (`embed_head_*`), the KL per update (`approx_kl`), the
-  PPO clip fraction (`clip_frac_low + clip_frac_high`) and the TIS-truncated fraction of tokens.
+  PPO clip fraction (`clip_frac_low + clip_frac_high`), the TIS-truncated fraction of tokens, the gradient SNR
+  (where measured) and the mini-batches whose advantages were all zero (`no_signal_steps`).
 * **What predicts collapse** (E3): the same quantities measured early, as the median over the collapse rule's
   warm-up (its first `warmup` updates, in which no verdict can fire, so the predictor never sees the collapse
   it predicts), pooled over every run of the study whatever its optimizer ("one model for both optimizers").
@@ -48,15 +49,18 @@ from trainer.analysis.summary import (BOOTSTRAP_SEED, WINDOW_FRACTION, ci_text, 
                                       summary_notes, table_head, table_row, write_tables)
 
 STEP_COLUMNS: tuple[str, ...] = ("update_rms", "update_spectral_norm", "embed_head_update_rms",
-                                 "embed_head_update_spectral_norm", "approx_kl", "clip_frac", "tis_truncated_frac")
-"""The per-update quantities summarised per run (`clip_frac` is clip_frac_low + clip_frac_high)."""
+                                 "embed_head_update_spectral_norm", "approx_kl", "clip_frac", "tis_truncated_frac",
+                                 "grad_snr", "no_signal_steps")
+"""The per-update quantities summarised per run (`clip_frac` is clip_frac_low + clip_frac_high; `grad_snr` only
+where the study measures it, `run.grad_snr`)."""
 PREDICTORS: tuple[str, ...] = ("update_rms", "update_spectral_norm", "embed_head_update_spectral_norm",
                                "approx_kl")
 """The quantities tested as predictors of collapse and drawn in `arms_predictors`."""
 LABELS = {"update_rms": "hidden update RMS", "update_spectral_norm": "hidden update top singular value",
           "embed_head_update_rms": "embed/head update RMS",
           "embed_head_update_spectral_norm": "embed/head update top singular value", "approx_kl": "KL per update",
-          "clip_frac": "PPO clip fraction", "tis_truncated_frac": "TIS-truncated fraction"}
+          "clip_frac": "PPO clip fraction", "tis_truncated_frac": "TIS-truncated fraction",
+          "grad_snr": "gradient SNR", "no_signal_steps": "no-signal mini-batches"}
 ARMS_COLUMNS: tuple[str, ...] = ("update", "success_rate", "eval_success", "entropy", "clip_frac_low",
                                  "clip_frac_high", *(c for c in STEP_COLUMNS if c != "clip_frac"), *NONFINITE_COLUMNS)
 """The metrics this analysis reads."""
@@ -195,7 +199,7 @@ def arms_markdown(summary: pd.DataFrame, predictors: pd.DataFrame, warmup: int, 
     lines += ["## Every arm", "", *table_head(["model", "arm", "recipe", "optimizer", "seeds", "final %", "95% CI",
                                                "held-out AUC %", "95% CI", "last held-out %", "collapsed",
                                                "hidden RMS", "hidden top SV", "embed/head top SV", "KL", "clip",
-                                               "TIS trunc."])]
+                                               "TIS trunc.", "grad SNR", "no-signal"])]
     for row in summary.itertuples(index=False):
         lines.append(table_row([row.model, row.arm, row.recipe, row.optimizer, str(row.n_seeds),
                                 pct(row.final_pct_mean), ci_text(row.final_pct_ci_low, row.final_pct_ci_high),
@@ -204,7 +208,8 @@ def arms_markdown(summary: pd.DataFrame, predictors: pd.DataFrame, warmup: int, 
                                 *(_g(getattr(row, c, math.nan)) for c in ("update_rms", "update_spectral_norm",
                                                                          "embed_head_update_spectral_norm",
                                                                          "approx_kl", "clip_frac",
-                                                                         "tis_truncated_frac"))]))
+                                                                         "tis_truncated_frac", "grad_snr",
+                                                                         "no_signal_steps"))]))
     lines += ["", "## What predicts collapse", "", *table_head(["predictor", "runs", "collapsed", "AUC",
                                                                 "median, collapsed", "median, survived"])]
     for row in predictors.itertuples(index=False):
