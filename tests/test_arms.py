@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from trainer import study as cc
-from trainer.analysis.arms import (ARMS_COLUMNS, arm_order, arms_run_table, arms_summary_table, auc, plot_arms,
+from trainer.analysis.arms import (ARMS_COLUMNS, arm_order, arms_run_table, arms_summary_table, auc, figure_curves,
+                                   plot_arms,
                                    predictor_table, summarize_arms)
 from trainer.analysis.logs import check_no_axes, load_metrics
 from trainer.analysis.synthetic import cell_path, synthetic_metrics, write_metrics
@@ -192,3 +193,24 @@ def test_summarize_and_plot_write_every_output(tmp_path):
     outputs = [out / f"{name}.{ext}" for name in ("arms_curves", "arms_predictors") for ext in ("png", "pdf")]
     written = plot_arms(paths, tmp_path / "cells", out / "runs.parquet", outputs)
     assert len(written) == 4 and all(p.stat().st_size > 1000 for p in outputs)
+
+
+def test_the_curves_have_a_panel_per_recipe_and_arm(tmp_path):
+    """Arms of several recipes (the companion at equal step): a row per recipe, a column per arm, each panel only
+    its own runs, and a collapse marked only where its own run collapsed."""
+    paths = []
+    for recipe in ("grpo", "gigpo"):
+        for arm, optimizer, collapse_at in (("adamw", "adam", None), ("muon", "muon", 20 if recipe == "grpo" else None)):
+            columns = synthetic_metrics(30, 0.6, np.random.default_rng(1), start=0.4, collapse_at=collapse_at)
+            paths.append(write_metrics(cell_path(tmp_path, "q", recipe, optimizer, 0, arm=arm), columns))
+    metrics = load_metrics(paths, tmp_path, ARMS_COLUMNS)
+    runs = arms_run_table(metrics, arms=arm_order(paths))
+    assert runs["collapsed"].sum() == 1
+    fig = figure_curves(metrics, runs)
+    panels = [ax for ax in fig.axes if ax.lines]
+    assert len(panels) == 4 and all(len(ax.lines) == 1 for ax in panels)
+    titles = sorted(ax.get_title() for ax in panels)
+    assert titles == ["q, gigpo\nadamw", "q, gigpo\nmuon", "q, grpo\nadamw", "q, grpo\nmuon"]
+    crosses = {ax.get_title(): sum(len(c.get_offsets()) for c in ax.collections if c.get_offsets().size
+                                   and c.get_sizes()[0] == 55) for ax in panels}
+    assert crosses == {"q, grpo\nmuon": 1, "q, grpo\nadamw": 0, "q, gigpo\nmuon": 0, "q, gigpo\nadamw": 0}

@@ -42,7 +42,7 @@ from trainer.analysis.collapse import CollapseCriterion, ema
 from trainer.analysis.kinds import ARMS
 from trainer.analysis.logs import ARM_RUN_KEYS, NONFINITE_COLUMNS, load_metrics
 from trainer.analysis.plotting import (COLLAPSE, COLLAPSE_HANDLE, MUTED, OPTIMIZER_COLORS, OPTIMIZER_LABELS,
-                                       OPTIMIZER_STYLES, STYLE, curve_axes, empty, family_title, grid, label_outer,
+                                       OPTIMIZER_STYLES, STYLE, curve_axes, empty, family_title, grid,
                                        legend, outputs_by_figure, save_figures, suptitle)
 from trainer.analysis.summary import (BOOTSTRAP_SEED, WINDOW_FRACTION, ci_text, collapsed_text, markdown_head,
                                       ordered, pct, read_judged_runs, run_table, seed_stats, sort_rows,
@@ -225,23 +225,30 @@ def _arm_color(optimizer: str) -> str:
 
 
 def figure_curves(metrics: pd.DataFrame, runs: pd.DataFrame, models: Mapping[str, str] | None = None,
-                  ema_span: int = 5, ncols: int = 3) -> Figure:
-    """One panel per model x arm: each seed's training-success EMA, collapses as red crosses, held-out dots."""
+                  ema_span: int = 5, max_cols: int = 6) -> Figure:
+    """One panel per model x recipe x arm (a row per model and recipe, a column per arm where they fit): each
+    seed's training-success EMA, collapses as red crosses, held-out evaluations as dots."""
     frame = _arm_metrics(metrics)
     if frame.empty:
         return empty("arms: no runs in these logs")
     frame["success_ema"] = frame.groupby(KEYS, sort=False)["success_rate"].transform(lambda s: ema(s, ema_span))
-    panels = list(dict.fromkeys(zip(runs["model"], runs["arm"])))
-    ncols = min(ncols, len(panels))
-    nrows = -(-len(panels) // ncols)
+    panels = list(dict.fromkeys(zip(runs["model"], runs["recipe"], runs["arm"])))
+    arms = list(dict.fromkeys(runs["arm"]))
+    ncols = len(arms) if len(arms) <= max_cols else 3
+    rows = list(dict.fromkeys((m, r) for m, r, _ in panels))
+    many_rows = len(rows) > 1
     with matplotlib.rc_context(STYLE):
-        fig, axes = grid(nrows, ncols, (2.9, 2.0), (0.75, 0.15, 0.75, 1.0), (0.25, 0.6), sharex=True, sharey=True)
-        for ax in axes[len(panels):]:
+        nrows = len(rows) if ncols == len(arms) else -(-len(panels) // ncols)
+        fig, axes = grid(nrows, ncols, (2.6, 1.9), (0.75, 0.15, 0.75, 1.0), (0.25, 0.6), sharex=True, sharey=True)
+        if ncols == len(arms):  # row = model and recipe, column = arm
+            at = {(m, r, a): axes[rows.index((m, r)) * ncols + arms.index(a)] for m, r, a in panels}
+        else:
+            at = dict(zip(panels, axes))
+        for ax in set(axes) - set(at.values()):
             fig.delaxes(ax)
-        axes = axes[:len(panels)]
         seen: set[str] = set()
-        for ax, (model, arm) in zip(axes, panels):
-            mine = frame[(frame["model"] == model) & (frame["arm"] == arm)]
+        for (model, recipe, arm), ax in at.items():
+            mine = frame[(frame["model"] == model) & (frame["recipe"] == recipe) & (frame["arm"] == arm)]
             for (optimizer, seed), run in mine.groupby(["optimizer", "seed"], sort=True):
                 color, style = _arm_color(optimizer), OPTIMIZER_STYLES.get(optimizer, ":")
                 ax.plot(run["update"], 100 * run["success_ema"], color=color, ls=style, lw=1.4, alpha=0.9)
@@ -249,18 +256,25 @@ def figure_curves(metrics: pd.DataFrame, runs: pd.DataFrame, models: Mapping[str
                 ax.scatter(evals["update"], 100 * evals["eval_success"], s=10, color=color, alpha=0.6, linewidth=0,
                            zorder=4)
                 seen.add(optimizer)
-                verdict = runs[(runs["model"] == model) & (runs["arm"] == arm) & (runs["seed"] == seed)]
+                verdict = runs[(runs["model"] == model) & (runs["recipe"] == recipe) & (runs["arm"] == arm)
+                               & (runs["optimizer"] == optimizer) & (runs["seed"] == seed)]
                 for stop in verdict["collapse_update"].dropna():
-                    at = run[run["update"] == stop]
-                    ax.scatter(at["update"], 100 * at["success_ema"], marker="X", s=55, color=COLLAPSE,
+                    point = run[run["update"] == stop]
+                    ax.scatter(point["update"], 100 * point["success_ema"], marker="X", s=55, color=COLLAPSE,
                                edgecolor="white", linewidth=0.6, zorder=5)
                     seen.add("collapse")
             curve_axes(ax, float(frame["update"].max()))
-            title = arm if len({m for m, _ in panels}) == 1 else f"{family_title(model, models)}\n{arm}"
-            ax.set_title(title, fontsize=9)
-        label_outer(axes, ncols)
+            where = f"{family_title(model, models)}, {recipe}\n" if many_rows or ncols != len(arms) else ""
+            ax.set_title(f"{where}{arm}", fontsize=8.5)
+        placed = [ax for ax in axes if ax in set(at.values())]
+        for ax in placed:
+            below = [other for other in placed if other is not ax and abs(other.get_position().x0 - ax.get_position().x0)
+                     < 1e-6 and other.get_position().y0 < ax.get_position().y0]
+            ax.xaxis.set_tick_params(labelbottom=not below)
+            ax.set_xlabel("" if below else "Update")
         for ax in axes[::ncols]:
-            ax.set_ylabel("Training success (%)")
+            if ax in placed:
+                ax.set_ylabel("Training success (%)")
         suptitle(fig, "Training success per arm")
         handles = [Line2D([], [], color=_arm_color(o), ls=OPTIMIZER_STYLES.get(o, ":"), lw=1.4,
                           label=f"{OPTIMIZER_LABELS.get(o, o)}: a seed's EMA (span {ema_span})")
