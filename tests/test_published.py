@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from trainer import TRAINER_VERSION
-from trainer.analysis.published import compare, main, publish, read_published, version_at
+from trainer.analysis.published import KEYS, compare, main, publish, read_published, version_at
 from trainer.logs.parquet_log import PROVENANCE_KEY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +24,7 @@ def test_every_published_study_is_of_this_trainer_version_and_complete():
     for folder in PUBLISHED:
         runs, prov = read_published(folder)
         assert prov["trainer_version"] == TRAINER_VERSION, f"{folder}: version {prov['trainer_version']}"
-        keys = [k for k in ("model", "recipe", "optimizer", "lr", "seed") if k in runs.columns]
+        keys = [k for k in KEYS if k in runs.columns]
         assert len(runs) == prov["n_cells"] and not runs.duplicated(keys).any()
         assert len(prov["study_sha256"]) == 64 and prov["commits"]
         summary = pd.read_csv(folder / "summary.csv")
@@ -60,6 +60,22 @@ def test_compare_tells_identical_within_outside_missing_and_extra_apart():
     # one published seed: no interval, so any difference is outside
     single = compare(_runs({("full", 0, "gain"): 0.5}).query("seed == 0"), published.query("seed == 0"))
     assert single.set_index("recipe").loc["full", "status"] == "outside"
+
+
+def test_compare_keys_runs_by_arm_and_reads_a_numeric_label_back_as_the_label(tmp_path):
+    """Two arms of one recipe and optimizer differ only by their arm; a CSV round trip makes the label "123" an int,
+    which must still join with the rerun's string."""
+    published = pd.concat([_runs().assign(arm="123"), _runs().assign(arm="b")], ignore_index=True)
+    published.to_csv(tmp_path / "runs.csv", index=False)
+    back = pd.read_csv(tmp_path / "runs.csv")
+    assert back["arm"].dtype != object  # pandas read "123" as a number
+    rerun = published.copy()
+    rerun.loc[(rerun["arm"] == "b") & (rerun["recipe"] == "full"), "collapsed"] = True
+    table = compare(rerun, back)
+    assert list(table.columns[:5]) == ["model", "recipe", "optimizer", "arm", "seed"] and len(table) == 12
+    status = table.groupby(["arm", "recipe"])["status"].agg(set).to_dict()
+    assert status == {("123", "full"): {"identical"}, ("123", "spo_adam"): {"identical"},
+                      ("b", "full"): {"outside"}, ("b", "spo_adam"): {"identical"}}
 
 
 def _cell(folder: Path, commit: str, version: str | None, dirty: bool = False) -> None:
