@@ -59,7 +59,7 @@ def test_arms_add_a_column_and_merge_their_keys_over_the_shared_block():
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda s: s["grid"][0].pop("arm"), r"grid\[0\].arm: missing; grid\[1\] names an arm"),
+    (lambda s: s["grid"][0].pop("arm"), r"grid\[0\].arm: missing; grid\[1\] gives `arm`"),
     (lambda s: s["grid"][0].update(arm="a/b"), r"grid\[0\].arm: 'a/b' is not a folder label"),
     (lambda s: s["grid"][1].update(arm="adamw"), r"grid\[1\].cell: arm 'adamw' is also grid\[0\]'s"),
     (lambda s: s["grid"][1]["cell"]["optim"].update(name="adam"), r"grid\[1\].cell.optim.name: each cell sets it"),

@@ -192,25 +192,34 @@ def check_blocks(study: dict) -> None:
         raise StudyError(f"analysis.collapse: {e}") from None
 
 
+def check_axis(study: dict, key: str, kind: str, axis: str, needed: str, instead: str = "") -> list[int]:
+    """The indices of the grid blocks that give `key` (an axis: `lrs`, `arm`), checked: every block or none, and
+    only, and always, in a `study: kind`. StudyError naming the key (`needed` when the kind lacks it, `instead`
+    says what to do in another kind)."""
+    blocks, current = study["grid"], study.get("study", "main")
+    with_key = [i for i, block in enumerate(blocks) if key in block]
+    if with_key and current != kind:
+        raise StudyError(f"grid[{with_key[0]}].{key}: only a `study: {kind}` has {axis} (the {current} analysis has "
+                         f"none){'; ' + instead if instead else ''}")
+    if current == kind and not with_key:
+        raise StudyError(f"grid: {needed}")
+    if with_key and len(with_key) < len(blocks):
+        i = next(i for i in range(len(blocks)) if i not in with_key)
+        raise StudyError(f"grid[{i}].{key}: missing; grid[{with_key[0]}] gives `{key}`, so the study has {axis} and "
+                         f"every block must give its own")
+    return with_key
+
+
 def check_arms(study: dict) -> None:
     """The arm keys: every block names an `arm` or none does; a label is a folder name; a block's `cell` only
     with an arm, holding no per-cell key and only knobs the trainer knows (checked merged over the shared block);
     blocks that share a label share its `cell`; no arm lr beside an `lrs` axis. StudyError naming the key."""
     blocks = study["grid"]
-    with_arm = [i for i, block in enumerate(blocks) if "arm" in block]
     for i, block in enumerate(blocks):
         if "cell" in block and "arm" not in block:
             raise StudyError(f"grid[{i}].cell: a block's own trainer keys make it an arm; name it with `arm`")
-    if with_arm and len(with_arm) < len(blocks):
-        i = next(i for i in range(len(blocks)) if i not in with_arm)
-        raise StudyError(f"grid[{i}].arm: missing; grid[{with_arm[0]}] names an arm, so the study has an arm axis "
-                         f"and every block must name its arm")
-    kind = study.get("study", "main")
-    if with_arm and kind != "arms":
-        raise StudyError(f"grid[{with_arm[0]}].arm: only a `study: arms` has arms (the {kind} analysis keys runs "
-                         f"without them)")
-    if kind == "arms" and not with_arm:
-        raise StudyError("grid: a study of arms names one in every block (`arm`, and its trainer keys in `cell`)")
+    with_arm = check_axis(study, "arm", "arms", "arms", "a study of arms names one in every block (`arm`, and its "
+                                                        "trainer keys in `cell`)")
     seen: dict[str, tuple[int, dict]] = {}
     for i in with_arm:
         block = blocks[i]
@@ -344,16 +353,9 @@ def check_lrs(study: dict) -> None:
         if blocks[i].get("optimizer") == "adam_high_lr":
             raise StudyError(f"grid[{i}].lrs: adam_high_lr runs AdamW at Muon's learning rate; an lr sweep of "
                              f"AdamW is `optimizer: adam`")
-    kind = study.get("study", "main")
-    if with_lrs and kind != "stability":
-        raise StudyError(f"grid[{with_lrs[0]}].lrs: only a `study: stability` has an lr axis (the {kind} analysis "
-                         f"has none); set one lr per optimizer with the top-level `lr:` table")
-    if kind == "stability" and not with_lrs:
-        raise StudyError("grid: a stability study sweeps learning rates: give `lrs` in every block")
-    if with_lrs and len(with_lrs) < len(blocks):
-        i = next(i for i in range(len(blocks)) if i not in with_lrs)
-        raise StudyError(f"grid[{i}].lrs: missing; grid[{with_lrs[0]}] gives `lrs`, so the study has an lr axis "
-                         f"and every block must give its learning rates")
+    check_axis(study, "lrs", "stability", "an lr axis", "a stability study sweeps learning rates: give `lrs` in "
+                                                        "every block", "set one lr per optimizer with the top-level "
+                                                                       "`lr:` table")
     sets_muon = "muon" in table or any(block.get("optimizer") == "muon" or (
         block.get("optimizer", "recipe") == "recipe" and any(RECIPE_OPTIMIZER[r] == "muon" for r in block["recipes"]))
         for block in (blocks[i] for i in with_lrs))
