@@ -86,13 +86,13 @@ def test_a_block_with_trainer_keys_must_be_an_arm():
 
 
 @pytest.mark.parametrize("study_file, cells", [("configs/edge.yaml", 18), ("configs/conditions.yaml", 9),
-                                               ("configs/companion-equal.yaml", 30)])
+                                               ("configs/companion-equal.yaml", 15)])
 def test_the_decisive_studies_pass_every_check_and_set_what_they_say(study_file, cells):
     study = _study(study_file)
     cc.check_study(study, root=REPO)
     grid = cc.grid_frame(study)
     cc.check_cells(study, grid, root=REPO)
-    assert len(grid) == cells and set(grid["seed"]) == ({0, 1} if "companion" in study_file else {0, 1, 2})
+    assert len(grid) == cells and set(grid["seed"]) == ({0} if "companion" in study_file else {0, 1, 2})
     configs = {}
     for row in grid.itertuples(index=False):
         cell = cc.cell_config(study, row.model, row.recipe, row.optimizer, row.seed, str(REPO), 1, arm=row.arm)
