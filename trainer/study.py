@@ -17,7 +17,7 @@ and Snakemake only writes their results to disk. Design choices:
   betas, an off-policy rollout, ...). The grid gets an `arm` column (folders `.../optimizer=O/arm=A/seed=S/`),
   so the analysis keys every run by its arm. Then every block names an arm, and blocks that share a label share
   its keys. An arm's `optim.lr` / `optim.muon_lr` win over the study's `lr:` table (lr by role: `lr` is the
-  AdamW-trained rest of a Muon cell, `muon_lr` its hidden matrices); with an `lrs` axis they are refused.
+  AdamW-trained rest of a Muon cell, `muon_lr` its hidden matrices); an arms study has no `lrs` axis.
 - **A cell config is the study's shared `cell` block plus the per-cell keys**: `recipe`, `optim.name`,
   `run.seed` and `model.path`, the model's `env_options` over `cell.env.options`, the cell's learning rate
   (`optim_lrs`: the grid's lr, else the study's `lr:` entry for its optimizer) and, when the warm start writes
@@ -149,19 +149,24 @@ WARM_START_SET_KEYS = ("model", "env", "rollout", "threads")
 """SFTConfig keys the workflow sets per model (its preset, the cells' env and token limits, the job's threads)."""
 
 
+def refuse_per_cell_keys(cell: dict, where: str, what: str) -> None:
+    """StudyError naming the first key of `cell` (a shared block or an arm's) that each cell sets itself."""
+    if "recipe" in cell:
+        raise StudyError(f"{where}.recipe: each cell's recipe comes from the grid; remove it from {what}")
+    for section, keys in PER_CELL_KEYS.items():
+        for key in keys:
+            if key in (cell.get(section) or {}):
+                raise StudyError(f"{where}.{section}.{key}: each cell sets it (from the grid, `models`, `resources` "
+                                 f"or its recipe); remove it from {what}")
+
+
 def check_blocks(study: dict) -> None:
     """Check the study's trainer blocks with the trainer's own types and ranges (trainer/config.py, the one
     definition of each knob): the shared `cell` block as a TrainConfig, `warm_start` as an SFTConfig, the grid's
     recipes, optimizers and presets against the trainer's tables, `analysis.collapse` as a CollapseCriterion.
     StudyError naming the key."""
     cell = study.get("cell", {})
-    if "recipe" in cell:
-        raise StudyError("cell.recipe: each cell's recipe comes from the grid; remove it from the shared block")
-    for section, keys in PER_CELL_KEYS.items():
-        for key in keys:
-            if key in (cell.get(section) or {}):
-                raise StudyError(f"cell.{section}.{key}: each cell sets it (from the grid, `models`, `resources` or "
-                                 f"its recipe); remove it from the shared block")
+    refuse_per_cell_keys(cell, "cell", "the shared block")
     try:
         check_bounds(build_config(TrainConfig, cell, "cell"), "cell")
         warm_start = {k: v for k, v in study.get("warm_start", {}).items() if k != "allow_out_of_band"}
@@ -213,7 +218,7 @@ def check_axis(study: dict, key: str, kind: str, axis: str, needed: str, instead
 def check_arms(study: dict) -> None:
     """The arm keys: every block names an `arm` or none does; a label is a folder name; a block's `cell` only
     with an arm, holding no per-cell key and only knobs the trainer knows (checked merged over the shared block);
-    blocks that share a label share its `cell`; no arm lr beside an `lrs` axis. StudyError naming the key."""
+    blocks that share a label share its `cell` (an arms study has no `lrs` axis). StudyError naming the key."""
     blocks = study["grid"]
     for i, block in enumerate(blocks):
         if "cell" in block and "arm" not in block:
@@ -230,15 +235,7 @@ def check_arms(study: dict) -> None:
             raise StudyError(f"grid[{i}].cell: arm {label!r} is also grid[{seen[label][0]}]'s with other keys; "
                              f"one label, one trainer variant: rename one of them")
         seen[label] = (i, own)
-        if "recipe" in own:
-            raise StudyError(f"grid[{i}].cell.recipe: the block's `recipes` give each cell's recipe")
-        for section, keys in PER_CELL_KEYS.items():
-            for key in keys:
-                if key in (own.get(section) or {}):
-                    raise StudyError(f"grid[{i}].cell.{section}.{key}: each cell sets it (from the grid, `models`, "
-                                     f"`resources` or its recipe); remove it from the arm")
-        if "lrs" in block and any(k in (own.get("optim") or {}) for k in ("lr", "muon_lr")):
-            raise StudyError(f"grid[{i}].cell.optim: the block sweeps `lrs`; an arm's own lr would fight the axis")
+        refuse_per_cell_keys(own, f"grid[{i}].cell", "the arm")
         try:
             check_bounds(build_config(TrainConfig, deep_merge(study.get("cell", {}), own), f"grid[{i}].cell"),
                          f"grid[{i}].cell")
