@@ -234,13 +234,14 @@ def figure_curves(metrics: pd.DataFrame, runs: pd.DataFrame, models: Mapping[str
     frame["success_ema"] = frame.groupby(KEYS, sort=False)["success_rate"].transform(lambda s: ema(s, ema_span))
     panels = list(dict.fromkeys(zip(runs["model"], runs["recipe"], runs["arm"])))
     arms = list(dict.fromkeys(runs["arm"]))
-    ncols = len(arms) if len(arms) <= max_cols else 3
     rows = list(dict.fromkeys((m, r) for m, r, _ in panels))
+    crossed = len(panels) == len(rows) * len(arms)  # every arm in every row: a table of panels
+    ncols = len(arms) if crossed and len(arms) <= max_cols else min(3, len(panels))
     many_rows = len(rows) > 1
     with matplotlib.rc_context(STYLE):
-        nrows = len(rows) if ncols == len(arms) else -(-len(panels) // ncols)
+        nrows = len(rows) if crossed and ncols == len(arms) else -(-len(panels) // ncols)
         fig, axes = grid(nrows, ncols, (2.6, 1.9), (0.75, 0.15, 0.75, 1.0), (0.25, 0.6), sharex=True, sharey=True)
-        if ncols == len(arms):  # row = model and recipe, column = arm
+        if crossed and ncols == len(arms):  # row = model and recipe, column = arm
             at = {(m, r, a): axes[rows.index((m, r)) * ncols + arms.index(a)] for m, r, a in panels}
         else:
             at = dict(zip(panels, axes))
@@ -264,7 +265,8 @@ def figure_curves(metrics: pd.DataFrame, runs: pd.DataFrame, models: Mapping[str
                                edgecolor="white", linewidth=0.6, zorder=5)
                     seen.add("collapse")
             curve_axes(ax, float(frame["update"].max()))
-            where = f"{family_title(model, models)}, {recipe}\n" if many_rows or ncols != len(arms) else ""
+            # the row's model and recipe where arms share rows; otherwise an arm's label says enough
+            where = f"{family_title(model, models)}, {recipe}\n" if crossed and many_rows else ""
             ax.set_title(f"{where}{arm}", fontsize=8.5)
         placed = [ax for ax in axes if ax in set(at.values())]
         for ax in placed:
