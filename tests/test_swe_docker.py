@@ -309,9 +309,19 @@ def test_attack_fork_bomb_after_killing_the_supervisor(arena):
     assert result.observation.startswith("Exit code: ")
 
 
-def test_attack_memory_hog(arena):
-    result = attack(arena[0], bash("python3 -c 'x = b\"a\" * (2 * 1024**3)'"), 20)
+def test_attack_memory_hog(arena, client):
+    # Its own episode, under the arena's limits but with a command timeout far above the arena's 3 s: under cgroup v1
+    # the kernel reclaims for 0.4-3.3 s (measured) before its OOM killer fires, and the test is that the memory
+    # limit, not the timeout, stops the hog. The arena's neighbour runs beside it (test_neighbour_and_host_unaffected).
+    env = make_env(client, max_turns=50, docker=arena[0].config.docker, steps_remaining=False,
+                   tools=ToolSettings(command_timeout_s=60, max_observation_chars=MAX_CHARS))
+    env.reset(TASKS[0])
+    try:
+        result = attack(env, bash("python3 -c 'x = b\"a\" * (2 * 1024**3)'"), 60)
+    finally:
+        env.close()
     assert result.observation.startswith("Exit code: Error: Exit code 137\n")  # OOM-killed inside the container
+    assert not result.info.timed_out
 
 
 def test_attack_infinite_loop(arena):
