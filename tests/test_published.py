@@ -63,19 +63,22 @@ def test_compare_tells_identical_within_outside_missing_and_extra_apart():
 
 
 def test_compare_keys_runs_by_arm_and_reads_a_numeric_label_back_as_the_label(tmp_path):
-    """Two arms of one recipe and optimizer differ only by their arm; a CSV round trip makes the label "123" an int,
-    which must still join with the rerun's string."""
-    published = pd.concat([_runs().assign(arm="123"), _runs().assign(arm="b")], ignore_index=True)
+    """Two arms of one recipe and optimizer differ only by their arm; labels that read as numbers ("1e-3" would
+    come back as 0.001) or as missing ("NA") must come back from the published CSV as written and join the rerun's."""
+    published = pd.concat([_runs().assign(arm="1e-3"), _runs().assign(arm="NA")], ignore_index=True)
     published.to_csv(tmp_path / "runs.csv", index=False)
-    back = pd.read_csv(tmp_path / "runs.csv")
-    assert back["arm"].dtype != object  # pandas read "123" as a number
+    (tmp_path / "provenance.json").write_text("{}")
+    (tmp_path / "summary.csv").write_text("")
+    assert pd.read_csv(tmp_path / "runs.csv")["arm"].isna().any()  # what a plain read makes of them
+    back, _ = read_published(tmp_path)
+    assert sorted(set(back["arm"])) == ["1e-3", "NA"]
     rerun = published.copy()
-    rerun.loc[(rerun["arm"] == "b") & (rerun["recipe"] == "full"), "collapsed"] = True
+    rerun.loc[(rerun["arm"] == "NA") & (rerun["recipe"] == "full"), "collapsed"] = True
     table = compare(rerun, back)
     assert list(table.columns[:5]) == ["model", "recipe", "optimizer", "arm", "seed"] and len(table) == 12
     status = table.groupby(["arm", "recipe"])["status"].agg(set).to_dict()
-    assert status == {("123", "full"): {"identical"}, ("123", "spo_adam"): {"identical"},
-                      ("b", "full"): {"outside"}, ("b", "spo_adam"): {"identical"}}
+    assert status == {("1e-3", "full"): {"identical"}, ("1e-3", "spo_adam"): {"identical"},
+                      ("NA", "full"): {"outside"}, ("NA", "spo_adam"): {"identical"}}
 
 
 def _cell(folder: Path, commit: str, version: str | None, dirty: bool = False) -> None:

@@ -314,7 +314,8 @@ def test_attack_memory_hog(arena, client):
     # the kernel reclaims for 0.4-3.3 s (measured) before its OOM killer fires, and the test is that the memory
     # limit, not the timeout, stops the hog. The arena's neighbour runs beside it (test_neighbour_and_host_unaffected).
     env = make_env(client, max_turns=50, docker=arena[0].config.docker, steps_remaining=False,
-                   tools=ToolSettings(command_timeout_s=60, max_observation_chars=MAX_CHARS))
+                   tools=ToolSettings(command_timeout_s=60, max_observation_chars=MAX_CHARS,
+                                      clean_control_characters=True))
     env.reset(TASKS[0])
     try:
         result = attack(env, bash("python3 -c 'x = b\"a\" * (2 * 1024**3)'"), 60)

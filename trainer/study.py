@@ -229,7 +229,10 @@ def check_arms(study: dict) -> None:
     for i in with_arm:
         block = blocks[i]
         label, own = block["arm"], block.get("cell") or {}
-        if not isinstance(label, str) or not re.match(ARM_PATTERN, label):
+        if not isinstance(label, str):
+            raise StudyError(f"grid[{i}].arm: {label!r} is a {type(label).__name__}, not a label: YAML read it as "
+                             f"one; quote it (arm: \"{label}\")")
+        if not re.fullmatch(ARM_PATTERN, label):
             raise StudyError(f"grid[{i}].arm: {label!r} is not a folder label (letters, digits, _ . + -)")
         if label in seen and seen[label][1] != own:
             raise StudyError(f"grid[{i}].cell: arm {label!r} is also grid[{seen[label][0]}]'s with other keys; "

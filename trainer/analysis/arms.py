@@ -119,7 +119,7 @@ def arms_run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | None = 
         row["heldout_auc"] = float(evals.mean()) if len(evals) else math.nan
         stop = verdicts.loc[key]
         before = run if pd.isna(stop) else run[run["update"] < stop]
-        early = run.iloc[:max(1, criterion.warmup)]
+        early = before.iloc[:max(1, criterion.warmup)]  # a non-finite verdict has no warm-up
         for column in STEP_COLUMNS:
             if column in run.columns:
                 row[column] = float(before[column].median()) if before[column].notna().any() else math.nan
@@ -298,6 +298,10 @@ def figure_predictors(runs: pd.DataFrame, predictors: pd.DataFrame) -> Figure:
             y = 100 * runs["window_success"].to_numpy(dtype=float)
             dead = runs["collapsed"].to_numpy(dtype=bool)
             ok = np.isfinite(x) & (x > 0)
+            hidden = int((np.isfinite(x) & (x <= 0)).sum())  # verl's k1 KL estimate can be <= 0: no log place
+            if hidden:
+                ax.text(0.02, 0.02, f"{hidden} run{'s' * (hidden > 1)} <= 0 not shown", transform=ax.transAxes,
+                        fontsize=6, color=MUTED)
             for optimizer in ordered(runs["optimizer"], ["muon", "adam", "adam_high_lr"]):
                 mine = ok & (runs["optimizer"] == optimizer).to_numpy() & ~dead
                 ax.scatter(x[mine], y[mine], s=16, color=_arm_color(optimizer), alpha=0.8, linewidth=0, zorder=4)

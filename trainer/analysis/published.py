@@ -110,7 +110,9 @@ def read_published(folder: Path) -> tuple[pd.DataFrame, dict]:
     missing = [name for name in FILES if not (folder / name).exists()]
     if missing:
         raise ValueError(f"{folder}: not a published study, missing {missing}")
-    return pd.read_csv(folder / "runs.csv"), json.loads((folder / "provenance.json").read_text())
+    # labels as written: an arm "1e-3" stays a string and "NA" a label (to_csv writes a missing number as "")
+    runs = pd.read_csv(folder / "runs.csv", dtype={"arm": str}, keep_default_na=False, na_values=[""])
+    return runs, json.loads((folder / "provenance.json").read_text())
 
 
 def _keys(frame: pd.DataFrame) -> list[str]:
@@ -133,8 +135,6 @@ def compare(rerun: pd.DataFrame, published: pd.DataFrame, seed: int = 0) -> pd.D
         frame["collapsed"] = frame["collapsed"].astype(float)
         if "lr" in keys:
             frame["lr"] = frame["lr"].astype(float)
-        if "arm" in keys:  # a label read back from CSV may look like a number
-            frame["arm"] = frame["arm"].astype(str)
     merged = published.merge(rerun, on=keys, how="outer", suffixes=("_pub", "_new"), indicator=True)
     group_keys = [k for k in keys if k != "seed"]
     outside: dict[tuple, list[str]] = {}
