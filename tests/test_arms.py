@@ -88,7 +88,7 @@ def test_a_block_with_trainer_keys_must_be_an_arm():
         cc.check_study(study, root=REPO)
 
 
-@pytest.mark.parametrize("study_file, cells", [("configs/edge.yaml", 27), ("configs/conditions.yaml", 18),
+@pytest.mark.parametrize("study_file, cells", [("configs/edge.yaml", 27), ("configs/conditions.yaml", 9),
                                                ("configs/companion-equal.yaml", 45)])
 def test_the_decisive_studies_pass_every_check_and_set_what_they_say(study_file, cells):
     study = _study(study_file)
@@ -118,9 +118,6 @@ def test_the_decisive_studies_pass_every_check_and_set_what_they_say(study_file,
     else:
         assert configs["adamw_b0.999"].optim.betas == (0.9, 0.999) and configs["adamw_b0.95"].optim.betas == (0.9,
                                                                                                                0.95)
-        assert configs["adamw_b0.95_lr3e-4"].optim.betas == (0.9, 0.95)
-        assert {arm: (c.optim.lr, c.optim.muon_lr) for arm, c in configs.items() if arm.endswith("lr3e-4")} == {
-            "adamw_b0.999_lr3e-4": (3e-4, None), "muon_lr3e-4": (3e-4, 3e-4), "adamw_b0.95_lr3e-4": (3e-4, None)}
         for cfg in configs.values():
             assert (cfg.optim.weight_decay, cfg.run.minibatches, cfg.run.skip_no_signal) == (0.01, 8, False)
             assert (cfg.rollout.lag, cfg.rollout.weight_dtype) == (3, "bfloat16")
