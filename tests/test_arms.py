@@ -216,11 +216,15 @@ def test_the_curves_have_a_panel_per_recipe_and_arm(tmp_path):
     fig = figure_curves(metrics, runs)
     panels = [ax for ax in fig.axes if ax.lines]
     assert len(panels) == 4 and all(len(ax.lines) == 1 for ax in panels)
-    titles = sorted(ax.get_title() for ax in panels)
-    assert titles == ["q, gigpo\nadamw", "q, gigpo\nmuon", "q, grpo\nadamw", "q, grpo\nmuon"]
-    crosses = {ax.get_title(): sum(len(c.get_offsets()) for c in ax.collections if c.get_offsets().size
-                                   and c.get_sizes()[0] == 55) for ax in panels}
-    assert crosses == {"q, grpo\nmuon": 1, "q, grpo\nadamw": 0, "q, gigpo\nmuon": 0, "q, gigpo\nadamw": 0}
+    # the arm titles each panel; the row's recipe labels the row's first axis (one model: named once, above)
+    rows = {ax.get_position().y0: ax.get_ylabel() for ax in panels if ax.get_ylabel()}
+    assert sorted(rows.values()) == ["gigpo\nTraining success (%)", "grpo\nTraining success (%)"]
+    place = {ax: (rows[ax.get_position().y0].split("\n")[0], ax.get_title()) for ax in panels}
+    assert sorted(place.values()) == [("gigpo", "adamw"), ("gigpo", "muon"), ("grpo", "adamw"), ("grpo", "muon")]
+    crosses = {place[ax]: sum(len(c.get_offsets()) for c in ax.collections if c.get_offsets().size
+                              and c.get_sizes()[0] == 55) for ax in panels}
+    assert crosses == {("grpo", "muon"): 1, ("grpo", "adamw"): 0, ("gigpo", "muon"): 0, ("gigpo", "adamw"): 0}
+    assert fig._suptitle.get_text().endswith(": q")
 
 
 def test_the_early_medians_stop_at_a_verdict_inside_the_warm_up(tmp_path):

@@ -265,19 +265,22 @@ def figure_curves(metrics: pd.DataFrame, runs: pd.DataFrame, models: Mapping[str
                                edgecolor="white", linewidth=0.6, zorder=5)
                     seen.add("collapse")
             curve_axes(ax, float(frame["update"].max()))
-            # the row's model and recipe where arms share rows; otherwise an arm's label says enough
-            where = f"{family_title(model, models)}, {recipe}\n" if crossed and many_rows else ""
-            ax.set_title(f"{where}{arm}", fontsize=8.5)
+            ax.set_title(arm, fontsize=8.5)
         placed = [ax for ax in axes if ax in set(at.values())]
         for ax in placed:
             below = [other for other in placed if other is not ax and abs(other.get_position().x0 - ax.get_position().x0)
                      < 1e-6 and other.get_position().y0 < ax.get_position().y0]
             ax.xaxis.set_tick_params(labelbottom=not below)
             ax.set_xlabel("" if below else "Update")
+        by_axis = {ax: key for key, ax in at.items()}
+        one_model = len({m for m, _ in rows}) == 1
         for ax in axes[::ncols]:
-            if ax in placed:
-                ax.set_ylabel("Training success (%)")
-        suptitle(fig, "Training success per arm")
+            if ax in placed:  # in a table of panels the row's recipe (and model, if several) labels its first axis
+                model, recipe, _ = by_axis[ax]
+                row = (recipe if one_model else f"{model}, {recipe}") if crossed and many_rows else ""
+                ax.set_ylabel(f"{row}\nTraining success (%)" if row else "Training success (%)")
+        only = f": {family_title(rows[0][0], models)}" if one_model else ""
+        suptitle(fig, f"Training success per arm{only}")
         handles = [Line2D([], [], color=_arm_color(o), ls=OPTIMIZER_STYLES.get(o, ":"), lw=1.4,
                           label=f"{OPTIMIZER_LABELS.get(o, o)}: a seed's EMA (span {ema_span})")
                    for o in ordered(seen - {"collapse"}, ["muon", "adam", "adam_high_lr"])]
