@@ -145,7 +145,8 @@ class LeanDecoder:
             norm2, inner = layer["norm2"], layer["inner"]
             x = self._norm(h, norm2.weight, norm2.variance_epsilon)
             gate_up = F.linear(x, layer["gate_up"], layer["gate_up_bias"])
-            h = h + F.linear(F.silu(gate_up[..., :inner]) * gate_up[..., inner:], layer["down"], layer["down_bias"])
+            gate = gate_up[..., :inner].contiguous()  # as the model's: silu rounds a strided row's tail apart (inner 48)
+            h = h + F.linear(F.silu(gate) * gate_up[..., inner:], layer["down"], layer["down_bias"])
         return h
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
