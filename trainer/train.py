@@ -86,6 +86,11 @@ class Trainer:
         self.device = rank_device(cfg.run.device)
         if self.dist.enabled and cfg.run.grad_snr:
             raise ConfigError("run.grad_snr needs the unsharded update: run the cell in one process")
+        if self.dist.enabled and cfg.rollout.engine == "vllm" and not cfg.rollout.server:
+            # vLLM sets up its own torch.distributed groups on the default group, which the other ranks never join
+            raise ConfigError("rollout.engine: vllm in the trainer (rollout.server: false) needs a one-process "
+                              "cell: with several trainer processes, run vLLM in the rollout server "
+                              "(rollout.server: true)")
         self.out.mkdir(parents=True, exist_ok=True)
         torch.set_num_threads(cfg.run.threads)
         random.seed(cfg.run.seed)
@@ -154,7 +159,8 @@ class Trainer:
         if r.engine == "vllm":
             from trainer.rollout.vllm_engine import VLLMEngine
             return VLLMEngine(cfg.model.path, self.fmt, dtype=cfg.run.compute_dtype, seed=cfg.run.seed,
-                              gpu_memory_utilization=r.vllm_gpu_memory_utilization, max_model_len=r.max_episode_tokens)
+                              gpu_memory_utilization=r.vllm_gpu_memory_utilization, max_model_len=r.max_episode_tokens,
+                              enforce_eager=r.vllm_enforce_eager)
         if r.engine == "reference":
             from trainer.rollout.reference_llm import reference_engine
             return reference_engine(copy.deepcopy(unsharded), self.fmt)

