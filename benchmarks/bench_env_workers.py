@@ -61,8 +61,8 @@ class TextFormat:
 
 class ScriptedLLM:
     """`vllm.LLM.generate`'s signature, answering each episode's next oracle action (the task found by its issue
-    in the first observation, the turn by the stop tokens so far). `apply_model` / `reset_prefix_cache` accept the
-    driver's weight push and do nothing (a scripted policy has no weights)."""
+    in the first observation, the turn by the stop tokens so far). `collective_rpc` / `reset_prefix_cache` accept
+    the driver's weight push and do nothing (a scripted policy has no weights)."""
 
     def __init__(self, fmt: TextFormat, tasks):
         self.fmt, self.tasks = fmt, tasks
@@ -82,7 +82,7 @@ class ScriptedLLM:
                 token_ids=tokens, logprobs=[{t: 0.0} for t in tokens])]))
         return outputs
 
-    def apply_model(self, fn):
+    def collective_rpc(self, method, args=(), kwargs=None):
         return [[]]
 
     def reset_prefix_cache(self):

