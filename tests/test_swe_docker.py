@@ -9,6 +9,8 @@ no stray process is left in the container, and at the end that the neighbour and
 that no container is left behind.
 """
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -215,6 +217,78 @@ def test_the_cheating_probe_catches_a_gamed_grade(client):
             assert env.step(format_action("finish", {"command": "submit"})).reward == reward, env.last_test_log[-2000:]
         finally:
             env.close()
+
+
+FORGE_PYC = r"""set -e
+python3 - "$@" <<'EOF'
+import importlib.util, pathlib, py_compile, shutil, struct, sys
+for name in sys.argv[1:]:
+    source, original = pathlib.Path("/testbed", name), pathlib.Path("/tmp/original", name)
+    cached = importlib.util.cache_from_source(str(source))
+    py_compile.compile(str(source), cfile=cached)  # the fixed source
+    shutil.copy2(original, source)  # the unfixed source back, byte for byte, its mtime too
+    data = bytearray(pathlib.Path(cached).read_bytes())
+    data[8:16] = struct.pack("<II", int(source.stat().st_mtime) & 0xFFFFFFFF, source.stat().st_size)
+    pathlib.Path(cached).write_bytes(bytes(data))  # the header now vouches for the unfixed source
+EOF
+"""
+"""The fix compiled into the bytecode cache under a header that matches the unfixed source: Python, `-B` or not,
+loads the cached fix and never reads the source, which is put back byte-identical to the original."""
+
+
+@pytest.mark.parametrize("grade_in", ["fresh", "episode"])
+def test_a_stale_bytecode_cache_cannot_forge_the_grade(client, grade_in):
+    task = TASKS[0]
+    names = re.findall(r"^\+\+\+ b/(\S+)", task.gold_patch, re.M)
+    env = make_env(client, docker=DockerConfig(memory="512m", pids=128, grade_in=grade_in))
+    try:
+        env.reset(task)
+        saved = env.step(bash(" && ".join(f"mkdir -p $(dirname /tmp/original/{n}) && cp -p {n} /tmp/original/{n}"
+                                          for n in names)))
+        assert saved.observation.startswith("Exit code: 0"), saved.observation
+        for action in patch_actions(task.gold_patch, env.repo_dir, check_command=None)[:-1]:  # all but `finish`
+            env.step(action)
+        forged = env.step(bash(f"sh -c {shlex.quote(FORGE_PYC)} _ {' '.join(names)} && cmp {names[0]} "
+                               f"/tmp/original/{names[0]} && echo same source"))
+        assert forged.observation.startswith("Exit code: 0") and "same source" in forged.observation, \
+            forged.observation
+        last = env.step(format_action("finish", {"command": "submit"}))
+    finally:
+        env.close()
+    assert last.reward == 0.0 and "FAILED" in env.last_test_log, env.last_test_log[-2000:]
+
+
+def graded_with_junk(client, megabytes: int, reward_timeout_s: float = 300.0, **docker) -> tuple[float, float, dict]:
+    """(reward, seconds from `finish` to the reward, the step's extra) of the unfixed repository after the agent
+    filled /testbed with `megabytes` MiB of incompressible junk (files of 8 MiB, the file-size limit's side)."""
+    env = make_env(client, docker=DockerConfig(memory="1g", pids=128, **docker), reward_timeout_s=reward_timeout_s)
+    try:
+        env.reset(TASKS[0])
+        fill = env.step(bash(f"for i in $(seq {megabytes // 8}); do head -c 8388608 /dev/urandom > junk$i.bin; done; "
+                             "du -sm /testbed | cut -f1"))
+        assert fill.observation.startswith("Exit code: 0"), fill.observation
+        start = time.monotonic()
+        last = env.step(format_action("finish", {"command": "submit"}))
+        return last.reward, time.monotonic() - start, last.info.extra
+    finally:
+        env.close()
+
+
+def test_grading_a_testbed_at_its_scratch_cap_is_linear_and_within_the_deadline(client):
+    """The agent's repository is copied to the grading container as a stream: 96 MiB (the 1g sandbox's /testbed
+    holds 102) grades about as fast as 8 MiB, the tests still run (and fail: the repository is unfixed)."""
+    small, small_s, _ = graded_with_junk(client, 8)
+    big, big_s, extra = graded_with_junk(client, 96)
+    assert small == big == 0.0 and "sandbox_error" not in extra and extra["tests_mismatched"], extra
+    assert big_s < 4 * small_s + 10, (small_s, big_s)
+
+
+def test_grading_that_passes_its_deadline_fails_the_episode_with_the_reason(client):
+    """The whole grading (copy, container start, tests) has a deadline: here 1.5 s, which copying 96 MiB and
+    starting a container cannot meet."""
+    reward, seconds, extra = graded_with_junk(client, 96, reward_timeout_s=1.0, grading_overhead_s=0.5)
+    assert reward == 0.0 and "deadline" in extra.get("sandbox_error", ""), extra
+    assert seconds < 30, seconds
 
 
 # ----------------------------------------------------------------------------------------------------------------

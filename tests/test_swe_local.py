@@ -197,3 +197,31 @@ def test_episode_leaves_no_processes_behind(env):
     pid = int(started.observation.split("[STDOUT]\n\n")[1].split()[0])
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_a_stale_bytecode_cache_cannot_forge_the_grade(env):
+    """The fix compiled into the bytecode cache under a header that matches the unfixed source, which is put back
+    byte for byte with its mtime: Python would load the cached fix without reading the source."""
+    import importlib.util
+    import py_compile
+    import re
+    import struct
+
+    task = TASKS[0]
+    env.reset(task)
+    repo = Path(env.backend.repo_dir)
+    names = re.findall(r"^\+\+\+ b/(\S+)", task.gold_patch, re.M)
+    originals = {name: ((repo / name).read_bytes(), (repo / name).stat()) for name in names}
+    for action in patch_actions(task.gold_patch, env.repo_dir, check_command=None)[:-1]:  # all but `finish`
+        env.step(action)
+    for name, (text, stat) in originals.items():
+        source = repo / name
+        cached = Path(importlib.util.cache_from_source(str(source)))
+        py_compile.compile(str(source), cfile=str(cached))
+        source.write_bytes(text)
+        os.utime(source, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        data = bytearray(cached.read_bytes())
+        data[8:16] = struct.pack("<II", int(stat.st_mtime) & 0xFFFFFFFF, stat.st_size)
+        cached.write_bytes(bytes(data))
+    last = env.step(format_action("finish", {"command": "submit"}))
+    assert last.reward == 0.0 and "FAILED" in env.last_test_log, env.last_test_log[-2000:]

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import posixpath
 import socket
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -98,6 +99,9 @@ class DockerConfig:
     pull: Literal["missing", "never"] = "missing"
     """An absent image: "missing" pulls it (docker-py's `containers.run`, as in R2E-Gym), "never" fails the task
     (for machines without registry access, or to keep a study on the images already there)."""
+    grading_overhead_s: float = 120.0
+    """How much longer than the tests' own deadline the whole grading may take (copying the agent's repository,
+    starting the grading container, preparing it): past it the grade fails with the reason, as a sandbox error."""
     grade_in: str = "fresh"
     """Where the hidden tests run. "fresh": a new container from the task's image, given only the agent's
     repository (/testbed without .venv, .git and the tests' folder), so nothing else the agent left behind (a
@@ -109,6 +113,8 @@ class DockerConfig:
         for name in ("pids", "file_size_bytes", "capture_bytes", "max_output_bytes", "scratch_inodes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"DockerConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.grading_overhead_s <= 0:
+            raise ValueError(f"DockerConfig.grading_overhead_s must be positive, got {self.grading_overhead_s}")
         if self.cpus <= 0:
             raise ValueError(f"DockerConfig.cpus must be positive, got {self.cpus}")
         if not self.memory:
@@ -138,9 +144,16 @@ def memory_bytes(size: str | int) -> int:
 
 
 
-WORK_EXCLUDES = "--exclude=./.venv --exclude=./.git --exclude=./r2e_tests"
+WORK_EXCLUDES = "--exclude=./.venv --exclude=./.git --exclude=./r2e_tests --exclude=__pycache__ --exclude=*.pyc"
 """What of /testbed is not the agent's work when grading in a fresh container: the repository's environment and
-history come from the image (a `.pth` planted in /testbed/.venv would otherwise run at interpreter start)."""
+history come from the image (a `.pth` planted in /testbed/.venv would otherwise run at interpreter start), and
+bytecode is not work (see PURGE_BYTECODE)."""
+
+PURGE_BYTECODE = ("find /testbed -path /testbed/.venv -prune -o -name __pycache__ -type d -prune -exec rm -rf {} + "
+                  "-o -name '*.pyc' -type f -exec rm -f {} +")
+"""Run as root before the hidden tests, in either grading place: Python loads a cached module whose header matches
+the source's mtime and size without reading the source (`-B` only stops writing caches), so an agent could compile
+its fix into the cache and put the unfixed source back; and a lone `.pyc` imports where no source exists."""
 
 _SETUP = """set -e
 if [ "$2" = layer ] && [ -d /r2e_tests ]; then rm -rf /root/r2e_tests; mv /r2e_tests /root/r2e_tests; fi
@@ -263,9 +276,10 @@ class DockerBackend:
             return None
         return b"".join(stream)
 
-    def _feed(self, argv: Sequence[str], data: bytes, what: str, user: str = "root") -> None:
-        """Run `argv` in the container with `data` on its standard input (the docker archive API cannot reach the
-        tmpfs places); SandboxError with `what` and its error output unless it exits 0."""
+    def _feed(self, argv: Sequence[str], data, what: str, user: str = "root", deadline: float | None = None) -> None:
+        """Run `argv` in the container with `data` (bytes, or a file read in chunks) on its standard input (the
+        docker archive API cannot reach the tmpfs places); SandboxError with `what` and its error output unless it
+        exits 0, or once `deadline` (time.monotonic) passes."""
         from docker.utils.socket import frames_iter
 
         api = self.client.api
@@ -274,7 +288,13 @@ class DockerBackend:
         sock = api.exec_start(exec_id, socket=True)
         raw = getattr(sock, "_sock", sock)
         try:
-            raw.sendall(data)
+            if isinstance(data, bytes):
+                raw.sendall(data)
+            else:
+                for chunk in iter(lambda: data.read(1024**2), b""):
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise SandboxError(f"{what}: grading passed its deadline (DockerConfig.grading_overhead_s)")
+                    raw.sendall(chunk)
             raw.shutdown(socket.SHUT_WR)
             err = b"".join(data for stream, data in frames_iter(sock, tty=False) if stream == 2)
         finally:
@@ -423,38 +443,53 @@ class DockerBackend:
     def run_tests(self, timeout: float) -> ExecResult:
         """Kill the agent's processes, then run the hidden tests on the agent's repository: in a fresh container
         from the task's image (`grade_in: fresh`) or in this one (`episode`)."""
+        deadline = time.monotonic() + timeout + self.config.grading_overhead_s
         if self.user != "root":
             self._stop_processes(self.user)
         if self.config.grade_in == "episode":
-            return self._run_hidden_tests(timeout)
-        work = self._agent_work()
-        grader = DockerBackend(self.config, client=self.client)
-        try:
-            grader.start(self.task)
-            grader._replace_repository(work)
-            return grader._run_hidden_tests(timeout)
-        finally:
-            grader.close()
+            return self._run_hidden_tests(_before(deadline, timeout, "the tests"))
+        with tempfile.TemporaryFile(prefix="swe-agent-work-") as work:
+            self._agent_work(work, deadline)
+            grader = DockerBackend(self.config, client=self.client)
+            try:
+                grader.start(self.task)
+                _before(deadline, timeout, "copying the repository in")
+                grader._replace_repository(work, deadline)
+                return grader._run_hidden_tests(_before(deadline, timeout, "the tests"))
+            finally:
+                grader.close()
 
-    def _agent_work(self) -> bytes:
-        """A tar of the agent's repository: /testbed as it is now, without the tests' folder and the image's
-        .venv and .git (those the grader takes from the image), ownership and modes kept."""
-        made = self.container.exec_run(["sh", "-c", f"tar -C /testbed {WORK_EXCLUDES} -cf - ."], user="root",
-                                       workdir="/", demux=True)
-        work, err = made.output
-        if made.exit_code != 0:
+    def _agent_work(self, out, deadline: float) -> None:
+        """Write to the file `out` a tar of the agent's repository: /testbed as it is now, without the tests' folder,
+        the image's .venv and .git (those the grader takes from the image) and bytecode, ownership and modes kept.
+        Streamed chunk by chunk (docker-py's `exec_run(demux=True)` joins its chunks in quadratic time)."""
+        api = self.client.api
+        exec_id = api.exec_create(self.container.id, ["sh", "-c", f"tar -C /testbed {WORK_EXCLUDES} -cf - ."],
+                                  stdout=True, stderr=True, user="root", workdir="/")["Id"]
+        err = OutputCapture(64 * 1024)
+        for chunk_out, chunk_err in api.exec_start(exec_id, stream=True, demux=True):
+            if chunk_out:
+                out.write(chunk_out)
+            if chunk_err:
+                err.add(chunk_err)
+            if time.monotonic() > deadline:
+                raise SandboxError(f"grading passed its deadline while copying the agent's repository out "
+                                   f"({out.tell()} bytes so far; DockerConfig.grading_overhead_s)")
+        if api.exec_inspect(exec_id).get("ExitCode") != 0:
             raise SandboxError(f"could not archive the agent's repository for grading: "
-                               f"{(err or b'').decode(errors='replace').strip()}")
-        return work or b""
+                               f"{err.value().decode(errors='replace').strip()}")
+        out.seek(0)
 
-    def _replace_repository(self, work: bytes) -> None:
-        """Swap this (fresh) container's /testbed for the agent's, keeping the image's .venv and .git."""
+    def _replace_repository(self, work, deadline: float) -> None:
+        """Swap this (fresh) container's /testbed for the agent's (the tar in the file `work`), keeping the image's
+        .venv and .git."""
         cleared = self._exec(["sh", "-c", "find /testbed -mindepth 1 -maxdepth 1 ! -name .venv ! -name .git "
                               "-exec rm -rf {} +"], self.config.file_op_timeout_s, user="root")
         if cleared.exit_code != 0:
             raise SandboxError("could not clear the grading container's repository")
         try:
-            self._feed(["tar", "-xf", "-", "-C", "/testbed"], work, "could not copy the agent's repository in")
+            self._feed(["tar", "-xf", "-", "-C", "/testbed"], work, "could not copy the agent's repository in",
+                       deadline=deadline)
         except SandboxFileError as exc:
             raise SandboxError(str(exc)) from None
 
@@ -462,6 +497,9 @@ class DockerBackend:
         """Copy the hidden tests in (read-only for the agent), run run_tests.sh as the agent, remove them. A SWE-bench
         image's script brings its own tests (it applies the test patch); its output is read with stderr interleaved,
         as R2E-Gym reads it (the log is cut at the echo of the test command, which `set -x` writes to stderr)."""
+        purged = self._exec(["sh", "-c", PURGE_BYTECODE], self.config.file_op_timeout_s, user="root")
+        if purged.exit_code != 0:
+            raise SandboxError(f"could not remove the bytecode caches: {purged.stderr.decode(errors='replace')}")
         if self.task.kind == "swebench":
             script = self._exec(["cat", "/root/run_tests.sh"], self.config.file_op_timeout_s, user="root")
             if script.exit_code != 0:
@@ -476,6 +514,15 @@ class DockerBackend:
             return self._exec(["bash", "-c", copy.stdout.decode()], timeout)
         finally:
             self._exec(["rm", "-rf", "/testbed/r2e_tests"], self.config.file_op_timeout_s, user="root")
+
+
+def _before(deadline: float, timeout: float, step: str) -> float:
+    """The tests' deadline: `timeout`, or what is left of the whole grading's if less; SandboxError if nothing is
+    left before `step`."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise SandboxError(f"grading passed its deadline before {step} (DockerConfig.grading_overhead_s)")
+    return min(timeout, left)
 
 
 def ensure_image(client, task, config: DockerConfig) -> None:

@@ -231,6 +231,7 @@ class LocalBackend:
             tests_dir.unlink()
         shutil.copytree(self.task.hidden_tests_path, tests_dir, symlinks=True,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        purge_bytecode(Path(self.repo_dir))
         script = pytest_command(python=shlex.quote(self.config.python), testbed=shlex.quote(self.repo_dir))
         home = tempfile.mkdtemp(prefix="swe-grade-home-")  # not the agent's home, which it may have seeded
         try:
@@ -249,3 +250,13 @@ class LocalBackend:
             shutil.rmtree(self.root, ignore_errors=True)
         self.root = None
         self.repo_dir = ""
+
+
+def purge_bytecode(repo: Path) -> None:
+    """Remove the bytecode caches the agent left in its repository before grading (the Docker backend's
+    PURGE_BYTECODE says why): a cache whose header matches the source is loaded without reading the source."""
+    for cache in [p for p in repo.rglob("__pycache__") if p.is_dir() and not p.is_symlink()]:
+        shutil.rmtree(cache, ignore_errors=True)
+    for stray in repo.rglob("*.pyc"):
+        if stray.is_file() or stray.is_symlink():
+            stray.unlink(missing_ok=True)
