@@ -79,6 +79,10 @@ def test_provenance_has_every_field_and_is_json():
     assert hw["cuda_devices"] == ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
                                   if torch.cuda.is_available() else [])
     assert isinstance(hw["processor"], str) and hw["processor"]
+    flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.split(":")[0].strip() in ("flags", "Features")), [])
+    for flag in ("avx2", "avx512f", "avx512_bf16", "amx_tile"):  # the features that pick torch's CPU kernels
+        assert (flag in hw["cpu_features"]) == (flag in flags), (flag, hw["cpu_features"])
     assert p["argv"] == sys.argv and isinstance(p["hostname"], str)
     stamp = datetime.fromisoformat(p["timestamp_utc"])
     assert stamp.utcoffset() == timedelta(0) and abs(datetime.now(timezone.utc) - stamp) < timedelta(minutes=1)

@@ -86,7 +86,8 @@ def study_provenance(results: Path, study_file: Path, repo: Path, wall_time_s: f
     first = provs[0]
     return {"trainer_version": versions.pop(), "commits": commits, "study_file": str(study_file),
             "study_sha256": hashlib.sha256(study_file.read_bytes()).hexdigest(), "n_cells": len(paths),
-            "machine": {k: first["hardware"].get(k) for k in ("processor", "machine", "logical_cores", "cuda_devices")},
+            "machine": {k: first["hardware"].get(k) for k in ("processor", "cpu_features", "machine", "logical_cores",
+                                                              "cuda_devices")},
             "versions": first["versions"],
             "trained_utc": [min(p["timestamp_utc"] for p in provs), max(p["timestamp_utc"] for p in provs)],
             "wall_time_s": wall_time_s}

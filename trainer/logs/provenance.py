@@ -109,10 +109,30 @@ def _cpu_model() -> str:
     return platform.processor() or UNKNOWN
 
 
+KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "asimd", "sve")
+"""CPU features that decide which matmul kernels torch runs, and so the last bits of every number: a rerun is
+bit-identical only where these match (an AVX2 and an AVX-512 EPYC gave different warm starts from the same code)."""
+
+
+def _cpu_features() -> list[str]:
+    """The KERNEL_FLAGS this CPU has, from /proc/cpuinfo (empty where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return [flag for flag in KERNEL_FLAGS if flag in value.split()]
+    except OSError:
+        pass
+    return []
+
+
 def hardware() -> dict:
-    """Platform, CPU model, logical cores, torch threads and CUDA device names (empty list without CUDA)."""
+    """Platform, CPU model and kernel-relevant features, logical cores, torch threads and CUDA device names (empty
+    list without CUDA)."""
     info = {"platform": platform.platform(), "machine": platform.machine(), "processor": _cpu_model(),
-            "logical_cores": os.cpu_count(), "torch_threads": None, "cuda_devices": []}
+            "cpu_features": _cpu_features(), "logical_cores": os.cpu_count(), "torch_threads": None,
+            "cuda_devices": []}
     try:
         import torch
         info["torch_threads"] = torch.get_num_threads()
