@@ -372,9 +372,9 @@ def start_vllm(model_path, *, dtype: str = "bfloat16", gpu_memory_utilization: f
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
     vllm = import_vllm()
     options = {}
-    check_model_imports(model_path)
-    if vllm_on_cpu():
-        check_cpu_head_size(model_path)
+    on_cpu = vllm_on_cpu()
+    check_servable(model_path, on_cpu)
+    if on_cpu:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
         options["enable_chunked_prefill"] = False  # a seeded request whose prefill is chunked fails on a CPU
     elif not torch.cuda.is_available():
@@ -400,38 +400,32 @@ NEEDS_TORCHVISION = ("qwen3_5",)
 even for text-only checkpoints."""
 
 
-def check_model_imports(model_path) -> None:
-    """Refuse, before vLLM starts, a checkpoint whose vLLM model class cannot be imported here (it would fail deep
-    inside engine start-up as "failed to be inspected")."""
+def check_servable(model_path, on_cpu: bool) -> None:
+    """Refuse, before vLLM starts, a local checkpoint vLLM cannot serve here (it would fail deep inside engine
+    start-up, as "failed to be inspected" or in the attention backend): a model class that imports torchvision where
+    none is installed, and on a CPU an attention head size its CPU backend does not support."""
     import importlib.util
     import json
     from pathlib import Path
 
-    config = Path(model_path) / "config.json"
-    if not config.is_file():  # not a local checkpoint: vLLM says what is wrong with it
+    path = Path(model_path) / "config.json"
+    if not path.is_file():  # not a local checkpoint: vLLM says what is wrong with it
         return
-    kind = json.loads(config.read_text()).get("model_type", "")
+    config = json.loads(path.read_text())
+    kind = config.get("model_type", "")
     if kind.startswith(NEEDS_TORCHVISION) and importlib.util.find_spec("torchvision") is None:
         raise ValueError(f"{model_path}: vLLM's {kind} model imports torchvision, which is not installed (no CPU "
                          f"build of it is on PyPI for this torch); roll out with rollout.engine: hf, or install a "
                          f"torchvision that matches torch")
+    if on_cpu:
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-
-def check_cpu_head_size(model_path) -> None:
-    """Refuse, before vLLM starts, a checkpoint whose attention head size vLLM's CPU backend cannot serve (it
-    would fail deep inside engine start-up)."""
-    import json
-    from pathlib import Path
-
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-    config = json.loads((Path(model_path) / "config.json").read_text())
-    head = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    supported = CPUAttentionBackend.get_supported_head_sizes()
-    if head not in supported:
-        raise ValueError(f"{model_path}: attention head size {head} cannot be served by vLLM on a CPU (its CPU "
-                         f"attention backend supports {supported}); roll out with rollout.engine: hf, or use a "
-                         f"model whose head size it supports")
+        head = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        supported = CPUAttentionBackend.get_supported_head_sizes()
+        if head not in supported:
+            raise ValueError(f"{model_path}: attention head size {head} cannot be served by vLLM on a CPU (its CPU "
+                             f"attention backend supports {supported}); roll out with rollout.engine: hf, or use a "
+                             f"model whose head size it supports")
 
 
 def _model_config(llm):
