@@ -97,42 +97,35 @@ def package_versions() -> dict:
     return versions
 
 
-def _cpu_model() -> str:
+def _cpuinfo() -> dict[str, str]:
+    """The first value of each key of /proc/cpuinfo (the first CPU's), empty where it cannot be read."""
+    info: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                if key.strip() in ("model name", "Model", "Hardware", "cpu model"):
-                    return value.strip()
+                info.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return platform.processor() or UNKNOWN
+    return info
 
 
 KERNEL_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "asimd", "sve")
 """CPU features that decide which matmul kernels torch runs, and so the last bits of every number: a rerun is
-bit-identical only where these match (an AVX2 and an AVX-512 EPYC gave different warm starts from the same code)."""
-
-
-def _cpu_features() -> list[str]:
-    """The KERNEL_FLAGS this CPU has, from /proc/cpuinfo (empty where it cannot be read)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    return [flag for flag in KERNEL_FLAGS if flag in value.split()]
-    except OSError:
-        pass
-    return []
+bit-identical only where these match (two EPYC machines gave different warm starts from the same code and
+packages)."""
 
 
 def hardware() -> dict:
     """Platform, CPU model and kernel-relevant features, logical cores, torch threads and CUDA device names (empty
     list without CUDA)."""
-    info = {"platform": platform.platform(), "machine": platform.machine(), "processor": _cpu_model(),
-            "cpu_features": _cpu_features(), "logical_cores": os.cpu_count(), "torch_threads": None,
-            "cuda_devices": []}
+    cpu = _cpuinfo()
+    model = next((cpu[k] for k in ("model name", "Model", "Hardware", "cpu model") if cpu.get(k)), None)
+    flags = (cpu.get("flags") or cpu.get("Features") or "").split()
+    info = {"platform": platform.platform(), "machine": platform.machine(),
+            "processor": model or platform.processor() or UNKNOWN,
+            "cpu_features": [flag for flag in KERNEL_FLAGS if flag in flags], "logical_cores": os.cpu_count(),
+            "torch_threads": None, "cuda_devices": []}
     try:
         import torch
         info["torch_threads"] = torch.get_num_threads()
