@@ -36,6 +36,7 @@ It needs the `docker` SDK and a running engine; the images come from `image.py`.
 """
 from __future__ import annotations
 
+import io
 import posixpath
 import socket
 import tempfile
@@ -288,13 +289,11 @@ class DockerBackend:
         sock = api.exec_start(exec_id, socket=True)
         raw = getattr(sock, "_sock", sock)
         try:
-            if isinstance(data, bytes):
-                raw.sendall(data)
-            else:
-                for chunk in iter(lambda: data.read(1024**2), b""):
-                    if deadline is not None and time.monotonic() > deadline:
-                        raise SandboxError(f"{what}: grading passed its deadline (DockerConfig.grading_overhead_s)")
-                    raw.sendall(chunk)
+            stream = io.BytesIO(data) if isinstance(data, bytes) else data
+            for chunk in iter(lambda: stream.read(1024**2), b""):
+                if deadline is not None and time.monotonic() > deadline:
+                    raise SandboxError(f"{what}: grading passed its deadline (DockerConfig.grading_overhead_s)")
+                raw.sendall(chunk)
             raw.shutdown(socket.SHUT_WR)
             err = b"".join(data for stream, data in frames_iter(sock, tty=False) if stream == 2)
         finally:
