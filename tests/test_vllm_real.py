@@ -266,15 +266,20 @@ def test_weights_pushed_to_the_server_are_played_and_a_bad_push_keeps_it_in_step
                                                    policy_version=5))
 
 
-@pytest.mark.slow
-def test_a_dead_vllm_server_is_a_clear_error(served, tmp_path):
+def _own_server(served, tmp_path):
+    """(client, engine) of a vLLM rollout server of the test's own, for tests that break it."""
     from trainer.rollout.server import ServerEngine, launch_server
 
     model, fmt, _ = served
     save_policy(model, fmt, tmp_path / "policy")
     client = launch_server(tmp_path / "policy", backend="vllm", log_path=tmp_path / "server.log", dtype="float32",
                            seed=0, max_model_len=512, enforce_eager=True)
-    engine = ServerEngine.connect(client, fmt)
+    return client, ServerEngine.connect(client, fmt)
+
+
+@pytest.mark.slow
+def test_a_dead_vllm_server_is_a_clear_error(served, tmp_path):
+    client, engine = _own_server(served, tmp_path)
     os.kill(client.info["pid"], signal.SIGKILL)
     client.process.wait()
     with pytest.raises(RuntimeError, match=r"rollout server is gone .*exit code -9.*server\.log"):
@@ -285,13 +290,7 @@ def test_a_dead_vllm_server_is_a_clear_error(served, tmp_path):
 def test_a_stalled_vllm_server_is_a_clear_error_within_the_deadline(served, tmp_path):
     """A server that stops answering (stopped here with SIGSTOP) fails the request once the client's deadline
     passes, naming the request, and the client refuses further use: its replies would be out of step."""
-    from trainer.rollout.server import ServerEngine, launch_server
-
-    model, fmt, _ = served
-    save_policy(model, fmt, tmp_path / "policy")
-    client = launch_server(tmp_path / "policy", backend="vllm", log_path=tmp_path / "server.log", dtype="float32",
-                           seed=0, max_model_len=512, enforce_eager=True)
-    engine = ServerEngine.connect(client, fmt)
+    client, engine = _own_server(served, tmp_path)
     assert len(engine.play([TallyEnv() for _ in TASKS], TASKS, sampling=GREEDY)) == len(TASKS)
     client.timeout_s = 3.0
     os.kill(client.info["pid"], signal.SIGSTOP)
