@@ -46,7 +46,9 @@ from dataclasses import dataclass
 from typing import Literal, Sequence
 
 from trainer.environments.swe.containers import cleanup_stale_containers, disown, docker_client, own, owner_labels
-from trainer.environments.swe.sandbox import ExecResult, OutputCapture, SandboxError, SandboxFileError
+from trainer.environments.swe.grading import LAUNCHER_PATH, pytest_command
+from trainer.environments.swe.sandbox import (REPORT_MAX_BYTES, ExecResult, OutputCapture, SandboxError, SandboxFileError,
+                                             TestRun)
 from trainer.environments.swe.supervisor import SUPERVISOR
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -155,6 +157,22 @@ PURGE_BYTECODE = ("find /testbed -path /testbed/.venv -prune -o -name __pycache_
 """Run as root before the hidden tests, in either grading place: Python loads a cached module whose header matches
 the source's mtime and size without reading the source (`-B` only stops writing caches), so an agent could compile
 its fix into the cache and put the unfixed source back; and a lone `.pyc` imports where no source exists."""
+
+GRADER_DIR = "/testbed/r2e_tests/.grader"
+"""Where the report launcher (root's, read-only) and its key and report (in run/, the agent's, mode 700) sit while
+the tests run; a dot folder, so pytest does not collect in it; removed with the tests."""
+
+_COPY_TESTS = f"""set -e
+rm -rf /testbed/r2e_tests
+cp -r /root/r2e_tests /testbed/r2e_tests
+mkdir -p {GRADER_DIR}/run
+chown -R root:root /testbed/r2e_tests
+chmod -R a+rX,go-w /testbed/r2e_tests
+chown "$1" {GRADER_DIR}/run
+chmod 700 {GRADER_DIR}/run
+cat /root/run_tests.sh
+"""
+"""Run as root before the hidden tests of an R2E-Gym row; $1: the user the tests run as. Prints the image's script."""
 
 _SETUP = """set -e
 if [ "$2" = layer ] && [ -d /r2e_tests ]; then rm -rf /root/r2e_tests; mv /r2e_tests /root/r2e_tests; fi
@@ -439,45 +457,51 @@ class DockerBackend:
         return kind
 
     # -- grading ---------------------------------------------------------------------------------------------
-    def run_tests(self, timeout: float) -> ExecResult:
+    def run_tests(self, timeout: float, key: bytes | None = None) -> TestRun:
         """Kill the agent's processes, then run the hidden tests on the agent's repository: in a fresh container
-        from the task's image (`grade_in: fresh`) or in this one (`episode`)."""
+        from the task's image (`grade_in: fresh`) or in this one (`episode`); through `report_launcher.py` with
+        `key`, by the image's own test script without."""
         deadline = time.monotonic() + timeout + self.config.grading_overhead_s
         if self.user != "root":
             self._stop_processes(self.user)
         if self.config.grade_in == "episode":
-            return self._run_hidden_tests(_before(deadline, timeout, "the tests"))
+            return self._run_hidden_tests(_before(deadline, timeout, "the tests"), key)
         with tempfile.TemporaryFile(prefix="swe-agent-work-") as work:
-            self._agent_work(work, deadline)
+            self._stream_out(["sh", "-c", f"tar -C /testbed {WORK_EXCLUDES} -cf - ."], work, deadline,
+                             "copying the agent's repository out")
+            work.seek(0)
             grader = DockerBackend(self.config, client=self.client)
             try:
                 grader.start(self.task)
                 _before(deadline, timeout, "copying the repository in")
                 grader._replace_repository(work, deadline)
-                return grader._run_hidden_tests(_before(deadline, timeout, "the tests"))
+                return grader._run_hidden_tests(_before(deadline, timeout, "the tests"), key)
             finally:
                 grader.close()
 
-    def _agent_work(self, out, deadline: float) -> None:
-        """Write to the file `out` a tar of the agent's repository: /testbed as it is now, without the tests' folder,
-        the image's .venv and .git (those the grader takes from the image) and bytecode, ownership and modes kept.
-        Streamed chunk by chunk (docker-py's `exec_run(demux=True)` joins its chunks in quadratic time)."""
+    def _stream_out(self, argv: Sequence[str], out, deadline: float, what: str, limit: int | None = None) -> None:
+        """Write what `argv` (run as root) prints to the file `out`, chunk by chunk (docker-py's
+        `exec_run(demux=True)` joins its chunks in quadratic time), at most `limit` bytes; SandboxError if the
+        command fails or `deadline` (time.monotonic) passes. The agent's repository leaves this way as a tar
+        (without the tests' folder, the image's .venv and .git, which the grader takes from the image, and
+        bytecode; ownership and modes kept)."""
         api = self.client.api
-        exec_id = api.exec_create(self.container.id, ["sh", "-c", f"tar -C /testbed {WORK_EXCLUDES} -cf - ."],
-                                  stdout=True, stderr=True, user="root", workdir="/")["Id"]
+        exec_id = api.exec_create(self.container.id, list(argv), stdout=True, stderr=True, user="root",
+                                  workdir="/")["Id"]
         err = OutputCapture(64 * 1024)
+        kept = 0
         for chunk_out, chunk_err in api.exec_start(exec_id, stream=True, demux=True):
-            if chunk_out:
+            if chunk_out and (limit is None or kept < limit):
+                chunk_out = chunk_out if limit is None else chunk_out[:limit - kept]
                 out.write(chunk_out)
+                kept += len(chunk_out)
             if chunk_err:
                 err.add(chunk_err)
             if time.monotonic() > deadline:
-                raise SandboxError(f"grading passed its deadline while copying the agent's repository out "
-                                   f"({out.tell()} bytes so far; DockerConfig.grading_overhead_s)")
+                raise SandboxError(f"grading passed its deadline while {what} ({kept} bytes so far; "
+                                   f"DockerConfig.grading_overhead_s)")
         if api.exec_inspect(exec_id).get("ExitCode") != 0:
-            raise SandboxError(f"could not archive the agent's repository for grading: "
-                               f"{err.value().decode(errors='replace').strip()}")
-        out.seek(0)
+            raise SandboxError(f"{what} failed: {err.value().decode(errors='replace').strip()}")
 
     def _replace_repository(self, work, deadline: float) -> None:
         """Swap this (fresh) container's /testbed for the agent's (the tar in the file `work`), keeping the image's
@@ -492,8 +516,10 @@ class DockerBackend:
         except SandboxFileError as exc:
             raise SandboxError(str(exc)) from None
 
-    def _run_hidden_tests(self, timeout: float) -> ExecResult:
-        """Copy the hidden tests in (read-only for the agent), run run_tests.sh as the agent, remove them. A SWE-bench
+    def _run_hidden_tests(self, timeout: float, key: bytes | None) -> TestRun:
+        """Copy the hidden tests in (read-only for the agent), run them as the agent, remove them: with `key`
+        through `report_launcher.py` (under /testbed/.venv's python where the image has one, as R2E-Gym's
+        run_tests.sh, else python3), its report read back; without, the image's run_tests.sh as it is. A SWE-bench
         image's script brings its own tests (it applies the test patch); its output is read with stderr interleaved,
         as R2E-Gym reads it (the log is cut at the echo of the test command, which `set -x` writes to stderr)."""
         purged = self._exec(["sh", "-c", PURGE_BYTECODE], self.config.file_op_timeout_s, user="root")
@@ -503,14 +529,29 @@ class DockerBackend:
             script = self._exec(["cat", "/root/run_tests.sh"], self.config.file_op_timeout_s, user="root")
             if script.exit_code != 0:
                 raise SandboxError(f"could not read the test script: {script.stderr.decode(errors='replace')}")
-            return self._exec(["bash", "-c", 'exec 2>&1; eval "$1"', "_", script.stdout.decode()], timeout)
-        copy = self._exec(["sh", "-c", "rm -rf /testbed/r2e_tests && cp -r /root/r2e_tests /testbed/r2e_tests && "
-                           "chown -R root:root /testbed/r2e_tests && chmod -R a+rX,go-w /testbed/r2e_tests && "
-                           "cat /root/run_tests.sh"], self.config.file_op_timeout_s, user="root")
+            return TestRun(self._exec(["bash", "-c", 'exec 2>&1; eval "$1"', "_", script.stdout.decode()], timeout))
+        copy = self._exec(["sh", "-c", _COPY_TESTS, "_", self.user], self.config.file_op_timeout_s, user="root")
         if copy.exit_code != 0:
             raise SandboxError(f"could not copy the hidden tests: {copy.stderr.decode(errors='replace').strip()}")
         try:
-            return self._exec(["bash", "-c", copy.stdout.decode()], timeout)
+            if key is None:
+                return TestRun(self._exec(["bash", "-c", copy.stdout.decode()], timeout))
+            self._feed(["sh", "-c", 'cat > "$1"', "_", f"{GRADER_DIR}/launcher.py"], LAUNCHER_PATH.read_bytes(),
+                       "could not place the report launcher")
+            self._feed(["sh", "-c", 'umask 077 && cat > "$1" && chown "$2" "$1"', "_", f"{GRADER_DIR}/run/key",
+                        self.user], key, "could not place the report's key")
+            launcher = f"{GRADER_DIR}/launcher.py {GRADER_DIR}/run/key {GRADER_DIR}/run/report"
+            log = self._exec(["bash", "-c", 'py=python3; if [ -x /testbed/.venv/bin/python ]; then '
+                              'py=/testbed/.venv/bin/python; fi; ' + pytest_command('"$py"', "/testbed", launcher)],
+                             timeout)
+            report = io.BytesIO()
+            try:
+                self._stream_out(["sh", "-c", f'test -f {GRADER_DIR}/run/report && cat {GRADER_DIR}/run/report'],
+                                 report, time.monotonic() + self.config.file_op_timeout_s, "reading the report",
+                                 limit=REPORT_MAX_BYTES)
+            except SandboxError:
+                return TestRun(log, None)
+            return TestRun(log, report.getvalue())
         finally:
             self._exec(["rm", "-rf", "/testbed/r2e_tests"], self.config.file_op_timeout_s, user="root")
 

@@ -19,19 +19,23 @@ A sandbox that fails (not the agent's doing, e.g. the engine dies) ends the epis
 """
 from __future__ import annotations
 
+import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Literal
 
 from trainer.environments.protocol import StepInfo, StepResult
 from trainer.environments.swe.docker_backend import DockerBackend, DockerConfig
-from trainer.environments.swe.grading import Grade, grade, grade_swebench, parse_pytest_report, parse_swebench_log
+from trainer.environments.swe.grading import (GRADINGS, Grade, grade, grade_swebench, parse_pytest_report,
+                                              parse_swebench_log, read_report)
 from trainer.environments.swe.local_backend import LocalBackend, LocalConfig
 from trainer.environments.swe.sandbox import SandboxError
 from trainer.environments.swe.tasks import ROW_KINDS, SWETask
 from trainer.environments.swe.tools import ToolSettings, Tools, decode_output
 
 BACKENDS = ("local", "docker")
+log = logging.getLogger(__name__)
 
 DEFAULT_INSTRUCTION = """Repository root: {repo_dir}
 
@@ -65,6 +69,13 @@ class SWEConfig:
     `tasks.py`)."""
     max_turns: int = 40
     """Actions per episode (R2E-Gym's README runs use max_steps 40)."""
+    grading: Literal["report", "r2e_gym_log"] = "report"
+    """How an R2E-Gym row's test statuses are read. "report" (default): from the signed report of the launcher pytest
+    runs through (`report_launcher.py`), which the tested code cannot write without targeting the launcher itself;
+    the log's R2E-Gym reading is made beside it and a disagreement is logged (`grade_disagreement`). "r2e_gym_log":
+    R2E-Gym's own way, the image's run_tests.sh and its log read by substring, which the tested code can forge
+    (a failure message saying "PASSED", fake summary lines printed at exit, pytest patched at import). SWE-bench
+    rows are always read from their log (their images' scripts run other test runners)."""
     reward_timeout_s: float = 300.0
     """Wall-clock limit of the hidden test run (R2E-Gym and rllm: 300 s); a timeout grades 0."""
     grade_on_turn_limit: bool = True
@@ -104,6 +115,8 @@ class SWEConfig:
             raise ValueError(f"SWEConfig.countdown_steps must be >= 1 or None, got {self.countdown_steps}")
         if self.max_episode_s is not None and self.max_episode_s <= 0:
             raise ValueError(f"SWEConfig.max_episode_s must be positive or None, got {self.max_episode_s}")
+        if self.grading not in GRADINGS:
+            raise ValueError(f"SWEConfig.grading must be one of {GRADINGS}, got {self.grading!r}")
         if self.reward_timeout_s <= 0:
             raise ValueError(f"SWEConfig.reward_timeout_s must be positive, got {self.reward_timeout_s}")
 
@@ -205,11 +218,14 @@ class SWEEnv:
         return reward
 
     def _grade(self, extra: dict) -> float:
+        hardened = self.config.grading == "report" and self.task.kind != "swebench"
+        key = secrets.token_hex(32).encode() if hardened else None
         try:
-            run = self.backend.run_tests(self.config.reward_timeout_s)
+            test_run = self.backend.run_tests(self.config.reward_timeout_s, key)
         except SandboxError as exc:
             extra["sandbox_error"] = str(exc)
             return 0.0
+        run = test_run.log
         self.last_test_log = decode_output(run.stdout + b"\n" + run.stderr)
         if self.task.kind == "swebench":
             parsed = {} if run.timed_out else parse_swebench_log(self.last_test_log, self.task.repo_name,
@@ -219,6 +235,18 @@ class SWEEnv:
         else:
             parsed = {} if run.timed_out else parse_pytest_report(self.last_test_log)
             self.last_grade = grade(parsed, self.task.expected)
+        if hardened:
+            by_log = self.last_grade
+            reading = read_report(test_run.report, key, run.exit_code)
+            self.last_grade = grade({} if run.timed_out else reading.statuses, self.task.expected)
+            if reading.problem and not run.timed_out:
+                extra["report_problem"] = reading.problem
+            if by_log.reward != self.last_grade.reward:
+                extra["grade_disagreement"] = {"report": self.last_grade.reward, "r2e_gym_log": by_log.reward,
+                                               "problem": reading.problem}
+                log.warning("task %s: the log's R2E-Gym reading gives %.0f, the launcher's report %.0f (%s)",
+                            self.task.task_id, by_log.reward, self.last_grade.reward,
+                            reading.problem or "the statuses differ")
         extra.update(tests_timed_out=run.timed_out, tests_missing=self.last_grade.missing,
                      tests_unexpected=self.last_grade.unexpected,
                      tests_mismatched=sorted(self.last_grade.mismatched))

@@ -39,9 +39,12 @@ stop a patch that makes the package itself lie to the tests; nothing can.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 PARSED_STATUSES = ("PASSED", "FAILED", "ERROR")
 """What the parser reads, in the order it tests for them."""
@@ -52,14 +55,22 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _MARKER = "short test summary info"
 
 TEST_COMMAND = ("cd {testbed}/r2e_tests && PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_ADDOPTS= PYTEST_PLUGINS= "
-                "{python} -I -B -m pytest -rA -p no:cacheprovider --noconftest -c /dev/null "
+                "{python} -I -B {pytest} -rA -p no:cacheprovider --noconftest -c /dev/null "
                 "--rootdir={testbed} -o pythonpath={testbed} .")
-"""The hidden tests' command; {testbed} and {python} must be shell-quoted by the caller."""
+"""The hidden tests' command; {testbed}, {python} and {pytest} must be shell-quoted by the caller."""
+
+GRADINGS = ("report", "r2e_gym_log")
+"""How an R2E-Gym row's statuses are read: from the launcher's signed report (`read_report`, the default) or from
+the log's text by R2E-Gym's rule (`parse_pytest_report`, forgeable by the tested code)."""
+
+LAUNCHER_PATH = Path(__file__).with_name("report_launcher.py")
+"""The launcher the hardened reading runs pytest through (standalone: it runs under the task's interpreter)."""
 
 
-def pytest_command(python: str = "python3", testbed: str = "/testbed") -> str:
-    """The test command for an interpreter and repository path (both already shell-safe)."""
-    return TEST_COMMAND.format(python=python, testbed=testbed)
+def pytest_command(python: str = "python3", testbed: str = "/testbed", launcher: str | None = None) -> str:
+    """The test command for an interpreter and repository path (both already shell-safe). `launcher`: the shell-safe
+    words "LAUNCHER KEY_FILE REPORT_FILE", to run pytest through `report_launcher.py`; None: `python -m pytest`."""
+    return TEST_COMMAND.format(python=python, testbed=testbed, pytest=launcher or "-m pytest")
 
 
 def report_key(line: str) -> str:
@@ -79,6 +90,71 @@ def parse_pytest_report(log: str) -> dict[str, str]:
         if status is not None:
             statuses[report_key(line)] = status
     return statuses
+
+
+SUMMARY_ORDER = ("passed", "skipped", "xfailed", "xpassed", "error", "failed")
+"""The order of pytest's `-rA` short summary by category (terminal.py: reportchars "PpsxXEf"); R2E-Gym's map keeps
+the last line of a test, so a test whose call passed and whose teardown errored is ERROR."""
+CATEGORY_STATUS = {"passed": "PASSED", "error": "ERROR", "failed": "FAILED"}
+"""The categories whose summary lines R2E-Gym's parser reads, and the status each gives."""
+
+
+@dataclass(frozen=True)
+class ReportReading:
+    """The statuses the launcher's report gives, or why it cannot be trusted (then `statuses` is empty)."""
+
+    statuses: dict[str, str]
+    problem: str | None = None
+
+
+def read_report(report: bytes | None, key: bytes, exit_code: int) -> ReportReading:
+    """{test name: status} from `report_launcher.py`'s signed report, in R2E-Gym's key and status terms, as R2E-Gym's
+    parser reads an honest `-rA` log (the test's last summary line by `SUMMARY_ORDER`; skipped, xfail and xpass
+    dropped; a collection error is the empty name).
+
+    The reading is refused (empty statuses and the reason) when a line is not signed with `key`, records are
+    missing or out of order, the launcher saw pytest, pluggy or unittest changed or a plugin registered during the
+    tests, the session's end is missing, the process's `exit_code` is not pytest's exit status, or a collected test
+    was never run. What a refused reading means, and what no reading can rule out, is in report_launcher.py."""
+    if not report:
+        return ReportReading({}, "no report: the tests did not start, or the launcher could not write")
+    records = []
+    for number, line in enumerate(report.decode(errors="replace").splitlines(), 1):
+        try:
+            signed = json.loads(line)
+            body, mac = signed["record"], signed["mac"]
+            good = hmac.compare_digest(hmac.new(key, body.encode(), hashlib.sha256).hexdigest(), mac)
+            record = json.loads(body) if good else None
+        except (ValueError, KeyError, TypeError, AttributeError):
+            record = None
+        if not isinstance(record, dict):
+            return ReportReading({}, f"line {number} of the report is not the launcher's (no valid signature)")
+        records.append(record)
+    if [r.get("seq") for r in records] != list(range(len(records))):
+        return ReportReading({}, "the report's records are missing or out of order")
+    if not records or records[0].get("kind") != "start":
+        return ReportReading({}, "the report does not begin with the launcher's start")
+    tampered = [r.get("what") for r in records if r.get("kind") == "tampered"]
+    if tampered:
+        return ReportReading({}, f"pytest was tampered with while the tests ran: {', '.join(map(str, tampered))}")
+    finish = records[-1]
+    if finish.get("kind") != "finish":
+        return ReportReading({}, f"the process ended (exit code {exit_code}) before pytest's session did")
+    if finish.get("exitstatus") != exit_code:
+        return ReportReading({}, f"the process's exit code {exit_code} is not pytest's exit status "
+                                 f"{finish.get('exitstatus')}: something ended the process after pytest")
+    reports = [r for r in records if r.get("kind") == "report"]
+    collected = [n for r in records if r.get("kind") == "collected" for n in r.get("nodeids", [])]
+    if exit_code in (0, 1):
+        unrun = sorted(set(collected) - {r.get("nodeid") for r in reports if r.get("when") == "teardown"})
+        if unrun:
+            return ReportReading({}, f"{len(unrun)} collected tests never ran (first: {unrun[0]})")
+    statuses: dict[str, str] = {}
+    for category in SUMMARY_ORDER:
+        for r in reports:
+            if r.get("category") == category and category in CATEGORY_STATUS:
+                statuses[report_key(str(r.get("nodeid")))] = CATEGORY_STATUS[category]
+    return ReportReading(statuses)
 
 
 def _normalised(statuses: dict[str, str]) -> dict[str, str]:

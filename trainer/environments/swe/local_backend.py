@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from trainer.environments.swe.sandbox import ExecResult, OutputCapture, SandboxError, SandboxFileError, rlimit_spec
+from trainer.environments.swe.sandbox import (REPORT_MAX_BYTES, ExecResult, OutputCapture, SandboxError, SandboxFileError,
+                                             TestRun, rlimit_spec)
 from trainer.environments.swe.supervisor import SUPERVISOR
 from trainer.environments.swe.tasks import check_tree
 
@@ -220,9 +221,10 @@ class LocalBackend:
             return "file"
         return "other" if target.exists() else "missing"
 
-    def run_tests(self, timeout: float) -> ExecResult:
-        """Copy the hidden tests into the repository and run them; returns the pytest log."""
-        from trainer.environments.swe.grading import pytest_command
+    def run_tests(self, timeout: float, key: bytes | None = None) -> TestRun:
+        """Copy the hidden tests into the repository and run them: through `report_launcher.py` with `key` (its
+        report read back), by plain pytest without."""
+        from trainer.environments.swe.grading import LAUNCHER_PATH, pytest_command
 
         self._require_started()
         tests_dir = Path(self.repo_dir) / "r2e_tests"
@@ -232,13 +234,26 @@ class LocalBackend:
         shutil.copytree(self.task.hidden_tests_path, tests_dir, symlinks=True,
                         ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         purge_bytecode(Path(self.repo_dir))
-        script = pytest_command(python=shlex.quote(self.config.python), testbed=shlex.quote(self.repo_dir))
         home = tempfile.mkdtemp(prefix="swe-grade-home-")  # not the agent's home, which it may have seeded
+        channel = Path(tempfile.mkdtemp(prefix="swe-grade-report-"))
+        key_file, report_file = channel / "key", channel / "report"
+        launcher = None
+        if key is not None:
+            key_file.write_bytes(key)
+            launcher = " ".join(shlex.quote(str(p)) for p in (LAUNCHER_PATH, key_file, report_file))
+        script = pytest_command(python=shlex.quote(self.config.python), testbed=shlex.quote(self.repo_dir),
+                                launcher=launcher)
         try:
-            return self.exec(["bash", "-c", script], timeout, home=home)
+            log = self.exec(["bash", "-c", script], timeout, home=home)
+            report = None
+            if key is not None and report_file.is_file():
+                with report_file.open("rb") as handle:
+                    report = handle.read(REPORT_MAX_BYTES)
+            return TestRun(log, report)
         finally:
             shutil.rmtree(tests_dir, ignore_errors=True)
             shutil.rmtree(home, ignore_errors=True)
+            shutil.rmtree(channel, ignore_errors=True)
 
     def _require_started(self) -> None:
         if self.root is None:

@@ -7,7 +7,8 @@ and the grading are one code path:
     exec(argv, timeout) -> ExecResult     run a program as the agent, in the repository, with limits
     read_file(path) / write_file(path)    bytes in and out, with the agent's permissions
     path_kind(path)                       "file" | "dir" | "missing" | "other"
-    run_tests(timeout) -> ExecResult      copy the hidden tests in, run the task's pytest command, return its log
+    run_tests(timeout, key) -> TestRun    copy the hidden tests in, run them, return the log (and, with a key,
+                                          the signed report of `report_launcher.py`, which ran pytest)
 
 How one command runs (both backends). Every command goes through `SUPERVISOR` (`supervisor.py`), a small Python
 program run inside the sandbox: it forks the command into a fresh process group, applies rlimits in the child just
@@ -51,6 +52,22 @@ class ExecResult:
     output_limited: bool = False
     """The output passed `max_output_bytes` and the command was stopped."""
     duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class TestRun:
+    """What grading's test run gave: its log, and the launcher's signed report when it ran through the launcher
+    (None otherwise, or when the report could not be read)."""
+
+    __test__ = False  # not a pytest test class
+
+    log: ExecResult
+    report: bytes | None = None
+
+
+REPORT_MAX_BYTES = 16 * 1024**2
+"""Most bytes of the launcher's report read back; past it the report is cut, its last line fails its signature and
+the reading is refused."""
 
 
 class Sandbox(Protocol):

@@ -1,0 +1,160 @@
+"""The hardened grading's pytest launcher, run inside the sandbox under the task's own interpreter:
+
+    python -I -B report_launcher.py KEY_FILE REPORT_FILE PYTEST_ARGS...
+
+Why: the hidden tests import the agent's code, so whatever the agent wrote runs inside pytest's process and can
+write to its log (fake "PASSED" lines from an atexit hook, a fake summary on pytest's saved descriptors, a failure
+message that says "PASSED"). This launcher reads each test's outcome from pytest's own report objects, categorised
+by pytest's own `pytest_report_teststatus`, and writes them to REPORT_FILE as JSON lines, each signed with an HMAC
+under a key that only this process holds: it reads KEY_FILE and deletes it before pytest starts, so no code the
+tests import can read it from disk. After pytest's start-up, before the first test module is imported, it records
+every function and class of pytest, pluggy, unittest and itself (with their code objects) and, once collection
+begins, the registered plugins; before each test runs and at every report it checks that nothing of these was
+replaced, and says so in the report if it was (a patched `Function.runtest` or a plugin registered from the
+tested code forges outcomes without touching the log). The session's end is a signed record with pytest's exit status, which the reader compares with the
+process's exit code, so `os._exit(0)` mid-run leaves a report without its end.
+
+What it cannot stop: code that targets this launcher (reads the key out of this process's memory, or patches the
+checks themselves), and values built to satisfy any assertion (an object whose `__eq__` is always true). No grader
+that runs the tested code in the tests' own process can; the reader's docstring (grading.py) says what the
+reading guarantees.
+
+Standard library and pytest only, Python 3.6 or later: it runs under the interpreter of the task's image.
+"""
+import hashlib
+import hmac
+import json
+import os
+import sys
+
+import pytest
+
+WATCHED = ("_pytest", "pytest", "pluggy", "unittest")
+"""Packages whose functions and classes must not change while the tests run."""
+
+
+def _watch_list():
+    """[(namespace, name, object, code)] for every function, class and method of the watched packages now loaded."""
+    entries = []
+
+    def add(namespace, name, value):
+        func = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+        if isinstance(func, property):
+            func = func.fget
+        if callable(func) or isinstance(value, (staticmethod, classmethod, property)):
+            entries.append((namespace, name, value, getattr(func, "__code__", None)))
+
+    for module_name, module in sorted(sys.modules.items(), key=lambda item: item[0]):
+        if module is None or (module_name.split(".")[0] not in WATCHED and module_name != __name__):
+            continue
+        for name, value in list(vars(module).items()):
+            add(module, name, value)
+            if isinstance(value, type) and getattr(value, "__module__", None) == module_name:
+                for attr, member in list(vars(value).items()):
+                    add(value, attr, member)
+    return entries
+
+
+def _changed(entries):
+    """Names of watched entries that were rebound, deleted or given another code object."""
+    changed = []
+    for namespace, name, value, code in entries:
+        current = vars(namespace).get(name, _changed)
+        func = current.__func__ if isinstance(current, (staticmethod, classmethod)) else current
+        if isinstance(func, property):
+            func = func.fget
+        if current is not value or getattr(func, "__code__", None) is not code:
+            owner = getattr(namespace, "__qualname__", None) or getattr(namespace, "__name__", "?")
+            changed.append("{}.{}".format(owner, name))
+    return changed
+
+
+class Reporter:
+    """The pytest plugin that writes the signed report."""
+
+    def __init__(self, key, out):
+        self._key, self._out = key, out
+        self._watched = []
+        self._seq = 0
+        self._plugins = None
+        self._config = None
+        self.tampered = []
+
+    def _write(self, record):
+        record["seq"] = self._seq
+        self._seq += 1
+        body = json.dumps(record, sort_keys=True)
+        mac = hmac.new(self._key, body.encode(), hashlib.sha256).hexdigest()
+        self._out.write(json.dumps({"record": body, "mac": mac}) + "\n")
+        self._out.flush()
+
+    def _check(self, where):
+        found = _changed(self._watched)
+        if self._plugins is not None and self._config is not None:
+            now = {id(p) for p in self._config.pluginmanager.get_plugins()}
+            found += ["a plugin registered after collection began"] if now - self._plugins else []
+        for name in found:
+            if name not in self.tampered:
+                self.tampered.append(name)
+                self._write({"kind": "tampered", "what": name, "where": where})
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_configure(self, config):
+        """After pytest's own start-up (its legacypath plugin patches `Config`), before any test module is imported:
+        take the record here, and refuse a run in which a module of the repository was already imported."""
+        self._config = config
+        self._watched = _watch_list()
+        self._write({"kind": "start", "pytest": pytest.__version__, "watched": len(self._watched)})
+        root = os.path.join(str(config.rootpath), "")
+        early = sorted(name for name, module in list(sys.modules.items()) if module is not sys.modules[__name__]
+                       and str(getattr(module, "__file__", None) or "").startswith(root))
+        if early:
+            self.tampered.append("modules of the repository imported before collection")
+            self._write({"kind": "tampered", "what": "modules of the repository imported before collection: "
+                                                     + ", ".join(early[:5]), "where": "start-up"})
+
+    def pytest_collection(self, session):
+        self._plugins = {id(p) for p in session.config.pluginmanager.get_plugins()}
+
+    def pytest_collection_finish(self, session):
+        self._check("collection")
+        self._write({"kind": "collected", "nodeids": [item.nodeid for item in session.items]})
+
+    def pytest_collectreport(self, report):
+        if report.failed or report.skipped:
+            self._report(report, "collect")
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_call(self, item):
+        self._check(item.nodeid)
+
+    def pytest_runtest_logreport(self, report):
+        self._check(report.nodeid)
+        self._report(report, report.when)
+
+    def _report(self, report, when):
+        category = self._config.hook.pytest_report_teststatus(report=report, config=self._config)[0]
+        self._write({"kind": "report", "nodeid": report.nodeid, "when": when, "outcome": report.outcome,
+                     "category": category})
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        self._check("session end")
+        self._write({"kind": "finish", "exitstatus": int(exitstatus), "tampered": list(self.tampered)})
+
+
+def main(argv):
+    key_path, report_path, args = argv[1], argv[2], argv[3:]
+    with open(key_path, "rb") as handle:
+        key = handle.read().strip()
+    os.unlink(key_path)
+    if not key:
+        sys.exit("report_launcher: the key file {} is empty".format(key_path))
+    import unittest  # noqa: F401  (watched: unittest-style tests report through it)
+    with open(report_path, "a") as out:
+        reporter = Reporter(key, out)
+        status = pytest.main(args, plugins=[reporter])
+    sys.exit(int(status))
+
+
+if __name__ == "__main__":
+    main(sys.argv)
