@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from swe_forgeries import FORGERIES, forge_actions
 
 from trainer.environments.swe import (DockerConfig, SandboxError, SWEConfig, SWEEnv, SWETask, SWETasks, ToolSettings,
                                       cleanup_stale_containers, format_action, noop_actions, oracle_actions,
@@ -256,6 +257,26 @@ def test_a_stale_bytecode_cache_cannot_forge_the_grade(client, grade_in):
     finally:
         env.close()
     assert last.reward == 0.0 and "FAILED" in env.last_test_log, env.last_test_log[-2000:]
+
+
+@pytest.mark.parametrize("forgery", list(FORGERIES))
+def test_a_grade_forged_from_inside_the_tests_process_gets_0(client, forgery):
+    """In the image's own pytest (Debian's): each forgery fools R2E-Gym's log reading (reward 1 on the unfixed
+    repository), and the default reading gives 0, graded in a fresh container and in the episode's own."""
+    task = TASKS[0]
+    rewards = {}
+    for grading, grade_in in (("r2e_gym_log", "fresh"), ("report", "fresh"), ("report", "episode")):
+        env = make_env(client, grading=grading, docker=DockerConfig(memory="512m", pids=128, grade_in=grade_in))
+        try:
+            env.reset(task)
+            for action in forge_actions(task, env.repo_dir, forgery):
+                last = env.step(action)
+        finally:
+            env.close()
+        rewards[grading, grade_in] = last.reward
+        if grading == "report":
+            assert last.info.extra["grade_disagreement"]["r2e_gym_log"] == 1.0, env.last_test_log[-2000:]
+    assert rewards == {("r2e_gym_log", "fresh"): 1.0, ("report", "fresh"): 0.0, ("report", "episode"): 0.0}
 
 
 def graded_with_junk(client, megabytes: int, reward_timeout_s: float = 300.0, **docker) -> tuple[float, float, dict]:

@@ -4,6 +4,7 @@ import time
 from pathlib import Path
 
 import pytest
+from swe_forgeries import FORGERIES, forge_actions
 
 from trainer.environments.protocol import Environment
 from trainer.environments.swe import (LocalConfig, SandboxError, SWEConfig, SWEEnv, SWETask, SWETasks,
@@ -225,3 +226,31 @@ def test_a_stale_bytecode_cache_cannot_forge_the_grade(env):
         cached.write_bytes(bytes(data))
     last = env.step(format_action("finish", {"command": "submit"}))
     assert last.reward == 0.0 and "FAILED" in env.last_test_log, env.last_test_log[-2000:]
+
+
+@pytest.mark.parametrize("forgery", list(FORGERIES))
+def test_a_grade_forged_from_inside_the_tests_process_gets_0(forgery):
+    """Each forgery fools R2E-Gym's log reading on the unfixed repository (reward 1: it is real); the default
+    reading, the launcher's signed report, gives 0 and the disagreement is recorded."""
+    task = TASKS[0]
+    last = {}
+    for grading in ("r2e_gym_log", "report"):
+        environment = SWEEnv(SWEConfig(backend="local", grading=grading))
+        try:
+            last[grading] = play(environment, task, lambda e: forge_actions(task, e.repo_dir, forgery))
+        finally:
+            environment.close()
+    assert last["r2e_gym_log"].reward == 1.0
+    assert last["report"].reward == 0.0
+    assert last["report"].info.extra["grade_disagreement"]["r2e_gym_log"] == 1.0
+
+
+def test_the_gold_fix_gets_1_by_either_reading_with_no_disagreement():
+    task = TASKS[0]
+    for grading in ("report", "r2e_gym_log"):
+        environment = SWEEnv(SWEConfig(backend="local", grading=grading))
+        try:
+            last = play(environment, task, lambda e: patch_actions(task.gold_patch, e.repo_dir, check_command=None))
+        finally:
+            environment.close()
+        assert last.reward == 1.0 and "grade_disagreement" not in last.info.extra

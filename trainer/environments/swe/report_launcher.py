@@ -55,18 +55,24 @@ def _watch_list():
     return entries
 
 
+def _unwrapped(value):
+    func = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+    return func.fget if isinstance(func, property) else func
+
+
 def _changed(entries):
-    """Names of watched entries that were rebound, deleted or given another code object."""
+    """[(name, value now)] of watched entries that were rebound, deleted or given another code object."""
     changed = []
     for namespace, name, value, code in entries:
         current = vars(namespace).get(name, _changed)
-        func = current.__func__ if isinstance(current, (staticmethod, classmethod)) else current
-        if isinstance(func, property):
-            func = func.fget
-        if current is not value or getattr(func, "__code__", None) is not code:
+        if current is not value or getattr(_unwrapped(current), "__code__", None) is not code:
             owner = getattr(namespace, "__qualname__", None) or getattr(namespace, "__name__", "?")
-            changed.append("{}.{}".format(owner, name))
+            changed.append(("{}.{}".format(owner, name), current))
     return changed
+
+
+def _from_pytest(module_name):
+    return (module_name or "").split(".")[0] in ("_pytest", "pytest", "pluggy") or module_name == __name__
 
 
 class Reporter:
@@ -74,7 +80,7 @@ class Reporter:
 
     def __init__(self, key, out):
         self._key, self._out = key, out
-        self._watched = []
+        self._watched = _watch_list()
         self._seq = 0
         self._plugins = None
         self._config = None
@@ -89,10 +95,13 @@ class Reporter:
         self._out.flush()
 
     def _check(self, where):
-        found = _changed(self._watched)
+        found = [name for name, _ in _changed(self._watched)]
         if self._plugins is not None and self._config is not None:
             now = {id(p) for p in self._config.pluginmanager.get_plugins()}
             found += ["a plugin registered after collection began"] if now - self._plugins else []
+        self._tamper(found, where)
+
+    def _tamper(self, found, where):
         for name in found:
             if name not in self.tampered:
                 self.tampered.append(name)
@@ -100,20 +109,28 @@ class Reporter:
 
     @pytest.hookimpl(trylast=True)
     def pytest_configure(self, config):
-        """After pytest's own start-up (its legacypath plugin patches `Config`), before any test module is imported:
-        take the record here, and refuse a run in which a module of the repository was already imported."""
+        """After pytest's own start-up, before any test module is imported. The repository is on sys.path from
+        pytest's `pythonpath` option on, and pytest imports a few modules after that (pdb, cmd, code), which the
+        repository could shadow: so whatever changed since the launcher's first record must be pytest's own doing
+        (its legacypath plugin patches `Config`), and no module of the repository may be loaded yet. Then the
+        record is taken again, to be checked from here on."""
         self._config = config
-        self._watched = _watch_list()
         self._write({"kind": "start", "pytest": pytest.__version__, "watched": len(self._watched)})
-        root = os.path.join(str(config.rootpath), "")
+        self._tamper([name for name, now in _changed(self._watched)
+                      if not _from_pytest(getattr(_unwrapped(now), "__module__", None))], "start-up")
+        root = os.path.join(str(getattr(config, "rootpath", None) or config.rootdir), "")
         early = sorted(name for name, module in list(sys.modules.items()) if module is not sys.modules[__name__]
                        and str(getattr(module, "__file__", None) or "").startswith(root))
-        if early:
-            self.tampered.append("modules of the repository imported before collection")
-            self._write({"kind": "tampered", "what": "modules of the repository imported before collection: "
-                                                     + ", ".join(early[:5]), "where": "start-up"})
+        self._tamper(["modules of the repository imported before collection: " + ", ".join(early[:5])] if early
+                     else [], "start-up")
+        self._watched = _watch_list()
 
     def pytest_collection(self, session):
+        plugins = session.config.pluginmanager.list_name_plugin()
+        self._tamper(["a plugin from outside pytest: {}".format(name) for name, plugin in plugins
+                      if plugin is not None and not _from_pytest(getattr(plugin, "__name__", None)
+                                                                 if isinstance(plugin, type(sys)) else
+                                                                 type(plugin).__module__)], "collection")
         self._plugins = {id(p) for p in session.config.pluginmanager.get_plugins()}
 
     def pytest_collection_finish(self, session):

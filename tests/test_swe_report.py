@@ -1,0 +1,186 @@
+"""The hardened grading: pytest run through `report_launcher.py`, its signed report read by `read_report`.
+
+The reference for an honest run is R2E-Gym's own reading of the same run's `-rA` log (`parse_pytest_report`, itself
+checked against a hand-parsed log in test_swe_grading.py): on real pytest runs of a zoo of outcomes the two agree
+test for test, except where the log's text lies. The refusals are checked on hand-built reports.
+"""
+import hashlib
+import hmac
+import json
+import shlex
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from trainer.environments.swe.grading import LAUNCHER_PATH, parse_pytest_report, pytest_command, read_report
+
+KEY = b"0123456789abcdef" * 4
+
+ZOO = '''
+import unittest
+import pytest
+from pkg import inc
+
+def test_pass(): assert inc(1) == 2
+def test_fail(): assert inc(1) == 3
+def test_says_passed(): raise RuntimeError("PASSED")
+
+@pytest.fixture
+def broken_setup(): raise ValueError("setup")
+def test_setup_error(broken_setup): pass
+
+@pytest.fixture
+def broken_teardown():
+    yield
+    raise ValueError("teardown")
+def test_teardown_error(broken_teardown): pass
+def test_fail_and_teardown_error(broken_teardown): assert 0
+
+@pytest.mark.skip(reason="no")
+def test_skip(): pass
+@pytest.mark.xfail
+def test_xfail(): assert 0
+@pytest.mark.xfail
+def test_xpass(): pass
+@pytest.mark.xfail(strict=True)
+def test_xpass_strict(): pass
+@pytest.mark.parametrize("v", [1, 2, "a - b"])
+def test_param(v): assert v != 2
+
+class TestFixtures:
+    def test_builtin_fixtures(self, tmp_path, monkeypatch, capsys, caplog):
+        monkeypatch.setattr("pkg.inc", lambda x: x)
+        print("out")
+        assert (tmp_path / "x").parent == tmp_path
+
+class Unit(unittest.TestCase):
+    def test_ok(self): self.assertEqual(inc(0), 1)
+    def test_bad(self): self.assertEqual(inc(0), 2)
+    @unittest.skip("s")
+    def test_skipped(self): pass
+'''
+
+
+def run_launched(repo, key=KEY):
+    """Run the hidden tests of `repo` through the launcher (this interpreter); (process, report bytes or None)."""
+    channel = repo / "channel"
+    channel.mkdir(exist_ok=True)
+    (channel / "key").write_bytes(key)
+    words = " ".join(shlex.quote(str(p)) for p in (LAUNCHER_PATH, channel / "key", channel / "report"))
+    command = pytest_command(shlex.quote(sys.executable), shlex.quote(str(repo)), words)
+    proc = subprocess.run(["bash", "-c", command], capture_output=True, timeout=120)
+    report = (channel / "report").read_bytes() if (channel / "report").exists() else None
+    return proc, report
+
+
+def make_repo(tmp_path, tests: dict[str, str], package="def inc(x):\n    return x + 1\n"):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text(package)
+    (tmp_path / "r2e_tests").mkdir()
+    for name, text in tests.items():
+        (tmp_path / "r2e_tests" / name).write_text(textwrap.dedent(text))
+    return tmp_path
+
+
+def test_an_honest_run_reads_as_r2e_gym_reads_its_log(tmp_path):
+    repo = make_repo(tmp_path, {"test_zoo.py": ZOO, "test_other.py": "def test_four(): pass\n"})
+    proc, report = run_launched(repo)
+    by_log = parse_pytest_report((proc.stdout + b"\n" + proc.stderr).decode())
+    reading = read_report(report, KEY, proc.returncode)
+    assert reading.problem is None and proc.returncode == 1
+    assert not (repo / "channel" / "key").exists()  # the launcher deleted its key before pytest started
+    # R2E-Gym's substring rule reads the failure "RuntimeError: PASSED" as a pass; the report does not
+    assert by_log.pop("test_says_passed") == "PASSED" and reading.statuses.pop("test_says_passed") == "FAILED"
+    assert reading.statuses == by_log
+    # and by hand: a teardown error after a pass is ERROR, after a failure FAILED (the summary's order);
+    # skips, xfails and non-strict xpasses are dropped; a strict xpass fails; the param id is cut at " - "
+    assert by_log["test_teardown_error"] == "ERROR" and by_log["test_fail_and_teardown_error"] == "FAILED"
+    assert by_log["test_setup_error"] == "ERROR" and by_log["test_xpass_strict"] == "FAILED"
+    assert {"test_skip", "test_xfail", "test_xpass", "Unit.test_skipped"}.isdisjoint(by_log)
+    assert by_log["test_param[a"] == "PASSED" and by_log["test_param[2]"] == "FAILED"
+    assert by_log["TestFixtures.test_builtin_fixtures"] == "PASSED" and by_log["Unit.test_bad"] == "FAILED"
+
+
+def test_a_collection_error_reads_as_the_empty_name(tmp_path):
+    repo = make_repo(tmp_path, {"test_a.py": "def test_a(): pass\n", "test_b.py": "import no_such_module\n"})
+    proc, report = run_launched(repo)
+    reading = read_report(report, KEY, proc.returncode)
+    assert reading.problem is None and reading.statuses == {"": "ERROR"}
+    assert reading.statuses == parse_pytest_report(proc.stdout.decode())
+
+
+SHADOW = """import importlib.util, os, sys, sysconfig
+import _pytest.python
+_pytest.python.Function.runtest = lambda self: None
+spec = importlib.util.spec_from_file_location("cmd", os.path.join(sysconfig.get_paths()["stdlib"], "cmd.py"))
+real = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(real)
+sys.modules["cmd"] = real
+"""
+"""A repository module shadowing `cmd`, which pytest imports (for pdb) after putting the repository on sys.path and
+before the first test module: it patches pytest, then puts the real module in its place."""
+
+
+def test_a_repository_module_that_pytest_imports_during_start_up_cannot_patch_it_unseen(tmp_path):
+    repo = make_repo(tmp_path, {"test_a.py": "from pkg import inc\ndef test_a(): assert inc(1) == 3\n"})
+    (repo / "cmd.py").write_text(SHADOW)
+    proc, report = run_launched(repo)
+    assert parse_pytest_report(proc.stdout.decode()) == {"test_a": "PASSED"}  # the log is forged
+    reading = read_report(report, KEY, proc.returncode)
+    assert reading.statuses == {} and "tampered" in reading.problem and "Function.runtest" in reading.problem
+
+
+def signed(records, key=KEY):
+    """A report as the launcher writes it."""
+    lines = []
+    for seq, record in enumerate(records):
+        body = json.dumps(dict(record, seq=seq), sort_keys=True)
+        lines.append(json.dumps({"record": body, "mac": hmac.new(key, body.encode(), hashlib.sha256).hexdigest()}))
+    return ("\n".join(lines) + "\n").encode()
+
+
+START = {"kind": "start", "pytest": "9", "watched": 100}
+RUN = [{"kind": "collected", "nodeids": ["r2e_tests/test_a.py::test_x", "r2e_tests/test_a.py::C::test_y"]},
+       {"kind": "report", "nodeid": "r2e_tests/test_a.py::test_x", "when": "setup", "outcome": "passed",
+        "category": ""},
+       {"kind": "report", "nodeid": "r2e_tests/test_a.py::test_x", "when": "call", "outcome": "passed",
+        "category": "passed"},
+       {"kind": "report", "nodeid": "r2e_tests/test_a.py::test_x", "when": "teardown", "outcome": "passed",
+        "category": ""},
+       {"kind": "report", "nodeid": "r2e_tests/test_a.py::C::test_y", "when": "setup", "outcome": "passed",
+        "category": ""},
+       {"kind": "report", "nodeid": "r2e_tests/test_a.py::C::test_y", "when": "call", "outcome": "failed",
+        "category": "failed"},
+       {"kind": "report", "nodeid": "r2e_tests/test_a.py::C::test_y", "when": "teardown", "outcome": "failed",
+        "category": "error"}]
+FINISH = {"kind": "finish", "exitstatus": 1, "tampered": []}
+
+
+def test_a_hand_built_report_reads_by_hand():
+    reading = read_report(signed([START, *RUN, FINISH]), KEY, 1)
+    assert reading.problem is None
+    assert reading.statuses == {"test_x": "PASSED", "C.test_y": "FAILED"}  # failed after error in the summary
+
+
+@pytest.mark.parametrize("report, exit_code, problem", [
+    (None, 1, "no report"),
+    (b"", 1, "no report"),
+    (signed([START, *RUN, FINISH], key=b"another key"), 1, "line 1 of the report is not the launcher's"),
+    (signed([START, *RUN, FINISH]) + b'{"record": "{}", "mac": "00"}\n', 1, "line 10 of the report is not"),
+    (signed([START, *RUN, FINISH]).replace(b"failed", b"passed", 1), 1, "is not the launcher's"),
+    (b"PASSED r2e_tests/test_a.py::test_x\n", 1, "line 1 of the report is not the launcher's"),
+    (signed([START, *RUN[:3], *RUN[4:], FINISH])[:0] + b"\n".join(signed([START, *RUN, FINISH]).split(b"\n")[:3]
+                                                                    + signed([START, *RUN, FINISH]).split(b"\n")[4:]),
+     1, "missing or out of order"),
+    (signed([*RUN, FINISH]), 1, "does not begin with the launcher's start"),
+    (signed([START, *RUN]), 0, "the process ended (exit code 0) before pytest's session did"),
+    (signed([START, *RUN, FINISH]), 0, "exit code 0 is not pytest's exit status 1"),
+    (signed([START, *RUN[:-1], dict(FINISH)]), 1, "1 collected tests never ran (first: r2e_tests/test_a.py::C::test_y)"),
+    (signed([START, *RUN[:2], {"kind": "tampered", "what": "Function.runtest", "where": "x"}, *RUN[2:], FINISH]), 1,
+     "pytest was tampered with while the tests ran: Function.runtest"),
+])
+def test_a_report_that_cannot_be_trusted_is_refused(report, exit_code, problem):
+    reading = read_report(report, KEY, exit_code)
+    assert reading.statuses == {} and problem in reading.problem
