@@ -34,8 +34,8 @@ pytest), ignores every conftest.py and ini file of the repository (`--noconftest
 third-party plugins, and puts /testbed on sys.path only through pytest's `pythonpath` option (after pytest has
 been imported). Python runs isolated (`-I`: no user site-packages, no PYTHON* variables, no current directory
 on the path) and PYTEST_ADDOPTS / PYTEST_PLUGINS are emptied, so nothing the agent left in its home or
-environment loads into the test run (the Docker backend goes further and grades in a fresh container). It cannot
-stop a patch that makes the package itself lie to the tests; nothing can.
+environment loads into the test run (the Docker backend goes further and grades in a fresh container). What runs
+inside the test process is the launcher's business (report_launcher.py says what it stops and what it cannot).
 """
 from __future__ import annotations
 
