@@ -184,3 +184,12 @@ def test_a_hand_built_report_reads_by_hand():
 def test_a_report_that_cannot_be_trusted_is_refused(report, exit_code, problem):
     reading = read_report(report, KEY, exit_code)
     assert reading.statuses == {} and problem in reading.problem
+
+
+def test_the_grading_is_an_env_option_checked_by_name():
+    from trainer.environments.suite import family_config
+
+    assert family_config("swe", {}).grading == "report"
+    assert family_config("swe", {"grading": "r2e_gym_log"}).grading == "r2e_gym_log"
+    with pytest.raises(ValueError, match="grading"):
+        family_config("swe", {"grading": "substring"})

@@ -33,16 +33,20 @@ WATCHED = ("_pytest", "pytest", "pluggy", "unittest")
 """Packages whose functions and classes must not change while the tests run."""
 
 
+def _unwrapped(value):
+    func = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+    return func.fget if isinstance(func, property) else func
+
+
 def _watch_list():
-    """[(namespace, name, object, code)] for every function, class and method of the watched packages now loaded."""
+    """[(namespace, its attributes, name, object, function, code)] for every function, class and method of the
+    watched packages now loaded (`function`: the object unwrapped from a static/class method or property)."""
     entries = []
 
     def add(namespace, name, value):
-        func = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
-        if isinstance(func, property):
-            func = func.fget
-        if callable(func) or isinstance(value, (staticmethod, classmethod, property)):
-            entries.append((namespace, name, value, getattr(func, "__code__", None)))
+        func = _unwrapped(value)
+        if callable(func):
+            entries.append((namespace, vars(namespace), name, value, func, getattr(func, "__code__", None)))
 
     for module_name, module in sorted(sys.modules.items(), key=lambda item: item[0]):
         if module is None or (module_name.split(".")[0] not in WATCHED and module_name != __name__):
@@ -55,19 +59,13 @@ def _watch_list():
     return entries
 
 
-def _unwrapped(value):
-    func = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
-    return func.fget if isinstance(func, property) else func
-
-
 def _changed(entries):
     """[(name, value now)] of watched entries that were rebound, deleted or given another code object."""
     changed = []
-    for namespace, name, value, code in entries:
-        current = vars(namespace).get(name, _changed)
-        if current is not value or getattr(_unwrapped(current), "__code__", None) is not code:
+    for namespace, attributes, name, value, func, code in entries:
+        if attributes.get(name, _changed) is not value or (code is not None and func.__code__ is not code):
             owner = getattr(namespace, "__qualname__", None) or getattr(namespace, "__name__", "?")
-            changed.append(("{}.{}".format(owner, name), current))
+            changed.append(("{}.{}".format(owner, name), attributes.get(name)))
     return changed
 
 
@@ -97,8 +95,9 @@ class Reporter:
     def _check(self, where):
         found = [name for name, _ in _changed(self._watched)]
         if self._plugins is not None and self._config is not None:
-            now = {id(p) for p in self._config.pluginmanager.get_plugins()}
-            found += ["a plugin registered after collection began"] if now - self._plugins else []
+            now = self._config.pluginmanager.get_plugins()
+            if len(now) != len(self._plugins) or any(id(p) not in self._plugins for p in now):
+                found.append("a plugin registered after collection began")
         self._tamper(found, where)
 
     def _tamper(self, found, where):
@@ -146,7 +145,8 @@ class Reporter:
         self._check(item.nodeid)
 
     def pytest_runtest_logreport(self, report):
-        self._check(report.nodeid)
+        if report.when == "call":  # setup's changes are seen before the call, teardown's before the next or at the end
+            self._check(report.nodeid)
         self._report(report, report.when)
 
     def _report(self, report, when):
