@@ -536,10 +536,13 @@ class DockerBackend:
         try:
             if key is None:
                 return TestRun(self._exec(["bash", "-c", copy.stdout.decode()], timeout))
-            self._feed(["sh", "-c", 'cat > "$1"', "_", f"{GRADER_DIR}/launcher.py"], LAUNCHER_PATH.read_bytes(),
-                       "could not place the report launcher")
-            self._feed(["sh", "-c", 'umask 077 && cat > "$1" && chown "$2" "$1"', "_", f"{GRADER_DIR}/run/key",
-                        self.user], key, "could not place the report's key")
+            try:
+                self._feed(["sh", "-c", 'cat > "$1"', "_", f"{GRADER_DIR}/launcher.py"], LAUNCHER_PATH.read_bytes(),
+                           "could not place the report launcher")
+                self._feed(["sh", "-c", 'umask 077 && cat > "$1" && chown "$2" "$1"', "_", f"{GRADER_DIR}/run/key",
+                            self.user], key, "could not place the report's key")
+            except SandboxFileError as exc:
+                raise SandboxError(str(exc)) from None
             launcher = f"{GRADER_DIR}/launcher.py {GRADER_DIR}/run/key {GRADER_DIR}/run/report"
             log = self._exec(["bash", "-c", 'py=python3; if [ -x /testbed/.venv/bin/python ]; then '
                               'py=/testbed/.venv/bin/python; fi; ' + pytest_command('"$py"', "/testbed", launcher)],

@@ -69,6 +69,13 @@ def _changed(entries):
     return changed
 
 
+def _module_of(plugin):
+    """The module a plugin comes from: a module's own name, a class's module, an instance's class's module."""
+    if isinstance(plugin, type(sys)):
+        return plugin.__name__
+    return plugin.__module__ if isinstance(plugin, type) else type(plugin).__module__
+
+
 def _from_pytest(module_name):
     return (module_name or "").split(".")[0] in ("_pytest", "pytest", "pluggy") or module_name == __name__
 
@@ -127,9 +134,7 @@ class Reporter:
     def pytest_collection(self, session):
         plugins = session.config.pluginmanager.list_name_plugin()
         self._tamper(["a plugin from outside pytest: {}".format(name) for name, plugin in plugins
-                      if plugin is not None and not _from_pytest(getattr(plugin, "__name__", None)
-                                                                 if isinstance(plugin, type(sys)) else
-                                                                 type(plugin).__module__)], "collection")
+                      if plugin is not None and not _from_pytest(_module_of(plugin))], "collection")
         self._plugins = {id(p) for p in session.config.pluginmanager.get_plugins()}
 
     def pytest_collection_finish(self, session):
