@@ -123,6 +123,14 @@ def test_warm_start_config_takes_the_cells_env_and_token_limits():
         "n_demos": 10, "band": [0.0, 1.0], "threads": 2}
 
 
+def test_a_models_warm_start_seed_seeds_its_warm_start_and_initialisation():
+    study = {"models": {"m": {"preset": "qwen-tiny"}, "m2": {"preset": "qwen-tiny", "warm_start_seed": 2}},
+             "cell": {"model": {"init_seed": 3}, "env": {"name": "minirepo"}}, "warm_start": {"seed": 5}}
+    first, second = (cc.warm_start_config(study, m, threads=1) for m in ("m", "m2"))
+    assert (first["seed"], first["model"]["init_seed"]) == (5, 3)
+    assert (second["seed"], second["model"]["init_seed"]) == (2, 2)
+
+
 @pytest.mark.parametrize("study_file", STUDY_FILES)
 def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_path):
     """What the workflow writes must pass the trainer's own validation (model.path: any existing dir, with the
@@ -158,6 +166,8 @@ def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_pat
     pytest.param(lambda s: s["models"].update(h={"policy": "h2"}, h2={"path": "."}),
                  "models.h.policy: 'h2' is not a model of this study with a `preset`", id="policy-of-a-checkpoint"),
     pytest.param(lambda s: s["models"].update(p={"path": "/no/such/checkpoint"}), "models.p.path", id="no-path"),
+    pytest.param(lambda s: s["models"].update(h={"policy": "m", "warm_start_seed": 1}),
+                 "models.h.warm_start_seed: only a model with a `preset` is warm-started", id="seed-without-preset"),
     pytest.param(lambda s: s["grid"][0].update(models=["m", "nope"]), r"grid\[0\].models: 'nope'",
                  id="unknown-model"),
     pytest.param(lambda s: s.update(warm_start={"band": [0.5, 0.2]}), "warm_start.band", id="band"),

@@ -284,6 +284,9 @@ def check_study(study: dict, root: str | Path = ".") -> None:
         if shared is not None and study["models"].get(shared, {}).get("preset") is None:
             raise StudyError(f"models.{name}.policy: {shared!r} is not a model of this study with a `preset` "
                              f"(a warm-started policy to share)")
+        if entry.get("warm_start_seed") is not None and entry.get("preset") is None:
+            raise StudyError(f"models.{name}.warm_start_seed: only a model with a `preset` is warm-started "
+                             f"(this one has {kinds[0]!r})")
         if entry.get("path") is not None and not (root / entry["path"]).exists():
             raise StudyError(f"models.{name}.path: {entry['path']!r} does not exist "
                              f"(paper scale needs the checkpoint on a local path)")
@@ -473,10 +476,14 @@ def cell_config(study: dict, model: str, recipe: str, optimizer: str, seed: int,
 
 def warm_start_config(study: dict, model: str, threads: int) -> dict:
     """The `python -m trainer sft` config of one model family: its preset, the cells' env (with the model's
-    env_options) and token limits."""
+    env_options) and token limits; the model's `warm_start_seed`, where it has one, seeds both the warm start
+    (demonstrations, their order, evaluations) and the tiny model's initialisation."""
     shared = study.get("cell", {})
     options = {k: v for k, v in study.get("warm_start", {}).items() if k != "allow_out_of_band"}
     model_keys = {k: v for k, v in shared.get("model", {}).items() if k in ("dtype", "init_seed")}
+    seed = study["models"][model].get("warm_start_seed")
+    if seed is not None:
+        options["seed"], model_keys["init_seed"] = seed, seed
     rollout = {k: v for k, v in shared.get("rollout", {}).items() if k in SFT_ROLLOUT_KEYS}
     return {"model": {"preset": study["models"][model]["preset"], **model_keys},
             "env": model_env(study, model), "rollout": rollout, **options, "threads": int(threads)}
