@@ -47,8 +47,8 @@ from typing import Literal, Sequence
 
 from trainer.environments.swe.containers import cleanup_stale_containers, disown, docker_client, own, owner_labels
 from trainer.environments.swe.grading import LAUNCHER_PATH, pytest_command
-from trainer.environments.swe.sandbox import (REPORT_MAX_BYTES, ExecResult, OutputCapture, SandboxError, SandboxFileError,
-                                             TestRun)
+from trainer.environments.swe.sandbox import (REPORT_MAX_BYTES, ExecResult, OutputCapture, SandboxError,
+                                             SandboxFileError, TestRun)
 from trainer.environments.swe.supervisor import SUPERVISOR
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

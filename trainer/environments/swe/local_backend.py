@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from trainer.environments.swe.sandbox import (REPORT_MAX_BYTES, ExecResult, OutputCapture, SandboxError, SandboxFileError,
-                                             TestRun, rlimit_spec)
+from trainer.environments.swe.sandbox import (REPORT_MAX_BYTES, ExecResult, OutputCapture, SandboxError,
+                                             SandboxFileError, TestRun, rlimit_spec)
 from trainer.environments.swe.supervisor import SUPERVISOR
 from trainer.environments.swe.tasks import check_tree
 

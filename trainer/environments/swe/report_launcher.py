@@ -7,12 +7,13 @@ write to its log (fake "PASSED" lines from an atexit hook, a fake summary on pyt
 message that says "PASSED"). This launcher reads each test's outcome from pytest's own report objects, categorised
 by pytest's own `pytest_report_teststatus`, and writes them to REPORT_FILE as JSON lines, each signed with an HMAC
 under a key that only this process holds: it reads KEY_FILE and deletes it before pytest starts, so no code the
-tests import can read it from disk. After pytest's start-up, before the first test module is imported, it records
-every function and class of pytest, pluggy, unittest and itself (with their code objects) and, once collection
-begins, the registered plugins; before each test runs and at every report it checks that nothing of these was
-replaced, and says so in the report if it was (a patched `Function.runtest` or a plugin registered from the
-tested code forges outcomes without touching the log). The session's end is a signed record with pytest's exit status, which the reader compares with the
-process's exit code, so `os._exit(0)` mid-run leaves a report without its end.
+tests import can read it from disk. It records every function and class of pytest, pluggy, unittest and itself
+(with their code objects) before pytest starts, checks at the end of pytest's start-up that only pytest changed
+them, and, once collection begins, records the registered plugins (all pytest's own); before each test's call and
+at its report it checks that none of these was replaced or added to, and says so in the report if one was (a
+patched `Function.runtest` or a plugin registered from the tested code forges outcomes without touching the log).
+The session's end is a signed record with pytest's exit status, which the reader compares with the process's exit
+code, so `os._exit(0)` mid-run leaves a report without its end.
 
 What it cannot stop: code that targets this launcher (reads the key out of this process's memory, or patches the
 checks themselves), and values built to satisfy any assertion (an object whose `__eq__` is always true). No grader
