@@ -8,9 +8,11 @@ import hashlib
 import hmac
 import json
 import shlex
+import shutil
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -63,13 +65,13 @@ class Unit(unittest.TestCase):
 '''
 
 
-def run_launched(repo, key=KEY):
-    """Run the hidden tests of `repo` through the launcher (this interpreter); (process, report bytes or None)."""
+def run_launched(repo, key=KEY, python=sys.executable):
+    """Run the hidden tests of `repo` through the launcher; (process, report bytes or None)."""
     channel = repo / "channel"
     channel.mkdir(exist_ok=True)
     (channel / "key").write_bytes(key)
     words = " ".join(shlex.quote(str(p)) for p in (LAUNCHER_PATH, channel / "key", channel / "report"))
-    command = pytest_command(shlex.quote(sys.executable), shlex.quote(str(repo)), words)
+    command = pytest_command(shlex.quote(python), shlex.quote(str(repo)), words)
     proc = subprocess.run(["bash", "-c", command], capture_output=True, timeout=120)
     report = (channel / "report").read_bytes() if (channel / "report").exists() else None
     return proc, report
@@ -168,6 +170,33 @@ def test_a_hand_built_report_reads_by_hand():
     reading = read_report(signed([START, *RUN, FINISH]), KEY, 1)
     assert reading.problem is None
     assert reading.statuses == {"test_x": "PASSED", "C.test_y": "FAILED"}  # failed after error in the summary
+    # a crash at interpreter shutdown, after the signed end, changes nothing
+    assert read_report(signed([START, *RUN, FINISH]), KEY, 134) == reading
+
+
+def test_pytest_installed_in_the_repositorys_own_venv_is_not_the_repository(tmp_path):
+    """R2E-Gym's images keep the interpreter's environment in /testbed/.venv, pytest included: its modules load
+    from under the repository root, and that is not the repository's code running early."""
+    import importlib.util
+    import os
+
+    repo = make_repo(tmp_path, {"test_a.py": "from pkg import inc\ndef test_a(): assert inc(1) == 2\n"})
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(repo / ".venv")], check=True)
+    site = next((repo / ".venv" / "lib").glob("python3*")) / "site-packages"
+    for name in ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pygments", "py"):
+        origin = Path(importlib.util.find_spec(name).origin)
+        if origin.name == "__init__.py":
+            shutil.copytree(origin.parent, site / name)
+        else:
+            shutil.copy2(origin, site / origin.name)
+        for info in origin.parent.parent.glob(f"{name}-*.dist-info") if origin.name == "__init__.py" else ():
+            shutil.copytree(info, site / info.name)
+    python = repo / ".venv" / "bin" / "python"
+    assert subprocess.run([str(python), "-c", "import _pytest, sys; assert _pytest.__file__.startswith(sys.prefix)"]
+                          ).returncode == 0
+    proc, report = run_launched(repo, python=str(python))
+    reading = read_report(report, KEY, proc.returncode)
+    assert reading.problem is None and reading.statuses == {"test_a": "PASSED"}
 
 
 @pytest.mark.parametrize("report, exit_code, problem", [
@@ -180,7 +209,7 @@ def test_a_hand_built_report_reads_by_hand():
     (without_line(signed([START, *RUN, FINISH]), 3), 1, "missing or out of order"),
     (signed([*RUN, FINISH]), 1, "does not begin with the launcher's start"),
     (signed([START, *RUN]), 0, "the process ended (exit code 0) before pytest's session did"),
-    (signed([START, *RUN, FINISH]), 0, "exit code 0 is not pytest's exit status 1"),
+    (b"[" * 200_000 + b"\n", 1, "line 1 of the report is not the launcher's"),
     (signed([START, *RUN[:-1], FINISH]), 1, "1 collected tests never ran (first: r2e_tests/test_a.py::C::test_y)"),
     (signed([START, *RUN[:2], {"kind": "tampered", "what": "Function.runtest", "where": "x"}, *RUN[2:], FINISH]), 1,
      "pytest was tampered with while the tests ran: Function.runtest"),

@@ -77,6 +77,10 @@ def _module_of(plugin):
     return plugin.__module__ if isinstance(plugin, type) else type(plugin).__module__
 
 
+def _file_of(module):
+    return os.path.abspath(str(getattr(module, "__file__", None) or "/"))
+
+
 def _from_pytest(module_name):
     return (module_name or "").split(".")[0] in ("_pytest", "pytest", "pluggy") or module_name == __name__
 
@@ -87,6 +91,7 @@ class Reporter:
     def __init__(self, key, out):
         self._key, self._out = key, out
         self._watched = _watch_list()
+        self._loaded = set(sys.modules)
         self._seq = 0
         self._plugins = None
         self._config = None
@@ -119,15 +124,17 @@ class Reporter:
         """After pytest's own start-up, before any test module is imported. The repository is on sys.path from
         pytest's `pythonpath` option on, and pytest imports a few modules after that (pdb, cmd, code), which the
         repository could shadow: so whatever changed since the launcher's first record must be pytest's own doing
-        (its legacypath plugin patches `Config`), and no module of the repository may be loaded yet. Then the
-        record is taken again, to be checked from here on."""
+        (its legacypath plugin patches `Config`), and no module of the repository may have been loaded since the
+        launcher started (the interpreter's own environment aside: R2E-Gym's images keep it in /testbed/.venv).
+        Then the record is taken again, to be checked from here on."""
         self._config = config
         self._write({"kind": "start", "pytest": pytest.__version__, "watched": len(self._watched)})
         self._tamper([name for name, now in _changed(self._watched)
                       if not _from_pytest(getattr(_unwrapped(now), "__module__", None))], "start-up")
         root = os.path.join(str(getattr(config, "rootpath", None) or config.rootdir), "")
-        early = sorted(name for name, module in list(sys.modules.items()) if module is not sys.modules[__name__]
-                       and str(getattr(module, "__file__", None) or "").startswith(root))
+        python = tuple(os.path.join(p, "") for p in {sys.prefix, sys.exec_prefix, sys.base_prefix})
+        early = sorted(name for name, module in list(sys.modules.items()) if name not in self._loaded
+                       and _file_of(module).startswith(root) and not _file_of(module).startswith(python))
         self._tamper(["modules of the repository imported before collection: " + ", ".join(early[:5])] if early
                      else [], "start-up")
         self._watched = _watch_list()
