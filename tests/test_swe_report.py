@@ -226,3 +226,36 @@ def test_the_grading_is_an_env_option_checked_by_name():
     assert family_config("swe", {"grading": "r2e_gym_log"}).grading == "r2e_gym_log"
     with pytest.raises(ValueError, match="grading"):
         family_config("swe", {"grading": "substring"})
+
+
+def test_conftest_files_and_pytest_plugins_of_an_honest_suite_are_accepted(tmp_path):
+    """Where the test command honours conftest files (R2E-Gym's run_tests.sh does), a root conftest, one in the
+    tests' folder and a test module's `pytest_plugins` naming one of pytest's own are pytest's doing, not tampering."""
+    repo = make_repo(tmp_path, {
+        "conftest.py": "import pytest\n@pytest.fixture\ndef one():\n    return 1\n",
+        "test_a.py": "pytest_plugins = ['pytester']\nfrom pkg import inc\n"
+                     "def test_a(one, pytester): assert inc(one) == 2\n"})
+    (repo / "conftest.py").write_text("import pytest\n@pytest.fixture\ndef two():\n    return 2\n")
+    (repo / "r2e_tests" / "test_b.py").write_text("def test_b(two): assert two == 2\n")
+    (repo / "channel").mkdir()
+    (repo / "channel" / "key").write_bytes(KEY)
+    proc = subprocess.run([sys.executable, "-B", str(LAUNCHER_PATH), str(repo / "channel" / "key"),
+                           str(repo / "channel" / "report"), "-rA", "-p", "no:cacheprovider", "r2e_tests"],
+                          cwd=repo, capture_output=True, timeout=120)
+    reading = read_report((repo / "channel" / "report").read_bytes(), KEY, proc.returncode)
+    assert reading.problem is None, proc.stdout.decode()[-2000:]
+    assert reading.statuses == {"test_a": "PASSED", "test_b": "PASSED"}
+
+
+def test_the_images_own_test_script_runs_through_the_launcher():
+    from trainer.environments.swe.docker_backend import GRADER_DIR, through_launcher
+    from trainer.environments.swe.sandbox import SandboxError
+
+    r2e_gym = ".venv/bin/python -W ignore -m pytest -rA r2e_tests"
+    assert through_launcher(r2e_gym) == (f".venv/bin/python -W ignore {GRADER_DIR}/launcher.py {GRADER_DIR}/run/key "
+                                         f"{GRADER_DIR}/run/report -rA r2e_tests")
+    shipped = pytest_command("python3", "/testbed")
+    assert through_launcher(shipped) == pytest_command("python3", "/testbed", " ".join(
+        f"{GRADER_DIR}/{name}" for name in ("launcher.py", "run/key", "run/report")))
+    with pytest.raises(SandboxError, match="grading: r2e_gym_log"):
+        through_launcher("cd /testbed && tox -e py311")

@@ -25,8 +25,8 @@ It needs the `docker` SDK and a running engine; the images come from `image.py`.
   image and give it only the agent's /testbed (without .venv and .git, which come from the image), so nothing
   else the agent left behind (user site-packages, `.pth` files, `sitecustomize`, HOME dotfiles) takes part in
   grading; in it, copy /root/r2e_tests to /testbed/r2e_tests (root-owned, read-only for the agent), run
-  /root/run_tests.sh's text as the agent, delete the copy. `grade_in: episode` grades in the episode's own
-  container, as R2E-Gym does;
+  /root/run_tests.sh's text as the agent (its `-m pytest` through the report launcher by default), delete the
+  copy. `grade_in: episode` grades in the episode's own container, as R2E-Gym does;
 - containers carry the labels of their owner (see `containers.py`), and stale ones are removed whenever a
   backend is created;
 - if a command cannot even start (the pids limit is full because the agent killed its supervisor) or the host
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Literal, Sequence
 
 from trainer.environments.swe.containers import cleanup_stale_containers, disown, docker_client, own, owner_labels
-from trainer.environments.swe.grading import LAUNCHER_PATH, pytest_command
+from trainer.environments.swe.grading import LAUNCHER_PATH
 from trainer.environments.swe.sandbox import (REPORT_MAX_BYTES, ExecResult, OutputCapture, SandboxError,
                                              SandboxFileError, TestRun)
 from trainer.environments.swe.supervisor import SUPERVISOR
@@ -517,9 +517,9 @@ class DockerBackend:
             raise SandboxError(str(exc)) from None
 
     def _run_hidden_tests(self, timeout: float, key: bytes | None) -> TestRun:
-        """Copy the hidden tests in (read-only for the agent), run them as the agent, remove them: with `key`
-        through `report_launcher.py` (under /testbed/.venv's python where the image has one, as R2E-Gym's
-        run_tests.sh, else python3), its report read back; without, the image's run_tests.sh as it is. A SWE-bench
+        """Copy the hidden tests in (read-only for the agent), run the image's run_tests.sh as the agent, remove
+        them: with `key` its pytest runs through `report_launcher.py` (`through_launcher`) and the report is read
+        back; without, the script runs as it is. A SWE-bench
         image's script brings its own tests (it applies the test patch); its output is read with stderr interleaved,
         as R2E-Gym reads it (the log is cut at the echo of the test command, which `set -x` writes to stderr)."""
         purged = self._exec(["sh", "-c", PURGE_BYTECODE], self.config.file_op_timeout_s, user="root")
@@ -536,6 +536,7 @@ class DockerBackend:
         try:
             if key is None:
                 return TestRun(self._exec(["bash", "-c", copy.stdout.decode()], timeout))
+            through_launcher(copy.stdout.decode())  # refused before anything is placed
             try:
                 self._feed(["sh", "-c", 'cat > "$1"', "_", f"{GRADER_DIR}/launcher.py"], LAUNCHER_PATH.read_bytes(),
                            "could not place the report launcher")
@@ -543,10 +544,7 @@ class DockerBackend:
                             self.user], key, "could not place the report's key")
             except SandboxFileError as exc:
                 raise SandboxError(str(exc)) from None
-            launcher = f"{GRADER_DIR}/launcher.py {GRADER_DIR}/run/key {GRADER_DIR}/run/report"
-            log = self._exec(["bash", "-c", 'py=python3; if [ -x /testbed/.venv/bin/python ]; then '
-                              'py=/testbed/.venv/bin/python; fi; ' + pytest_command('"$py"', "/testbed", launcher)],
-                             timeout)
+            log = self._exec(["bash", "-c", through_launcher(copy.stdout.decode())], timeout)
             report = io.BytesIO()
             try:
                 self._stream_out(["sh", "-c", f'test -f {GRADER_DIR}/run/report && cat {GRADER_DIR}/run/report'],
@@ -557,6 +555,16 @@ class DockerBackend:
             return TestRun(log, report.getvalue())
         finally:
             self._exec(["rm", "-rf", "/testbed/r2e_tests"], self.config.file_op_timeout_s, user="root")
+
+
+def through_launcher(script: str) -> str:
+    """The image's run_tests.sh with its `-m pytest` run through the report launcher instead, so the tests run with
+    the image's own interpreter, folder and flags (R2E-Gym's: `.venv/bin/python -W ignore -m pytest -rA r2e_tests`
+    from /testbed); SandboxError where the script does not run `python -m pytest`."""
+    if "-m pytest" not in script:
+        raise SandboxError("the image's run_tests.sh does not run `python -m pytest`, so the report launcher cannot "
+                           "run it: grade this task with env.options.grading: r2e_gym_log")
+    return script.replace("-m pytest", f"{GRADER_DIR}/launcher.py {GRADER_DIR}/run/key {GRADER_DIR}/run/report", 1)
 
 
 def _before(deadline: float, timeout: float, step: str) -> float:

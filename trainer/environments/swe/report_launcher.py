@@ -8,17 +8,21 @@ message that says "PASSED"). This launcher reads each test's outcome from pytest
 by pytest's own `pytest_report_teststatus`, and writes them to REPORT_FILE as JSON lines, each signed with an HMAC
 under a key that only this process holds: it reads KEY_FILE and deletes it before pytest starts, so no code the
 tests import can read it from disk. It records every function and class of pytest, pluggy, unittest and itself
-(with their code objects) before pytest starts, checks at the end of pytest's start-up that only pytest changed
-them, and, once collection begins, records the registered plugins (all pytest's own); before each test's call and
-at its report it checks that none of these was replaced or added to, and says so in the report if one was (a
-patched `Function.runtest` or a plugin registered from the tested code forges outcomes without touching the log).
+(with their code objects) before pytest starts, checks at the end of pytest's start-up that no code of the
+repository changed them, and, once collection begins, records the registered plugins (none may come from the
+repository's code but its conftest files); before each test's call and at its report it checks that none of these
+was replaced and no plugin of the repository added, and says so in the report if one was (a patched
+`Function.runtest` or a plugin registered from the tested code forges outcomes without touching the log).
 The session's end is a signed record with pytest's exit status, which the reader compares with the process's exit
 code, so `os._exit(0)` mid-run leaves a report without its end.
 
-What it cannot stop: code that targets this launcher (reads the key out of this process's memory, or patches the
-checks themselves), and values built to satisfy any assertion (an object whose `__eq__` is always true). No grader
-that runs the tested code in the tests' own process can; the reader's docstring (grading.py) says what the
-reading guarantees.
+What it does not stop (the tested code runs in this process, so no such launcher can close every way): code that
+targets it (reads the key out of memory, patches the checks), attributes added rather than replaced (a new
+property on pytest's report class), a patch that undoes itself before the next check, pluggy's hook callers
+rewired on instances, a conftest.py of the repository where the test command honours conftest files (R2E-Gym's
+does; the shipped images' does not), and values built to satisfy any assertion (an object whose `__eq__` is
+always true). It stops the generic forgeries: the log's text, the process's exit, pytest's functions replaced, a
+plugin registered from the tested code.
 
 Standard library and pytest only, Python 3.6 or later: it runs under the interpreter of the task's image.
 """
@@ -85,6 +89,16 @@ def _from_pytest(module_name):
     return (module_name or "").split(".")[0] in ("_pytest", "pytest", "pluggy") or module_name == __name__
 
 
+def _is_conftest(module):
+    return isinstance(module, type(sys)) and os.path.basename(_file_of(module)) == "conftest.py"
+
+
+def _code_file(value):
+    """The file the code of a (possibly wrapped) function comes from; "" when it has none."""
+    code = getattr(_unwrapped(value), "__code__", None)
+    return os.path.abspath(code.co_filename) if code is not None else ""
+
+
 class Reporter:
     """The pytest plugin that writes the signed report."""
 
@@ -95,6 +109,7 @@ class Reporter:
         self._seq = 0
         self._plugins = None
         self._config = None
+        self._root = None
         self.tampered = []
 
     def _write(self, record):
@@ -110,8 +125,24 @@ class Reporter:
         if self._plugins is not None and self._config is not None:
             now = self._config.pluginmanager.get_plugins()
             if len(now) != len(self._plugins) or any(id(p) not in self._plugins for p in now):
-                found.append("a plugin registered after collection began")
+                found += ["a plugin registered after collection began: {}".format(_module_of(p)) for p in now
+                          if id(p) not in self._plugins and not self._allowed(p)]
         self._tamper(found, where)
+
+    def _in_repository(self, path):
+        """Whether code at `path` is the repository's: under the root, outside the interpreter's own environment
+        (R2E-Gym's images keep it in /testbed/.venv; in a fresh grading container it comes from the image)."""
+        python = tuple(os.path.join(p, "") for p in {sys.prefix, sys.exec_prefix, sys.base_prefix})
+        return path.startswith(self._root) and not path.startswith(python)
+
+    def _allowed(self, plugin):
+        """A plugin pytest may hold: pytest's own, one installed with the interpreter (entry points), or a conftest.py
+        of the repository, which pytest loads where the test command honours them (R2E-Gym's does; the shipped
+        images' does not): all but code of the repository registered from elsewhere."""
+        if _is_conftest(plugin) or _from_pytest(_module_of(plugin)):
+            return True
+        module = plugin if isinstance(plugin, type(sys)) else sys.modules.get(_module_of(plugin))
+        return module is not None and not self._in_repository(_file_of(module))
 
     def _tamper(self, found, where):
         for name in found:
@@ -129,20 +160,19 @@ class Reporter:
         Then the record is taken again, to be checked from here on."""
         self._config = config
         self._write({"kind": "start", "pytest": pytest.__version__, "watched": len(self._watched)})
-        self._tamper([name for name, now in _changed(self._watched)
-                      if not _from_pytest(getattr(_unwrapped(now), "__module__", None))], "start-up")
-        root = os.path.join(str(getattr(config, "rootpath", None) or config.rootdir), "")
-        python = tuple(os.path.join(p, "") for p in {sys.prefix, sys.exec_prefix, sys.base_prefix})
+        self._root = os.path.join(str(getattr(config, "rootpath", None) or config.rootdir), "")
+        self._tamper([name for name, now in _changed(self._watched) if self._in_repository(_code_file(now))],
+                     "start-up")
         early = sorted(name for name, module in list(sys.modules.items()) if name not in self._loaded
-                       and _file_of(module).startswith(root) and not _file_of(module).startswith(python))
+                       and self._in_repository(_file_of(module)) and not _is_conftest(module))
         self._tamper(["modules of the repository imported before collection: " + ", ".join(early[:5])] if early
                      else [], "start-up")
         self._watched = _watch_list()
 
     def pytest_collection(self, session):
         plugins = session.config.pluginmanager.list_name_plugin()
-        self._tamper(["a plugin from outside pytest: {}".format(name) for name, plugin in plugins
-                      if plugin is not None and not _from_pytest(_module_of(plugin))], "collection")
+        self._tamper(["a plugin from the repository: {}".format(name) for name, plugin in plugins
+                      if plugin is not None and not self._allowed(plugin)], "collection")
         self._plugins = {id(p) for p in session.config.pluginmanager.get_plugins()}
 
     def pytest_collection_finish(self, session):
