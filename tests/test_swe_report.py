@@ -259,3 +259,26 @@ def test_the_images_own_test_script_runs_through_the_launcher():
         f"{GRADER_DIR}/{name}" for name in ("launcher.py", "run/key", "run/report")))
     with pytest.raises(SandboxError, match="grading: r2e_gym_log"):
         through_launcher("cd /testbed && tox -e py311")
+
+
+@pytest.mark.parametrize("call", ["feed", "stream_out"])
+def test_an_engine_failure_while_grading_is_a_sandbox_error(call, tmp_path):
+    """A Docker API error while placing the launcher or reading the report ends the episode with the reason (as a
+    SandboxError, which the environment grades 0), not with an exception out of env.step."""
+    from unittest import mock
+
+    import docker
+
+    from trainer.environments.swe.docker_backend import DockerBackend
+    from trainer.environments.swe.sandbox import SandboxError
+
+    client = mock.MagicMock()
+    client.containers.list.return_value = []
+    client.api.exec_create.side_effect = docker.errors.APIError("engine gone")
+    backend = DockerBackend(client=client)
+    backend.container = mock.MagicMock(id="c0")
+    with pytest.raises(SandboxError, match="the Docker engine failed: APIError"):
+        if call == "feed":
+            backend._feed(["cat"], b"x", "placing the launcher")
+        else:
+            backend._stream_out(["cat", "report"], (tmp_path / "out").open("wb"), 1e12, "reading the report")

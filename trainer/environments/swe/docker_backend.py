@@ -297,8 +297,17 @@ class DockerBackend:
 
     def _feed(self, argv: Sequence[str], data, what: str, user: str = "root", deadline: float | None = None) -> None:
         """Run `argv` in the container with `data` (bytes, or a file read in chunks) on its standard input (the
-        docker archive API cannot reach the tmpfs places); SandboxError with `what` and its error output unless it
-        exits 0, or once `deadline` (time.monotonic) passes."""
+        docker archive API cannot reach the tmpfs places); SandboxFileError with `what` and its error output unless
+        it exits 0; SandboxError once `deadline` (time.monotonic) passes or if the engine fails."""
+        import docker
+        import requests
+
+        try:
+            self._feed_unguarded(argv, data, what, user, deadline)
+        except (docker.errors.DockerException, requests.RequestException, ConnectionError) as exc:
+            raise SandboxError(f"{what}: the Docker engine failed: {type(exc).__name__}: {exc}") from None
+
+    def _feed_unguarded(self, argv, data, what: str, user: str, deadline: float | None) -> None:
         from docker.utils.socket import frames_iter
 
         api = self.client.api
@@ -485,6 +494,15 @@ class DockerBackend:
         command fails or `deadline` (time.monotonic) passes. The agent's repository leaves this way as a tar
         (without the tests' folder, the image's .venv and .git, which the grader takes from the image, and
         bytecode; ownership and modes kept)."""
+        import docker
+        import requests
+
+        try:
+            self._stream_out_unguarded(argv, out, deadline, what, limit)
+        except (docker.errors.DockerException, requests.RequestException, ConnectionError) as exc:
+            raise SandboxError(f"{what}: the Docker engine failed: {type(exc).__name__}: {exc}") from None
+
+    def _stream_out_unguarded(self, argv: Sequence[str], out, deadline: float, what: str, limit: int | None) -> None:
         api = self.client.api
         exec_id = api.exec_create(self.container.id, list(argv), stdout=True, stderr=True, user="root",
                                   workdir="/")["Id"]
