@@ -237,13 +237,13 @@ class LocalBackend:
         home = tempfile.mkdtemp(prefix="swe-grade-home-")  # not the agent's home, which it may have seeded
         channel = Path(tempfile.mkdtemp(prefix="swe-grade-report-"))
         key_file, report_file = channel / "key", channel / "report"
-        launcher = None
-        if key is not None:
-            key_file.write_bytes(key)
-            launcher = " ".join(shlex.quote(str(p)) for p in (LAUNCHER_PATH, key_file, report_file))
-        script = pytest_command(python=shlex.quote(self.config.python), testbed=shlex.quote(self.repo_dir),
-                                launcher=launcher)
         try:
+            launcher = None
+            if key is not None:
+                key_file.write_bytes(key)
+                launcher = " ".join(shlex.quote(str(p)) for p in (LAUNCHER_PATH, key_file, report_file))
+            script = pytest_command(python=shlex.quote(self.config.python), testbed=shlex.quote(self.repo_dir),
+                                    launcher=launcher)
             log = self.exec(["bash", "-c", script], timeout, home=home)
             report = None
             if key is not None and report_file.is_file():
