@@ -210,6 +210,8 @@ def main(argv):
     if not key:
         sys.exit("report_launcher: the key file {} is empty".format(key_path))
     import unittest  # noqa: F401  (watched: unittest-style tests report through it)
+    if not sys.flags.isolated and not getattr(sys.flags, "safe_path", False):
+        sys.path[0] = os.getcwd()  # as `python -m pytest` has it (R2E-Gym's tests import the repository from there)
     with open(report_path, "a") as out:
         reporter = Reporter(key, out)
         status = pytest.main(args, plugins=[reporter])
