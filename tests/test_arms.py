@@ -227,6 +227,19 @@ def test_the_curves_have_a_panel_per_recipe_and_arm(tmp_path):
     assert fig._suptitle.get_text().endswith(": q")
 
 
+def test_panels_of_several_models_in_a_flat_layout_name_their_model(tmp_path):
+    """The edge-warmstarts layout: one arm per recipe, several models (base policies), so no table of panels: each
+    title names the model beside the arm."""
+    paths = []
+    for model in ("w1", "w2"):
+        for arm, optimizer, recipe in (("adamw", "adam", "spo_adam"), ("muon", "muon", "spo_muon")):
+            columns = synthetic_metrics(30, 0.6, np.random.default_rng(1), start=0.4)
+            paths.append(write_metrics(cell_path(tmp_path, model, recipe, optimizer, 0, arm=arm), columns))
+    metrics = load_metrics(paths, tmp_path, ARMS_COLUMNS)
+    fig = figure_curves(metrics, arms_run_table(metrics, arms=arm_order(paths)))
+    assert sorted(ax.get_title() for ax in fig.axes if ax.lines) == ["w1: adamw", "w1: muon", "w2: adamw", "w2: muon"]
+
+
 def test_the_early_medians_stop_at_a_verdict_inside_the_warm_up(tmp_path):
     """A loss that turns NaN at update 3 is a verdict with no warm-up: the early median is of updates 0-2 only."""
     columns = synthetic_metrics(40, 0.7, np.random.default_rng(0), nan_loss_at=3)

@@ -238,6 +238,7 @@ def figure_curves(metrics: pd.DataFrame, runs: pd.DataFrame, models: Mapping[str
     crossed = len(panels) == len(rows) * len(arms)  # every arm in every row: a table of panels
     ncols = len(arms) if crossed and len(arms) <= max_cols else min(3, len(panels))
     many_rows = len(rows) > 1
+    one_model = len({m for m, _ in rows}) == 1
     with matplotlib.rc_context(STYLE):
         nrows = len(rows) if crossed and ncols == len(arms) else -(-len(panels) // ncols)
         fig, axes = grid(nrows, ncols, (2.6, 1.9), (0.75, 0.15, 0.75, 1.0), (0.25, 0.6), sharex=True, sharey=True)
@@ -265,7 +266,7 @@ def figure_curves(metrics: pd.DataFrame, runs: pd.DataFrame, models: Mapping[str
                                edgecolor="white", linewidth=0.6, zorder=5)
                     seen.add("collapse")
             curve_axes(ax, float(frame["update"].max()))
-            ax.set_title(arm, fontsize=8.5)
+            ax.set_title(arm if one_model or crossed else f"{model}: {arm}", fontsize=8.5)
         placed = [ax for ax in axes if ax in set(at.values())]
         for ax in placed:
             below = [other for other in placed if other is not ax and abs(other.get_position().x0 - ax.get_position().x0)
@@ -273,7 +274,6 @@ def figure_curves(metrics: pd.DataFrame, runs: pd.DataFrame, models: Mapping[str
             ax.xaxis.set_tick_params(labelbottom=not below)
             ax.set_xlabel("" if below else "Update")
         by_axis = {ax: key for key, ax in at.items()}
-        one_model = len({m for m, _ in rows}) == 1
         for ax in axes[::ncols]:
             if ax in placed:  # in a table of panels the row's recipe (and model, if several) labels its first axis
                 model, recipe, _ = by_axis[ax]
