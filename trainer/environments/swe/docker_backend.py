@@ -36,6 +36,7 @@ It needs the `docker` SDK and a running engine; the images come from `image.py`.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import posixpath
 import socket
@@ -299,33 +300,25 @@ class DockerBackend:
         """Run `argv` in the container with `data` (bytes, or a file read in chunks) on its standard input (the
         docker archive API cannot reach the tmpfs places); SandboxFileError with `what` and its error output unless
         it exits 0; SandboxError once `deadline` (time.monotonic) passes or if the engine fails."""
-        import docker
-        import requests
-
-        try:
-            self._feed_unguarded(argv, data, what, user, deadline)
-        except (docker.errors.DockerException, requests.RequestException, ConnectionError) as exc:
-            raise SandboxError(f"{what}: the Docker engine failed: {type(exc).__name__}: {exc}") from None
-
-    def _feed_unguarded(self, argv, data, what: str, user: str, deadline: float | None) -> None:
         from docker.utils.socket import frames_iter
 
-        api = self.client.api
-        exec_id = api.exec_create(self.container.id, list(argv), stdin=True, stdout=True, stderr=True, user=user,
-                                  workdir="/", environment=self._env(user))["Id"]
-        sock = api.exec_start(exec_id, socket=True)
-        raw = getattr(sock, "_sock", sock)
-        try:
-            stream = io.BytesIO(data) if isinstance(data, bytes) else data
-            for chunk in iter(lambda: stream.read(1024**2), b""):
-                if deadline is not None and time.monotonic() > deadline:
-                    raise SandboxError(f"{what}: grading passed its deadline (DockerConfig.grading_overhead_s)")
-                raw.sendall(chunk)
-            raw.shutdown(socket.SHUT_WR)
-            err = b"".join(data for stream, data in frames_iter(sock, tty=False) if stream == 2)
-        finally:
-            sock.close()
-        code = api.exec_inspect(exec_id).get("ExitCode")
+        with _engine_failures(f"{what}: the Docker engine failed"):
+            api = self.client.api
+            exec_id = api.exec_create(self.container.id, list(argv), stdin=True, stdout=True, stderr=True,
+                                      user=user, workdir="/", environment=self._env(user))["Id"]
+            sock = api.exec_start(exec_id, socket=True)
+            raw = getattr(sock, "_sock", sock)
+            try:
+                stream = io.BytesIO(data) if isinstance(data, bytes) else data
+                for chunk in iter(lambda: stream.read(1024**2), b""):
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise SandboxError(f"{what}: grading passed its deadline (DockerConfig.grading_overhead_s)")
+                    raw.sendall(chunk)
+                raw.shutdown(socket.SHUT_WR)
+                err = b"".join(data for stream, data in frames_iter(sock, tty=False) if stream == 2)
+            finally:
+                sock.close()
+            code = api.exec_inspect(exec_id).get("ExitCode")
         if code != 0:
             raise SandboxFileError(f"{what}: {(err or b'').decode(errors='replace').strip() or f'exit {code}'}")
 
@@ -352,13 +345,8 @@ class DockerBackend:
 
     def _exec(self, argv: Sequence[str], timeout: float, user: str | None = None, retry: bool = True) -> ExecResult:
         """Run `argv` under the supervisor as `user` (default: the agent) in /testbed."""
-        import docker
-        import requests
-
-        try:
+        with _engine_failures("the Docker engine failed"):
             return self._exec_unguarded(argv, timeout, user, retry)
-        except (docker.errors.DockerException, requests.RequestException) as exc:
-            raise SandboxError(f"the Docker engine failed: {type(exc).__name__}: {exc}") from None
 
     def _exec_unguarded(self, argv: Sequence[str], timeout: float, user: str | None, retry: bool) -> ExecResult:
         if self.container is None:
@@ -494,13 +482,8 @@ class DockerBackend:
         command fails or `deadline` (time.monotonic) passes. The agent's repository leaves this way as a tar
         (without the tests' folder, the image's .venv and .git, which the grader takes from the image, and
         bytecode; ownership and modes kept)."""
-        import docker
-        import requests
-
-        try:
+        with _engine_failures(f"{what}: the Docker engine failed"):
             self._stream_out_unguarded(argv, out, deadline, what, limit)
-        except (docker.errors.DockerException, requests.RequestException, ConnectionError) as exc:
-            raise SandboxError(f"{what}: the Docker engine failed: {type(exc).__name__}: {exc}") from None
 
     def _stream_out_unguarded(self, argv: Sequence[str], out, deadline: float, what: str, limit: int | None) -> None:
         api = self.client.api
@@ -554,7 +537,7 @@ class DockerBackend:
         try:
             if key is None:
                 return TestRun(self._exec(["bash", "-c", copy.stdout.decode()], timeout))
-            through_launcher(copy.stdout.decode())  # refused before anything is placed
+            command = through_launcher(copy.stdout.decode())  # refused before anything is placed
             try:
                 self._feed(["sh", "-c", 'cat > "$1"', "_", f"{GRADER_DIR}/launcher.py"], LAUNCHER_PATH.read_bytes(),
                            "could not place the report launcher")
@@ -562,7 +545,7 @@ class DockerBackend:
                             self.user], key, "could not place the report's key")
             except SandboxFileError as exc:
                 raise SandboxError(str(exc)) from None
-            log = self._exec(["bash", "-c", through_launcher(copy.stdout.decode())], timeout)
+            log = self._exec(["bash", "-c", command], timeout)
             report = io.BytesIO()
             try:
                 self._stream_out(["sh", "-c", f'test -f {GRADER_DIR}/run/report && cat {GRADER_DIR}/run/report'],
@@ -573,6 +556,19 @@ class DockerBackend:
             return TestRun(log, report.getvalue())
         finally:
             self._exec(["rm", "-rf", "/testbed/r2e_tests"], self.config.file_op_timeout_s, user="root")
+
+
+@contextlib.contextmanager
+def _engine_failures(message: str):
+    """Turn the engine's failures (docker's and requests' errors, a broken socket) into SandboxError(message: ...),
+    which ends the episode with the reason instead of raising out of env.step."""
+    import docker
+    import requests
+
+    try:
+        yield
+    except (docker.errors.DockerException, requests.RequestException, ConnectionError) as exc:
+        raise SandboxError(f"{message}: {type(exc).__name__}: {exc}") from None
 
 
 def through_launcher(script: str) -> str:

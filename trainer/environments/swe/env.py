@@ -71,7 +71,7 @@ class SWEConfig:
     """Actions per episode (R2E-Gym's README runs use max_steps 40)."""
     grading: Literal["report", "r2e_gym_log"] = "report"
     """How an R2E-Gym row's test statuses are read. "report" (default): from the signed report of the launcher pytest
-    runs through (`report_launcher.py`), which the tested code cannot write without targeting the launcher itself;
+    runs through (`report_launcher.py`, which says which forgeries from the tested code it stops and which not);
     the log's R2E-Gym reading is made beside it and a disagreement is logged (`grade_disagreement`). "r2e_gym_log":
     R2E-Gym's own way, the image's run_tests.sh and its log read by substring, which the tested code can forge
     (a failure message saying "PASSED", fake summary lines printed at exit, pytest patched at import). SWE-bench
