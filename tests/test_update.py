@@ -409,3 +409,32 @@ def test_embedding_and_head_steps_are_measured_beside_the_hidden_matrices(model)
     none = policy_update(idle, build_muon_adamw(idle), b, torch.zeros_like(adv), LossSettings(), minibatches=1,
                          skip_no_signal=True, embed_head_matrices=idle_io)
     assert none["embed_head_update_rms"] is None and none["embed_head_update_spectral_norm"] is None
+
+
+def test_flash_requirement_is_checked_per_model_not_imposed_process_wide(model, monkeypatch):
+    """`run.require_flash_attention` asks the kernel's conditions for the model's own head shape and compute dtype
+    and refuses by the key's name; it no longer restricts torch's process-wide kernel flags (which barred an async
+    rollout thread's masked attention on a GPU). On the CPU nothing is asked."""
+    import trainer.update as update
+
+    asked = []
+
+    def refusal(device, dtype, heads, kv_heads, head_dim):
+        asked.append((device.type, dtype, heads, kv_heads, head_dim))
+        return "head dimension not supported" if dtype == torch.float32 else None
+
+    monkeypatch.setattr(update, "flash_attention_refusal", refusal)
+    c = model.config
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    update._require_flash(model, torch.device("cpu"), torch.bfloat16)
+    assert asked == []
+    update._require_flash(model, torch.device("cuda"), torch.bfloat16)
+    assert asked == [("cuda", torch.bfloat16, c.num_attention_heads, c.num_key_value_heads, head_dim)]
+    with pytest.raises(RuntimeError, match=r"run\.require_flash_attention.*head dimension not supported"):
+        update._require_flash(model, torch.device("cuda"), None)  # no autocast: the parameters' fp32
+    before = torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()
+    batch = pad_episodes(_episodes(2), pad_id=0)
+    plain = token_logprobs(model, batch)
+    checked = token_logprobs(model, batch, forward=update.ForwardSettings(require_flash=True))
+    assert torch.equal(plain, checked)
+    assert (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()) == before

@@ -22,7 +22,9 @@ Why it is shaped this way:
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -93,12 +95,39 @@ class ForwardSettings:
     """`run.require_flash_attention` (CUDA only)."""
 
 
-def _attention_context(device: torch.device, require_flash: bool):
-    if require_flash and device.type == "cuda":
-        from torch.nn.attention import SDPBackend, sdpa_kernel
+@functools.lru_cache(maxsize=None)
+def flash_attention_refusal(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int,
+                            head_dim: int) -> str | None:
+    """Why the flash kernel would not take the update's attention (causal, no mask, `dtype`, this head shape), or None.
 
-        return sdpa_kernel(SDPBackend.FLASH_ATTENTION)  # no fallback: an unsupported input raises
-    return contextlib.nullcontext()
+    A check of the kernel's conditions rather than `sdpa_kernel(FLASH_ATTENTION)` around the forward: that context
+    sets process-wide flags, so in async mode it also barred the rollout thread's masked attention from every kernel
+    ("No available kernel. Aborting execution.", seen on an H200)."""
+    from torch.backends.cuda import SDPAParams, can_use_flash_attention
+
+    q = torch.zeros(1, heads, 8, head_dim, device=device, dtype=dtype)
+    kv = torch.zeros(1, kv_heads, 8, head_dim, device=device, dtype=dtype)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ok = can_use_flash_attention(SDPAParams(q, kv, kv, None, 0.0, True, heads != kv_heads), True)
+    return None if ok else ("; ".join(str(w.message) for w in caught) or "the kernel's conditions are not met")
+
+
+def _require_flash(model: nn.Module, device: torch.device, autocast_dtype: torch.dtype | None) -> None:
+    """Raise before the forward if the flash kernel cannot take the model's attention (`run.require_flash_attention`)."""
+    if device.type != "cuda":
+        return
+    config = model.config.get_text_config()
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    dtype = autocast_dtype or next(model.parameters()).dtype
+    why = flash_attention_refusal(device, dtype, heads, getattr(config, "num_key_value_heads", None) or heads,
+                                  head_dim)
+    if why is not None:
+        raise RuntimeError(f"run.require_flash_attention: the flash kernel cannot take this model's attention in "
+                           f"{dtype} ({heads} heads of {head_dim}): {why}. Without it attention falls back to a kernel "
+                           "whose scores grow with the square of the episode's length; set "
+                           "run.require_flash_attention: false to allow that.")
 
 
 def _head_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
@@ -140,7 +169,9 @@ def token_logprobs(model: nn.Module, batch: PaddedBatch, temperature: float = 1.
     targets = batch.input_ids[:, 1:]
     # Scoring without gradients takes the lean forward where it serves the model (the same logits, fewer ops)
     lean = lean_decoder(model) if chunk is None and autocast_dtype is None and not torch.is_grad_enabled() else None
-    with ctx, _attention_context(batch.input_ids.device, forward is not None and forward.require_flash):
+    if forward is not None and forward.require_flash:
+        _require_flash(model, batch.input_ids.device, autocast_dtype)
+    with ctx:
         if lean is not None:
             logits = lean.logits(batch.input_ids)[:, :-1]
         elif chunk is None:
