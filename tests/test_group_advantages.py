@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import trajectory
+from builders import trajectory
 from trainer.rl.group_advantages import (
     STEP_PENALTIES,
     SUCCESS,

@@ -7,7 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from conftest import turns
+from builders import turns
 from trainer.rl.shaping import (ShapingConfig, length_penalties, overlong_flags, tool_penalties, turn_penalties)
 from trainer.rl.trajectory import Trajectory, Turn
 

@@ -14,7 +14,7 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from conftest import trajectory
+from builders import trajectory
 from trainer.rl.spo import (BetaTracker, SPOPlusPlusConfig, TrackerConfig, logprob_divergence,
                             rho_from_divergence, spo_advantages, spo_plus_plus_advantages, spo_update_tracker,
                             update_tracker_in_arrival_order)
