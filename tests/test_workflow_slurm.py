@@ -18,7 +18,7 @@ import sys
 
 import pytest
 import yaml
-from test_workflow import copy_repo  # the local workflow tests' copy of the repository
+from workflow_runner import copy_repo
 
 SLURM_GRID = {"grid": [{"name": "slurm_test", "models": ["minicpm-tiny"], "recipes": ["spo_adam", "full"],
                         "seeds": [0]}]}
