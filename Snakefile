@@ -29,11 +29,11 @@ include: "workflow/rules/common.smk"
 # that a cluster job, which starts in the study's folder already, lands in the same place.
 workdir: os.path.join(workflow.basedir, config["workdir"])
 
+
 include: "workflow/rules/warm_start.smk"
 include: "workflow/rules/train.smk"
 # The analysis differs by study (`study:` main, companion, stability, horizon); one pair of rules serves them all.
 include: "workflow/rules/analysis.smk"
-
 
 
 rule all:

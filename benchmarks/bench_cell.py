@@ -14,6 +14,7 @@ the one in CHECKOUT (e.g. `git worktree add /tmp/base HEAD`), so that a shared m
 prints the ratios (this / CHECKOUT) and whether the two runs logged the same numbers (every metrics and episodes
 column but the timing ones); a speed-up that keeps results must say True there.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,9 +38,21 @@ TIMING_COLUMNS = ["rollout_s", "train_s", "wall_s"]
 def start_cell(cfg: dict, out: Path, checkout: Path) -> tuple[subprocess.Popen, float]:
     """Launch `python -m trainer train` with the trainer package of `checkout`, one thread."""
     write_yaml(cfg, out / "cell.yaml")
-    proc = subprocess.Popen([sys.executable, "-m", "trainer", "train", "--config", str(out / "cell.yaml"),
-                             "--out", str(out / "run"), "--no-progress"], cwd=checkout,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(checkout)})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "trainer",
+            "train",
+            "--config",
+            str(out / "cell.yaml"),
+            "--out",
+            str(out / "run"),
+            "--no-progress",
+        ],
+        cwd=checkout,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(checkout)},
+    )
     return proc, time.perf_counter()
 
 
@@ -49,9 +62,16 @@ def finish_cell(recipe: str, proc: subprocess.Popen, t0: float, out: Path) -> di
     wall = time.perf_counter() - t0
     m = pd.read_parquet(out / "run" / "metrics.parquet")
     loop = float(m["wall_s"].iloc[-1])
-    return {"recipe": recipe, "wall_s": wall, "startup_s": wall - loop, "rollout_s": m["rollout_s"].sum(),
-            "train_s": m["train_s"].sum(), "eval_and_logging_s": loop - m["rollout_s"].sum() - m["train_s"].sum(),
-            "gen_tokens": int(m["gen_tokens"].sum()), "success_last10": m["success_rate"].tail(10).mean()}
+    return {
+        "recipe": recipe,
+        "wall_s": wall,
+        "startup_s": wall - loop,
+        "rollout_s": m["rollout_s"].sum(),
+        "train_s": m["train_s"].sum(),
+        "eval_and_logging_s": loop - m["rollout_s"].sum() - m["train_s"].sum(),
+        "gen_tokens": int(m["gen_tokens"].sum()),
+        "success_last10": m["success_rate"].tail(10).mean(),
+    }
 
 
 def same_logs(a: Path, b: Path) -> bool:
@@ -72,23 +92,33 @@ def main() -> None:
     ap.add_argument("--recipes", nargs="+", default=["full", "spo_adam"])
     ap.add_argument("--updates", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--keep", default=None,
-                    help="keep each run under KEEP/<recipe>/this (and /against) (default: a temporary folder)")
-    ap.add_argument("--against", default=None, metavar="CHECKOUT",
-                    help="also run each cell, at the same time, with the trainer of this checkout (a baseline)")
+    ap.add_argument(
+        "--keep",
+        default=None,
+        help="keep each run under KEEP/<recipe>/this (and /against) (default: a temporary folder)",
+    )
+    ap.add_argument(
+        "--against",
+        default=None,
+        metavar="CHECKOUT",
+        help="also run each cell, at the same time, with the trainer of this checkout (a baseline)",
+    )
     args = ap.parse_args()
     if not Path(args.policy, "config.json").exists():
         sys.exit(f"--policy {args.policy}: not a policy directory (no config.json)")
     study = resolve_base(yaml.safe_load(Path(args.study).read_text()), root=ROOT, source=args.study)
     model = Path(args.policy).resolve().name  # results/policies/<model>: the study's model of that name
     if model not in study["models"]:
-        sys.exit(f"--policy {args.policy}: its folder name {model!r} is not a model of {args.study} "
-                 f"({sorted(study['models'])})")
+        sys.exit(
+            f"--policy {args.policy}: its folder name {model!r} is not a model of {args.study} "
+            f"({sorted(study['models'])})"
+        )
     checkouts = {"this": ROOT} if args.against is None else {"this": ROOT, "against": Path(args.against).resolve()}
     rows = []
     for recipe in args.recipes:
-        cfg = cell_config(study, model, recipe, RECIPE_OPTIMIZER[recipe], args.seed,
-                          str(Path(args.policy).resolve()), threads=1)
+        cfg = cell_config(
+            study, model, recipe, RECIPE_OPTIMIZER[recipe], args.seed, str(Path(args.policy).resolve()), threads=1
+        )
         cfg["run"]["updates"] = args.updates
         with tempfile.TemporaryDirectory() as tmp:
             outs = {label: Path(args.keep or tmp, recipe, label) for label in checkouts}
@@ -99,17 +129,23 @@ def main() -> None:
                 rows.append({"checkout": label, **finish_cell(recipe, proc, t0, outs[label])})
                 print(rows[-1], flush=True)
             if args.against is not None:
-                print(f"{recipe}: same logged numbers as {args.against}: {same_logs(outs['this'], outs['against'])}",
-                      flush=True)
+                print(
+                    f"{recipe}: same logged numbers as {args.against}: {same_logs(outs['this'], outs['against'])}",
+                    flush=True,
+                )
     table = pd.DataFrame(rows).round(2)
     print(table.to_string(index=False))
     if args.against is not None:
         timing = ["wall_s", "startup_s", "rollout_s", "train_s", "eval_and_logging_s"]
-        ratio = (table[table.checkout == "this"].set_index("recipe")[timing]
-                 / table[table.checkout == "against"].set_index("recipe")[timing])
+        ratio = (
+            table[table.checkout == "this"].set_index("recipe")[timing]
+            / table[table.checkout == "against"].set_index("recipe")[timing]
+        )
         print(f"ratio this / {args.against}:\n{ratio.round(3).to_string()}")
-    print(f"target: {args.updates} updates <= 60 s per cell on one core "
-          f"(worst here, this checkout: {table[table.checkout == 'this']['wall_s'].max():.1f} s)")
+    print(
+        f"target: {args.updates} updates <= 60 s per cell on one core "
+        f"(worst here, this checkout: {table[table.checkout == 'this']['wall_s'].max():.1f} s)"
+    )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ Both choices make the environment's share look larger than it is.
 
     python benchmarks/bench_env_step.py [--episodes 500] [--noise 0.1] [--seed 0]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,9 @@ class TinyDecoder(nn.Module):
     def __init__(self, vocab: int = 160, d: int = 128, layers: int = 4, heads: int = 4, ffn: int = 512):
         super().__init__()
         self.embed, self.head, self.heads = nn.Embedding(vocab, d), nn.Linear(d, vocab), heads
-        self.layers = nn.ModuleList(nn.TransformerEncoderLayer(d, heads, ffn, dropout=0.0, batch_first=True)
-                                    for _ in range(layers))
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(d, heads, ffn, dropout=0.0, batch_first=True) for _ in range(layers)
+        )
 
     def full_forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Logits of the last position, recomputing the whole causal context (no cache)."""
@@ -118,34 +120,48 @@ def main() -> None:
     cached, full, n_params = decode_cost(args.context)
     steps = sum(len(v) for v in per_command.values())
     env_total = sum(r[0] for r in rows)
-    print(f"MiniRepo env cost: {len(rows)} expert episodes (noise {args.noise}), {steps} steps, "
-          f"success {successes / len(rows):.1%}")
+    print(
+        f"MiniRepo env cost: {len(rows)} expert episodes (noise {args.noise}), {steps} steps, "
+        f"success {successes / len(rows):.1%}"
+    )
     print(f"mean env.step: {env_total / steps * 1e6:.1f} us (reset included in episode totals)\n")
     print(f"{'command':<8} {'steps':>6} {'mean us':>8} {'p99 us':>8}")
     for tool, times in sorted(per_command.items()):
         times = sorted(times)
-        print(f"{tool:<8} {len(times):>6} {statistics.mean(times) * 1e6:>8.1f} "
-              f"{times[min(len(times) - 1, int(0.99 * len(times)))] * 1e6:>8.1f}")
-    print(f"\ndecode model: {n_params / 1e6:.2f}M params, 1 thread; per generated token: "
-          f"{cached * 1e6:.0f} us with a {args.context}-token KV cache "
-          f"({full * 1e6:.0f} us for a full {args.context + 1}-token forward, not used below)\n")
+        print(
+            f"{tool:<8} {len(times):>6} {statistics.mean(times) * 1e6:>8.1f} "
+            f"{times[min(len(times) - 1, int(0.99 * len(times)))] * 1e6:>8.1f}"
+        )
+    print(
+        f"\ndecode model: {n_params / 1e6:.2f}M params, 1 thread; per generated token: "
+        f"{cached * 1e6:.0f} us with a {args.context}-token KV cache "
+        f"({full * 1e6:.0f} us for a full {args.context + 1}-token forward, not used below)\n"
+    )
 
     def share(env_s, tokens):
         return env_s / (env_s + tokens * cached)
 
     print(f"{'per episode':<26} {'mean':>9} {'median':>9} {'p90':>9} {'max':>9}")
-    columns = {"turns": [r[1] for r in rows], "generated tokens (words)": [r[2] for r in rows],
-               "generated tokens (chars)": [r[3] for r in rows], "env ms": [r[0] * 1e3 for r in rows],
-               "decode ms": [r[2] * cached * 1e3 for r in rows],
-               "env share % (words)": [100 * share(r[0], r[2]) for r in rows],
-               "env share % (chars)": [100 * share(r[0], r[3]) for r in rows]}
+    columns = {
+        "turns": [r[1] for r in rows],
+        "generated tokens (words)": [r[2] for r in rows],
+        "generated tokens (chars)": [r[3] for r in rows],
+        "env ms": [r[0] * 1e3 for r in rows],
+        "decode ms": [r[2] * cached * 1e3 for r in rows],
+        "env share % (words)": [100 * share(r[0], r[2]) for r in rows],
+        "env share % (chars)": [100 * share(r[0], r[3]) for r in rows],
+    }
     for name, values in columns.items():
         values = sorted(values)
-        print(f"{name:<26} {statistics.mean(values):>9.2f} {statistics.median(values):>9.2f} "
-              f"{values[int(0.9 * (len(values) - 1))]:>9.2f} {values[-1]:>9.2f}")
+        print(
+            f"{name:<26} {statistics.mean(values):>9.2f} {statistics.median(values):>9.2f} "
+            f"{values[int(0.9 * (len(values) - 1))]:>9.2f} {values[-1]:>9.2f}"
+        )
     overall = share(env_total, sum(r[2] for r in rows))
-    print(f"\nenv share of rollout time, all episodes (word-level tokens): {overall:.2%}  "
-          f"target < 5%: {'PASS' if overall < 0.05 else 'FAIL'}")
+    print(
+        f"\nenv share of rollout time, all episodes (word-level tokens): {overall:.2%}  "
+        f"target < 5%: {'PASS' if overall < 0.05 else 'FAIL'}"
+    )
 
 
 if __name__ == "__main__":

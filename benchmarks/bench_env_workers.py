@@ -16,6 +16,7 @@ with the reason.
 
 Measured numbers (a 2-core machine, local and docker): docs/benchmarks.md, "Parallel sandboxes".
 """
+
 from __future__ import annotations
 
 import argparse
@@ -78,8 +79,12 @@ class ScriptedLLM:
         for p in prompts:
             prompt = list(p["prompt_token_ids"])
             tokens = [self._action(prompt), STOP]
-            outputs.append(SimpleNamespace(prompt_token_ids=prompt, outputs=[SimpleNamespace(
-                token_ids=tokens, logprobs=[{t: 0.0} for t in tokens])]))
+            outputs.append(
+                SimpleNamespace(
+                    prompt_token_ids=prompt,
+                    outputs=[SimpleNamespace(token_ids=tokens, logprobs=[{t: 0.0} for t in tokens])],
+                )
+            )
         return outputs
 
     def collective_rpc(self, method, args=(), kwargs=None):
@@ -111,9 +116,13 @@ def play_batch(backend: str, width: int, batch: int, seed: int):
     tasks = SWETasks().all
     fmt = TextFormat()
     engine = VLLMEngine.from_llm(ScriptedLLM(fmt, tasks), fmt, sampling_params_cls=lambda **kw: kw)
-    driver = RolloutDriver(engine, lambda: SWEEnv(SWEConfig(backend=backend)), TaskSampler(tasks, seed=seed),
-                           DriverConfig(mode="sync", batch_size=batch, env_workers=width),
-                           SamplingParams(temperature=0, max_turn_tokens=2, max_episode_tokens=4096))
+    driver = RolloutDriver(
+        engine,
+        lambda: SWEEnv(SWEConfig(backend=backend)),
+        TaskSampler(tasks, seed=seed),
+        DriverConfig(mode="sync", batch_size=batch, env_workers=width),
+        SamplingParams(temperature=0, max_turn_tokens=2, max_episode_tokens=4096),
+    )
     driver.publish({"scripted": torch.zeros(1)}, 0)  # the driver pushes weights before a batch; ScriptedLLM takes them
     try:
         start = time.perf_counter()
@@ -132,11 +141,21 @@ def fingerprint(episodes) -> list:
         root = re.search(r"Repository root: (\S+)", e.observations[0]).group(1)
 
         def mask(text: str) -> str:
-            return re.sub(r"\d+\.\d+s", "<t>s", text.replace(root, "<repo>"))
+            return re.sub(r"\d+\.\d+s", "<t>s", text.replace(root, "<repo>"))  # noqa: B023
 
-        out.append((e.task_id, [mask(a) for a in e.actions], [mask(o) for o in e.observations],
-                    [(t.start, t.end, mask(t.state), t.invalid_action, t.exec_error) for t in e.turns], e.reward,
-                    e.done, e.truncated, e.loss_mask, e.turn_index))
+        out.append(
+            (
+                e.task_id,
+                [mask(a) for a in e.actions],
+                [mask(o) for o in e.observations],
+                [(t.start, t.end, mask(t.state), t.invalid_action, t.exec_error) for t in e.turns],
+                e.reward,
+                e.done,
+                e.truncated,
+                e.loss_mask,
+                e.turn_index,
+            )
+        )
     return out
 
 
@@ -149,16 +168,22 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="task sampler seed")
     args = parser.parse_args()
     tasks = SWETasks().all
-    print(f"# env_workers on the shipped swe tasks: batch {args.batch}, oracle policy, {args.repeats} repeats; "
-          f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}")
-    print(f"{'backend':<8} {'width':>5} {'median s':>9} {'min s':>7} {'max s':>7} {'speed-up':>9} {'success':>8} "
-          f"{'same episodes':>13}")
+    print(
+        f"# env_workers on the shipped swe tasks: batch {args.batch}, oracle policy, {args.repeats} repeats; "
+        f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}"
+    )
+    print(
+        f"{'backend':<8} {'width':>5} {'median s':>9} {'min s':>7} {'max s':>7} {'speed-up':>9} {'success':>8} "
+        f"{'same episodes':>13}"
+    )
     for backend in args.backends:
         if backend == "docker":
             problem = docker_problem(tasks)
             if problem:
-                print(f"{backend:<8} skipped: {problem} (`bash .ci/docker-setup.sh` as root starts Docker and "
-                      "builds the images)")
+                print(
+                    f"{backend:<8} skipped: {problem} (`bash .ci/docker-setup.sh` as root starts Docker and "
+                    "builds the images)"
+                )
                 continue
         times = {w: [] for w in args.widths}
         reference, same, success = None, {w: True for w in args.widths}, {}
@@ -172,8 +197,10 @@ def main() -> None:
         base = statistics.median(times[args.widths[0]])
         for width in args.widths:
             median = statistics.median(times[width])
-            print(f"{backend:<8} {width:>5} {median:>9.2f} {min(times[width]):>7.2f} {max(times[width]):>7.2f} "
-                  f"{base / median:>8.2f}x {success[width]:>8.0%} {'yes' if same[width] else 'NO':>13}")
+            print(
+                f"{backend:<8} {width:>5} {median:>9.2f} {min(times[width]):>7.2f} {max(times[width]):>7.2f} "
+                f"{base / median:>8.2f}x {success[width]:>8.0%} {'yes' if same[width] else 'NO':>13}"
+            )
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ not analysis time). Wall time is the target; CPU time is printed too, because on
 
     python benchmarks/bench_figures.py [--cells 1000] [--updates 100] [--keep DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,15 +38,28 @@ def main() -> None:
         base = root / "results" / "cells"
         seeds = range(-(-args.cells // 32))  # 2 models x 8 recipes x 2 optimizers = 32 cells per seed
         t0 = time.perf_counter()
-        paths = synthetic_grid(base, ["minicpm-tiny", "qwen-tiny"], list(FIGURE2_RECIPES), ["adam", "muon"], seeds,
-                               n_updates=args.updates, max_cells=args.cells)
-        print(f"wrote {len(paths)} synthetic logs x {args.updates} updates in {time.perf_counter() - t0:.1f} s "
-              "(untimed)")
+        paths = synthetic_grid(
+            base,
+            ["minicpm-tiny", "qwen-tiny"],
+            list(FIGURE2_RECIPES),
+            ["adam", "muon"],
+            seeds,
+            n_updates=args.updates,
+            max_cells=args.cells,
+        )
+        print(
+            f"wrote {len(paths)} synthetic logs x {args.updates} updates in {time.perf_counter() - t0:.1f} s (untimed)"
+        )
         outputs = [root / "figures" / f"{name}.{fmt}" for name in FIGURES for fmt in FORMATS]
 
         wall, cpu = time.perf_counter(), time.process_time()
-        notes = summarize(paths, base, root / "results" / "summary.csv", root / "results" / "summary.md",
-                          root / "results" / "runs.parquet")
+        notes = summarize(
+            paths,
+            base,
+            root / "results" / "summary.csv",
+            root / "results" / "summary.md",
+            root / "results" / "runs.parquet",
+        )
         t_summary = time.perf_counter() - wall
         plot(paths, base, root / "results" / "runs.parquet", outputs)
         total, total_cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -56,8 +70,10 @@ def main() -> None:
         print(notes[0] + "; " + notes[2])
         print(f"summarize: {t_summary:.2f} s (of which one read of all logs: {t_load:.2f} s)")
         print(f"plot (all {len(outputs)} files): {total - t_summary:.2f} s")
-        print(f"TOTAL aggregation + figures: {total:.2f} s wall, {total_cpu:.2f} s CPU "
-              f"(target <= {TARGET_S:.0f} s wall: {'met' if total <= TARGET_S else 'NOT met'})")
+        print(
+            f"TOTAL aggregation + figures: {total:.2f} s wall, {total_cpu:.2f} s CPU "
+            f"(target <= {TARGET_S:.0f} s wall: {'met' if total <= TARGET_S else 'NOT met'})"
+        )
         missing = [str(p) for p in outputs if not p.is_file() or p.stat().st_size == 0]
         if missing:
             raise SystemExit(f"figures missing or empty: {missing}")

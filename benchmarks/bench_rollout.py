@@ -28,6 +28,7 @@ greedy outputs equal in every case):
 The batched alternative is close on short episodes because its decode steps cost what the engine's do; what it
 loses is the re-encoding of the whole history every turn, which grows with the number of turns.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,12 +40,38 @@ import time
 import torch
 
 from trainer.environments.protocol import StepInfo, StepResult
-from trainer.policy.tiny import TinyModelSpec, build_tiny_model
 from trainer.policy.chat_format import TinyFormat, build_tokenizer
+from trainer.policy.tiny import TinyModelSpec, build_tiny_model
 from trainer.rollout.hf_engine import HFEngine, SamplingParams
 
-WORDS = ("file", "line", "open", "edit", "test", "pass", "fail", "search", "error", "return", "value", "def",
-         "expected", "got", "module", "call", "result", "ok", "the", "a", "in", "of", "to", "=", "+", ":")
+WORDS = (
+    "file",
+    "line",
+    "open",
+    "edit",
+    "test",
+    "pass",
+    "fail",
+    "search",
+    "error",
+    "return",
+    "value",
+    "def",
+    "expected",
+    "got",
+    "module",
+    "call",
+    "result",
+    "ok",
+    "the",
+    "a",
+    "in",
+    "of",
+    "to",
+    "=",
+    "+",
+    ":",
+)
 
 
 class ChainEnv:
@@ -58,14 +85,19 @@ class ChainEnv:
         return "issue : " + self._words(30)
 
     def _words(self, n: int) -> str:
-        return " ".join(self.rng.choice(WORDS) + (str(self.rng.randrange(100)) if self.rng.random() < 0.3 else "")
-                        for _ in range(n))
+        return " ".join(
+            self.rng.choice(WORDS) + (str(self.rng.randrange(100)) if self.rng.random() < 0.3 else "") for _ in range(n)
+        )
 
     def step(self, action: str) -> StepResult:
         self.k += 1
         done = self.k >= self.turns
-        return StepResult(observation=self._words(self.rng.randint(13, 27)), done=done,
-                          reward=float(done and len(action) % 2 == 0), info=StepInfo(tool="fake"))
+        return StepResult(
+            observation=self._words(self.rng.randint(13, 27)),
+            done=done,
+            reward=float(done and len(action) % 2 == 0),
+            info=StepInfo(tool="fake"),
+        )
 
     def close(self) -> None:
         pass
@@ -75,6 +107,7 @@ def make_env(kind: str):
     if kind == "fake":
         return ChainEnv, list(range(1000))
     from trainer.environments.minirepo import MiniRepoEnv, MiniRepoTasks
+
     return MiniRepoEnv, list(MiniRepoTasks().tasks("train", 64))
 
 
@@ -87,6 +120,7 @@ def sample_texts(kind: str) -> list[str]:
             texts += [env.step("x").observation for _ in range(env.turns)]
         return texts
     from trainer.environments.minirepo import sample_texts as minirepo_texts
+
     return list(minirepo_texts())
 
 
@@ -96,9 +130,15 @@ def naive_episode(model, fmt, env, task, sp: SamplingParams) -> list[int]:
     stop = sorted(fmt.stop_ids)
     while True:
         budget = min(sp.max_turn_tokens, sp.max_episode_tokens - len(tokens))
-        out = model.generate(torch.tensor([tokens]), attention_mask=torch.ones(1, len(tokens), dtype=torch.long),
-                             max_new_tokens=budget, do_sample=False, eos_token_id=stop, pad_token_id=fmt.pad_id)
-        action = out[0, len(tokens):].tolist()
+        out = model.generate(
+            torch.tensor([tokens]),
+            attention_mask=torch.ones(1, len(tokens), dtype=torch.long),
+            max_new_tokens=budget,
+            do_sample=False,
+            eos_token_id=stop,
+            pad_token_id=fmt.pad_id,
+        )
+        action = out[0, len(tokens) :].tolist()
         tokens = tokens + action
         if action[-1] not in fmt.stop_ids and len(action) < sp.max_turn_tokens:
             return tokens  # cut by the episode budget
@@ -121,15 +161,19 @@ def naive_batch(model, fmt, envs, tasks, sp: SamplingParams) -> list[list[int]]:
         ids = torch.tensor([[fmt.pad_id] * (width - len(seqs[i])) + seqs[i] for i in live])
         mask = torch.tensor([[0] * (width - len(seqs[i])) + [1] * len(seqs[i]) for i in live])
         budget = min(sp.max_turn_tokens, sp.max_episode_tokens - min(len(seqs[i]) for i in live))
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=budget, do_sample=False, eos_token_id=stop,
-                             pad_token_id=fmt.pad_id)[:, width:].tolist()
+        out = model.generate(
+            ids, attention_mask=mask, max_new_tokens=budget, do_sample=False, eos_token_id=stop, pad_token_id=fmt.pad_id
+        )[:, width:].tolist()
         still = []
         for i, new in zip(live, out):
             action = []
             for t in new:  # generate pads finished rows; cut at the first stop and at this row's own budgets
                 action.append(t)
-                if (t in fmt.stop_ids or len(action) >= sp.max_turn_tokens
-                        or len(seqs[i]) + len(action) >= sp.max_episode_tokens):
+                if (
+                    t in fmt.stop_ids
+                    or len(action) >= sp.max_turn_tokens
+                    or len(seqs[i]) + len(action) >= sp.max_episode_tokens
+                ):
                     break
             seqs[i] = seqs[i] + action
             if action[-1] not in fmt.stop_ids and len(action) < sp.max_turn_tokens:
@@ -153,14 +197,15 @@ def bench_preset(preset: str, args, fmt, env_cls, tasks) -> dict:
         with torch.no_grad():
             model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
             model.lm_head.weight[fmt.eot_id] *= args.eot_scale
-    sp = SamplingParams(temperature=0.0, max_turn_tokens=args.max_turn_tokens,
-                        max_episode_tokens=args.max_episode_tokens)
-    tasks = tasks[:args.episodes]
+    sp = SamplingParams(
+        temperature=0.0, max_turn_tokens=args.max_turn_tokens, max_episode_tokens=args.max_episode_tokens
+    )
+    tasks = tasks[: args.episodes]
     engine = HFEngine(model, fmt, free_finished=not args.mask_finished)
     engine.play([env_cls() for _ in tasks[:2]], tasks[:2], sampling=sp)  # warm-up
     n_seq = min(args.naive_seq_episodes, len(tasks))
     times = {"engine": [], "naive_seq": [], "naive_batch": []}
-    for repeat in range(args.repeats):  # interleaved; the minimum is the least disturbed by other processes
+    for _repeat in range(args.repeats):  # interleaved; the minimum is the least disturbed by other processes
         t0 = time.perf_counter()
         episodes = engine.play([env_cls() for _ in tasks], tasks, sampling=sp)
         times["engine"].append(time.perf_counter() - t0)
@@ -175,15 +220,22 @@ def bench_preset(preset: str, args, fmt, env_cls, tasks) -> dict:
     seq_generated = sum(e.n_generated for e in episodes[:n_seq])
     mismatches = [i for i in range(n_seq) if seq[i] != episodes[i].tokens]
     best = {k: min(v) for k, v in times.items()}
-    result = {"episodes": len(tasks), "generated_tokens": generated,
-              "total_tokens": sum(e.length for e in episodes),
-              "turns_mean": sum(len(e.turns) for e in episodes) / len(episodes),
-              "action_len_mean": generated / sum(len(e.turns) for e in episodes),
-              "length_max": max(e.length for e in episodes), "times_s": times,
-              "engine_tok_s": generated / best["engine"], "engine_stats": engine.last_stats,
-              "naive_seq_episodes": n_seq, "naive_seq_tok_s": seq_generated / best["naive_seq"],
-              "naive_seq_mismatches": len(mismatches), "naive_batch_tok_s": generated / best["naive_batch"],
-              "naive_batch_mismatches": sum(b != e.tokens for b, e in zip(batch, episodes))}
+    result = {
+        "episodes": len(tasks),
+        "generated_tokens": generated,
+        "total_tokens": sum(e.length for e in episodes),
+        "turns_mean": sum(len(e.turns) for e in episodes) / len(episodes),
+        "action_len_mean": generated / sum(len(e.turns) for e in episodes),
+        "length_max": max(e.length for e in episodes),
+        "times_s": times,
+        "engine_tok_s": generated / best["engine"],
+        "engine_stats": engine.last_stats,
+        "naive_seq_episodes": n_seq,
+        "naive_seq_tok_s": seq_generated / best["naive_seq"],
+        "naive_seq_mismatches": len(mismatches),
+        "naive_batch_tok_s": generated / best["naive_batch"],
+        "naive_batch_mismatches": sum(b != e.tokens for b, e in zip(batch, episodes)),
+    }
     result["speedup_vs_seq"] = result["engine_tok_s"] / result["naive_seq_tok_s"]
     result["speedup_vs_batch"] = result["engine_tok_s"] / result["naive_batch_tok_s"]
     if mismatches:
@@ -195,16 +247,24 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--episodes", type=int, default=32, help="episodes per batch")
     ap.add_argument("--repeats", type=int, default=3, help="timing rounds; the fastest round counts")
-    ap.add_argument("--naive-seq-episodes", type=int, default=8,
-                    help="time one-at-a-time generate on the first N episodes only (it is slow)")
+    ap.add_argument(
+        "--naive-seq-episodes",
+        type=int,
+        default=8,
+        help="time one-at-a-time generate on the first N episodes only (it is slow)",
+    )
     ap.add_argument("--presets", nargs="*", default=["minicpm-tiny", "qwen-tiny"])
     ap.add_argument("--max-turn-tokens", type=int, default=24)
     ap.add_argument("--max-episode-tokens", type=int, default=2048)
     ap.add_argument("--vocab-size", type=int, default=512)
     ap.add_argument("--env", choices=["fake", "minirepo"], default="fake")
-    ap.add_argument("--eot-scale", type=float, default=1.0,
-                    help="scale <eot>'s output row (untied) so actions end at varied lengths, as a warm-started "
-                         "policy's do; 1 = the random model as built (it never stops before max_turn_tokens)")
+    ap.add_argument(
+        "--eot-scale",
+        type=float,
+        default=1.0,
+        help="scale <eot>'s output row (untied) so actions end at varied lengths, as a warm-started "
+        "policy's do; 1 = the random model as built (it never stops before max_turn_tokens)",
+    )
     ap.add_argument("--mask-finished", action="store_true", help="keep finished episodes as masked rows")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", help="also write the results here")
@@ -212,22 +272,35 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     fmt = TinyFormat(build_tokenizer(sample_texts(args.env), vocab_size=args.vocab_size))
     env_cls, tasks = make_env(args.env)
-    results = {"torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
-               "threads": args.threads, "env": args.env, "vocab_size": fmt.vocab_size,
-               "free_finished": not args.mask_finished, "eot_scale": args.eot_scale,
-               "max_turn_tokens": args.max_turn_tokens, "presets": {}}
-    print(f"torch {torch.__version__}, {args.threads} thread(s), env {args.env}, vocab {fmt.vocab_size}, "
-          f"{args.episodes} episodes, greedy, max_turn_tokens {args.max_turn_tokens}, eot scale {args.eot_scale}")
-    print(f"{'preset':<14}{'gen tok':>8}{'turns':>6}{'act len':>8}{'maxlen':>7}{'engine':>9}{'seq':>8}{'batch':>8}"
-          f"{'x seq':>7}{'x batch':>8}{'diff seq/batch':>15}   (tok/s)")
+    results = {
+        "torch": torch.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "threads": args.threads,
+        "env": args.env,
+        "vocab_size": fmt.vocab_size,
+        "free_finished": not args.mask_finished,
+        "eot_scale": args.eot_scale,
+        "max_turn_tokens": args.max_turn_tokens,
+        "presets": {},
+    }
+    print(
+        f"torch {torch.__version__}, {args.threads} thread(s), env {args.env}, vocab {fmt.vocab_size}, "
+        f"{args.episodes} episodes, greedy, max_turn_tokens {args.max_turn_tokens}, eot scale {args.eot_scale}"
+    )
+    print(
+        f"{'preset':<14}{'gen tok':>8}{'turns':>6}{'act len':>8}{'maxlen':>7}{'engine':>9}{'seq':>8}{'batch':>8}"
+        f"{'x seq':>7}{'x batch':>8}{'diff seq/batch':>15}   (tok/s)"
+    )
     for preset in args.presets:
         r = bench_preset(preset, args, fmt, env_cls, tasks)
         results["presets"][preset] = r
-        print(f"{preset:<14}{r['generated_tokens']:>8}{r['turns_mean']:>6.1f}{r['action_len_mean']:>8.1f}"
-              f"{r['length_max']:>7}"
-              f"{r['engine_tok_s']:>9.0f}{r['naive_seq_tok_s']:>8.0f}{r['naive_batch_tok_s']:>8.0f}"
-              f"{r['speedup_vs_seq']:>7.1f}{r['speedup_vs_batch']:>8.1f}"
-              f"{r['naive_seq_mismatches']:>8}/{r['naive_batch_mismatches']}")
+        print(
+            f"{preset:<14}{r['generated_tokens']:>8}{r['turns_mean']:>6.1f}{r['action_len_mean']:>8.1f}"
+            f"{r['length_max']:>7}"
+            f"{r['engine_tok_s']:>9.0f}{r['naive_seq_tok_s']:>8.0f}{r['naive_batch_tok_s']:>8.0f}"
+            f"{r['speedup_vs_seq']:>7.1f}{r['speedup_vs_batch']:>8.1f}"
+            f"{r['naive_seq_mismatches']:>8}/{r['naive_batch_mismatches']}"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

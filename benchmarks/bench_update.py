@@ -6,9 +6,11 @@ FLOPs are counted by torch's FlopCounterMode on the real update (old log-probs, 
 from the parameter count, so attention and the LM head count as they run. The reference rate is a square matmul of
 a size comparable to the model's (d x 4d), measured in the same process, interleaved with the update.
 """
+
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import statistics
 import time
@@ -48,7 +50,7 @@ def matmul_rate(d: int, dtype: torch.dtype, reps: int = 5, square: bool = False)
         t = time.perf_counter()
         for _ in range(reps):
             a @ b
-        return 2 * d ** 3 * reps / (time.perf_counter() - t)
+        return 2 * d**3 * reps / (time.perf_counter() - t)
     a, b = torch.randn(4 * d, d, dtype=dtype), torch.randn(d, 4 * d, dtype=dtype)
     a @ b
     t = time.perf_counter()
@@ -70,15 +72,15 @@ def main(argv=None):
     adv = torch.randn(batch.loss_mask.shape, generator=torch.Generator().manual_seed(1)) * batch.loss_mask
     print(f"{args.preset}, {args.episodes} episodes x {batch.input_ids.shape[1]} tokens, one thread")
     print("matmul = (4d x d) @ (d x 4d) at the model's width d; peak = a 1024^3 matmul; rates in GFLOP/s")
-    print(f"{'dtype':<10}{'update s':>10}{'GFLOP':>8}{'achieved':>10}{'matmul':>9}{'ratio':>7}{'peak':>8}"
-          f"{'ratio':>7}")
+    print(f"{'dtype':<10}{'update s':>10}{'GFLOP':>8}{'achieved':>10}{'matmul':>9}{'ratio':>7}{'peak':>8}{'ratio':>7}")
     for name, autocast in (("float32", None), ("bfloat16", torch.bfloat16)):
         model = build_tiny_model(TinyModelSpec(args.preset, args.vocab))
         opt = build_muon_adamw(model, ns_dtype=resolve_ns_dtype("auto", next(model.parameters()).device))
         d = model.config.hidden_size
         hidden = [p for _, p in route_parameters(model).muon]
-        run = lambda: policy_update(model, opt, batch, adv, LossSettings(), autocast_dtype=autocast,  # noqa: E731
-                                    stat_matrices=hidden)
+        run = functools.partial(
+            policy_update, model, opt, batch, adv, LossSettings(), autocast_dtype=autocast, stat_matrices=hidden
+        )
         with FlopCounterMode(display=False) as counter:
             run()
         flops = counter.get_total_flops()
@@ -91,8 +93,10 @@ def main(argv=None):
             rates.append(matmul_rate(max(d, 128), dtype))
             peaks.append(matmul_rate(1024, dtype, reps=3, square=True))
         t_med, r_med, p_med = statistics.median(times), statistics.median(rates), statistics.median(peaks)
-        print(f"{name:<10}{t_med:>10.3f}{flops / 1e9:>8.1f}{flops / t_med / 1e9:>9.1f}G{r_med / 1e9:>8.1f}G"
-              f"{flops / t_med / r_med:>7.2f}{p_med / 1e9:>7.1f}G{flops / t_med / p_med:>7.2f}")
+        print(
+            f"{name:<10}{t_med:>10.3f}{flops / 1e9:>8.1f}{flops / t_med / 1e9:>9.1f}G{r_med / 1e9:>8.1f}G"
+            f"{flops / t_med / r_med:>7.2f}{p_med / 1e9:>7.1f}G{flops / t_med / p_med:>7.2f}"
+        )
 
 
 if __name__ == "__main__":

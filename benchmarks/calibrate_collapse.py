@@ -10,13 +10,21 @@ study's current setting, for comparison, and the `analysis.collapse` block to pa
 
     python benchmarks/calibrate_collapse.py [--batch-sizes 4 8 16] [--updates 100] [--runs 4000] [--seed 0]
 """
+
 from __future__ import annotations
 
 import argparse
 import time
 
-from trainer.analysis.calibration import (MAX_FPR, MIN_POWER, calibrate, criterion_of, false_positive_rate,
-                                          feasible, power)
+from trainer.analysis.calibration import (
+    MAX_FPR,
+    MIN_POWER,
+    calibrate,
+    criterion_of,
+    false_positive_rate,
+    feasible,
+    power,
+)
 from trainer.analysis.collapse import CollapseCriterion
 
 CURRENT = CollapseCriterion(ema_span=10, warmup=20, drop_fraction=0.5, min_peak=0.1, patience=10)
@@ -41,11 +49,15 @@ def main() -> None:
     parser.add_argument("--min-power", type=float, default=MIN_POWER)
     args = parser.parse_args()
 
-    print(f"{args.updates} updates; search {args.runs} runs/scenario (seed {args.seed}), check {args.check_runs} "
-          f"runs/scenario (seed {args.check_seed}); target worst FPR <= {args.max_fpr:.0%} over constant success "
-          f"10-50%, power >= {args.min_power:.0%} on 30% -> 2% at update {args.updates // 2}")
-    header = (f"{'batch':>5} | {'setting':<12} | {'ema_span':>8} | {'warmup':>6} | {'drop':>5} | {'min_peak':>8} | "
-              f"{'patience':>8} | {'worst FPR':>9} | {'at':>4} | {'power':>6} | {'search FPR/power':>16}")
+    print(
+        f"{args.updates} updates; search {args.runs} runs/scenario (seed {args.seed}), check {args.check_runs} "
+        f"runs/scenario (seed {args.check_seed}); target worst FPR <= {args.max_fpr:.0%} over constant success "
+        f"10-50%, power >= {args.min_power:.0%} on 30% -> 2% at update {args.updates // 2}"
+    )
+    header = (
+        f"{'batch':>5} | {'setting':<12} | {'ema_span':>8} | {'warmup':>6} | {'drop':>5} | {'min_peak':>8} | "
+        f"{'patience':>8} | {'worst FPR':>9} | {'at':>4} | {'power':>6} | {'search FPR/power':>16}"
+    )
     rows, blocks = [], []
     for batch in args.batch_sizes:
         t0 = time.perf_counter()
@@ -58,23 +70,29 @@ def main() -> None:
                 chosen = (row, criterion, worst, level, detected)
                 break
         worst, level, detected = check(CURRENT, batch, args.updates, args.check_runs, args.check_seed)
-        rows.append(f"{batch:>5} | {'current':<12} | {CURRENT.ema_span:>8} | {CURRENT.warmup:>6} | "
-                    f"{CURRENT.drop_fraction:>5.2f} | {CURRENT.min_peak:>8.2f} | {CURRENT.patience:>8} | "
-                    f"{worst:>9.1%} | {level:>4.0%} | {detected:>6.1%} | {'':>16}")
+        rows.append(
+            f"{batch:>5} | {'current':<12} | {CURRENT.ema_span:>8} | {CURRENT.warmup:>6} | "
+            f"{CURRENT.drop_fraction:>5.2f} | {CURRENT.min_peak:>8.2f} | {CURRENT.patience:>8} | "
+            f"{worst:>9.1%} | {level:>4.0%} | {detected:>6.1%} | {'':>16}"
+        )
         if chosen is None:
             rows.append(f"{batch:>5} | {'recommended':<12} | none on the grid passes the check")
             continue
         row, criterion, worst, level, detected = chosen
-        rows.append(f"{batch:>5} | {'recommended':<12} | {criterion.ema_span:>8} | {criterion.warmup:>6} | "
-                    f"{criterion.drop_fraction:>5.2f} | {criterion.min_peak:>8.2f} | {criterion.patience:>8} | "
-                    f"{worst:>9.1%} | {level:>4.0%} | {detected:>6.1%} | "
-                    f"{row['worst_fpr']:>7.1%}/{row['power']:.1%}")
-        blocks.append(f"# batch {batch}, {args.updates} updates: worst FPR {worst:.1%}, power {detected:.1%} "
-                      f"(simulated, {args.check_runs} runs, seed {args.check_seed}; "
-                      f"search {time.perf_counter() - t0:.1f} s)\n"
-                      f"analysis:\n  collapse:\n    ema_span: {criterion.ema_span}\n    warmup: {criterion.warmup}\n"
-                      f"    drop_fraction: {criterion.drop_fraction}\n    min_peak: {criterion.min_peak}\n"
-                      f"    patience: {criterion.patience}")
+        rows.append(
+            f"{batch:>5} | {'recommended':<12} | {criterion.ema_span:>8} | {criterion.warmup:>6} | "
+            f"{criterion.drop_fraction:>5.2f} | {criterion.min_peak:>8.2f} | {criterion.patience:>8} | "
+            f"{worst:>9.1%} | {level:>4.0%} | {detected:>6.1%} | "
+            f"{row['worst_fpr']:>7.1%}/{row['power']:.1%}"
+        )
+        blocks.append(
+            f"# batch {batch}, {args.updates} updates: worst FPR {worst:.1%}, power {detected:.1%} "
+            f"(simulated, {args.check_runs} runs, seed {args.check_seed}; "
+            f"search {time.perf_counter() - t0:.1f} s)\n"
+            f"analysis:\n  collapse:\n    ema_span: {criterion.ema_span}\n    warmup: {criterion.warmup}\n"
+            f"    drop_fraction: {criterion.drop_fraction}\n    min_peak: {criterion.min_peak}\n"
+            f"    patience: {criterion.patience}"
+        )
     print(header, "-" * len(header), *rows, sep="\n")
     print("\nworst FPR, its level and power are the check's (fresh seed); 'search' gives the search's numbers.\n")
     print(*blocks, sep="\n\n")

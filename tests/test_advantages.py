@@ -1,4 +1,5 @@
 """The trainer's single advantage call: estimator + penalties, broadcast onto action tokens."""
+
 import math
 
 import pytest
@@ -49,11 +50,13 @@ def test_group_estimator_adds_penalties_after_its_own_normalisation():
     for t in batch:
         t.group_id = "g"
     plain, _ = compute_advantages(batch, AdvantageConfig("grpo"))
-    shaped, _ = compute_advantages(batch, AdvantageConfig("grpo", shaping=ShapingConfig(length_threshold=2,
-                                                                                        length_ramp=1)))
+    shaped, _ = compute_advantages(
+        batch, AdvantageConfig("grpo", shaping=ShapingConfig(length_threshold=2, length_ramp=1))
+    )
     diff = shaped - plain
-    assert torch.allclose(diff[0, 2:5], torch.full((3,), -0.25)) and torch.allclose(diff[0, 8:10],
-                                                                                   torch.full((2,), -0.25))
+    assert torch.allclose(diff[0, 2:5], torch.full((3,), -0.25)) and torch.allclose(
+        diff[0, 8:10], torch.full((2,), -0.25)
+    )
     assert diff[1].abs().sum() == 0
 
 
@@ -66,13 +69,15 @@ def test_a_cells_gigpo_settings_reach_the_estimator():
     from trainer.config import RLConfig
     from trainer.rl.estimators import advantage_config
 
-    trajs = [trajectory("t", 0.0, [3, 3], invalid=(1,), states=["init", "a1"], group_id="g"),
-             trajectory("t", 0.0, [3, 3], states=["init", "b1"], group_id="g")]
+    trajs = [
+        trajectory("t", 0.0, [3, 3], invalid=(1,), states=["init", "a1"], group_id="g"),
+        trajectory("t", 0.0, [3, 3], states=["init", "b1"], group_id="g"),
+    ]
 
     def per_turn(**rl):
         cell = RLConfig(estimator="gigpo", group_size=2, length_penalty=False, tool_penalty=False, **rl)
         tokens, _ = compute_advantages(trajs, advantage_config(cell))
-        return [float(row[3 * k]) for row in tokens for k in range(2)]   # A's two turns, then B's
+        return [float(row[3 * k]) for row in tokens for k in range(2)]  # A's two turns, then B's
 
     assert per_turn() == pytest.approx([-0.05, -0.05, 0.05, 0.05], abs=1e-7)
     assert per_turn(gigpo_penalty="discounted") == pytest.approx([-0.0975, -0.05, 0.0975, 0.05], abs=1e-7)

@@ -12,6 +12,7 @@ Three tiers, by what they need:
   when the package is missing.
 - The downloaded games (`alfworld-download`): skip, with the adapter's message, when they are not on disk.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -29,18 +30,35 @@ from hypothesis import strategies as st
 
 from trainer.environments import alfworld_adapter as aw
 from trainer.environments.alfworld_adapter import (
-    AlfworldConfig, AlfworldEnv, AlfworldTask, AlfworldTasks, AlfworldUnavailable, alfworld_data_dir,
-    clean_observation, project_action, require_alfworld,
+    AlfworldConfig,
+    AlfworldEnv,
+    AlfworldTask,
+    AlfworldTasks,
+    AlfworldUnavailable,
+    alfworld_data_dir,
+    clean_observation,
+    project_action,
+    require_alfworld,
 )
 from trainer.environments.protocol import Environment
 
-
 # ----------------------------------------------------------------------------------------- config and data checks
 
-@pytest.mark.parametrize("field, value", [
-    ("heldout_split", "valid"), ("task_types", ()), ("task_types", (1, 7)), ("max_steps", 0),
-    ("max_steps", 2.0), ("action_format", "json"), ("data_dir", 3), ("isolate", 1), ("require_think", "yes"),
-])
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("heldout_split", "valid"),
+        ("task_types", ()),
+        ("task_types", (1, 7)),
+        ("max_steps", 0),
+        ("max_steps", 2.0),
+        ("action_format", "json"),
+        ("data_dir", 3),
+        ("isolate", 1),
+        ("require_think", "yes"),
+    ],
+)
 def test_config_rejects_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         AlfworldConfig(**{field: value})
@@ -92,17 +110,21 @@ def test_task_source_fails_fast_without_data(tmp_path):
 
 # ----------------------------------------------------------------------------------------- projection
 
-@pytest.mark.parametrize("reply, expected", [
-    ("<think>the mug is on the desk</think><action>Go To Desk 1</action>", ("go to desk 1", True)),
-    ("<think>a</think>\n<action>  take mug 1 from desk 1 \n</action> trailing", ("take mug 1 from desk 1", True)),
-    ("<think>x</think><action>look</action><action>inventory</action>", ("look", True)),  # the first block
-    ("<action>look</action>", ("look", False)),                                           # no think block
-    # 48 characters, lower-cased; the last 30 drop "<think>x</think>i " (18).
-    ("<think>x</think>I will open the fridge 1 now, ok", ("will open the fridge 1 now, ok", False)),
-    # Tags out of order; 37 characters, the last 30 drop "<think>" (7).
-    ("<think>x</think></action>look<action>", ("x</think></action>look<action>", False)),
-    ("<think>冰箱</think><action>open fridge 1</action>", ("open fridge 1", False)),        # CJK
-])
+
+@pytest.mark.parametrize(
+    "reply, expected",
+    [
+        ("<think>the mug is on the desk</think><action>Go To Desk 1</action>", ("go to desk 1", True)),
+        ("<think>a</think>\n<action>  take mug 1 from desk 1 \n</action> trailing", ("take mug 1 from desk 1", True)),
+        ("<think>x</think><action>look</action><action>inventory</action>", ("look", True)),  # the first block
+        ("<action>look</action>", ("look", False)),  # no think block
+        # 48 characters, lower-cased; the last 30 drop "<think>x</think>i " (18).
+        ("<think>x</think>I will open the fridge 1 now, ok", ("will open the fridge 1 now, ok", False)),
+        # Tags out of order; 37 characters, the last 30 drop "<think>" (7).
+        ("<think>x</think></action>look<action>", ("x</think></action>look<action>", False)),
+        ("<think>冰箱</think><action>open fridge 1</action>", ("open fridge 1", False)),  # CJK
+    ],
+)
 def test_project_action_examples(reply, expected):
     assert project_action(reply) == expected
 
@@ -111,13 +133,14 @@ def test_project_action_without_think_requirement():
     assert project_action("<action>look</action>", require_think=False) == ("look", True)
     # Last 30 characters: "please go to the countertop 1" has 29, so one more character of the prefix shows.
     assert project_action("now please go to the countertop 1", require_think=False) == (
-        " please go to the countertop 1", False)
+        " please go to the countertop 1",
+        False,
+    )
     with pytest.raises(TypeError, match="str"):
         project_action(None)
 
 
-SAFE_TEXT = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126, blacklist_characters="<>"),
-                    max_size=40)
+SAFE_TEXT = st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126, blacklist_characters="<>"), max_size=40)
 
 
 @settings(max_examples=200, deadline=None)
@@ -130,13 +153,18 @@ def test_project_action_extracts_any_tagged_command(thought, command, tail):
 
 
 def test_clean_observation_drops_banner_and_blank_lines():
-    raw = ("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, "
-           "you see a desk 1.\n\nYour task is to: put some mug on desk.")
-    assert clean_observation(raw) == ("You are in the middle of a room. Looking quickly around you, you see a desk 1."
-                                      "\nYour task is to: put some mug on desk.")
+    raw = (
+        "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, "
+        "you see a desk 1.\n\nYour task is to: put some mug on desk."
+    )
+    assert clean_observation(raw) == (
+        "You are in the middle of a room. Looking quickly around you, you see a desk 1."
+        "\nYour task is to: put some mug on desk."
+    )
 
 
 # ----------------------------------------------------------------------------------------- adapter bookkeeping
+
 
 class ScriptedGame:
     """Answers like textworld.gym's unbatched env for a two-step ALFWorld game (take the mug, move it)."""
@@ -152,15 +180,20 @@ class ScriptedGame:
 
     def reset(self):
         self.sent = []
-        return ("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around "
-                "you, you see a desk 1, and a shelf 1.\n\nYour task is to: put some mug on shelf."), self._infos()
+        return (
+            "-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around "
+            "you, you see a desk 1, and a shelf 1.\n\nYour task is to: put some mug on shelf."
+        ), self._infos()
 
     def step(self, command):
         admissible = self._infos()["admissible_commands"]
         self.sent.append(command)
         won = command == "move mug 1 to shelf 1" and command in admissible
-        text = "You move the mug 1 to the shelf 1." if won else (
-            f"You did: {command}." if command in admissible else "Nothing happens.")
+        text = (
+            "You move the mug 1 to the shelf 1."
+            if won
+            else (f"You did: {command}." if command in admissible else "Nothing happens.")
+        )
         return text, float(won), won or len(self.sent) >= self.max_steps, self._infos(won)
 
     def close(self):
@@ -175,8 +208,12 @@ class ScriptedAlfworldEnv(AlfworldEnv):
         return self.game
 
 
-TASK = AlfworldTask(task_id="alfworld-train/pick_and_place_simple-Mug-None-Shelf-1/trial_1", gamefile="g",
-                    task_type="pick_and_place_simple", split="train")
+TASK = AlfworldTask(
+    task_id="alfworld-train/pick_and_place_simple-Mug-None-Shelf-1/trial_1",
+    gamefile="g",
+    task_type="pick_and_place_simple",
+    split="train",
+)
 
 
 def test_reset_shows_goal_and_sorted_commands_without_help():
@@ -185,7 +222,8 @@ def test_reset_shows_goal_and_sorted_commands_without_help():
     assert env.reset(TASK) == (
         "You are in the middle of a room. Looking quickly around you, you see a desk 1, and a shelf 1.\n"
         "Your task is to: put some mug on shelf.\n"
-        "Admissible actions: go to desk 1 | go to shelf 1 | inventory | look | take mug 1 from desk 1")
+        "Admissible actions: go to desk 1 | go to shelf 1 | inventory | look | take mug 1 from desk 1"
+    )
 
 
 def test_plain_replies_valid_invalid_and_success():
@@ -198,8 +236,11 @@ def test_plain_replies_valid_invalid_and_success():
     r = env.step("fly to the moon")
     assert r.info.invalid_action and r.observation.startswith("Nothing happens.\n") and not r.done
     r = env.step("move mug 1 to shelf 1")
-    assert r.done and r.reward == 1.0 and r.info.extra == {"won": True, "truncated": False, "steps": 3,
-                                                           "command": "move mug 1 to shelf 1"}
+    assert (
+        r.done
+        and r.reward == 1.0
+        and r.info.extra == {"won": True, "truncated": False, "steps": 3, "command": "move mug 1 to shelf 1"}
+    )
     with pytest.raises(RuntimeError, match="after the episode ended"):
         env.step("look")
 
@@ -241,8 +282,9 @@ def test_lifecycle_errors_and_close():
 
 def test_real_start_reports_what_is_missing(tmp_path, monkeypatch):
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(aw.importlib.util, "find_spec",
-                        lambda name: None if name == "alfworld" else real_find_spec(name))
+    monkeypatch.setattr(
+        aw.importlib.util, "find_spec", lambda name: None if name == "alfworld" else real_find_spec(name)
+    )
     env = AlfworldEnv(AlfworldConfig(data_dir=str(tmp_path)))  # as if alfworld were not installed, installed or not
     with pytest.raises(AlfworldUnavailable, match="pip install alfworld") as caught:
         env.reset(TASK)
@@ -250,6 +292,7 @@ def test_real_start_reports_what_is_missing(tmp_path, monkeypatch):
 
 
 # ----------------------------------------------------------------------------------------- the package's engine
+
 
 def _package_reason() -> str | None:
     try:
@@ -259,8 +302,9 @@ def _package_reason() -> str | None:
     return None
 
 
-needs_package = pytest.mark.skipif(_package_reason() is not None and os.environ.get("CI", "").lower() != "true",
-                                   reason=_package_reason() or "")
+needs_package = pytest.mark.skipif(
+    _package_reason() is not None and os.environ.get("CI", "").lower() != "true", reason=_package_reason() or ""
+)
 """The package is in the `test` extra, so under CI=true these tests always run (and a missing package fails them)."""
 
 FIXTURES = Path(__file__).parent / "data" / "alfworld"
@@ -269,21 +313,28 @@ COOL = "pick_cool_then_place_in_recep-Apple-None-CounterTop-1"
 LAMP = "look_at_obj_in_light-Book-None-DeskLamp-1"
 FIRST_OBSERVATIONS = {
     MUG: "You are in the middle of a room. Looking quickly around you, you see a desk 1, and a shelf 1.\n"
-         "Your task is to: put a mug in shelf.\n"
-         "Admissible actions: go to desk 1 | go to shelf 1 | inventory | look",
+    "Your task is to: put a mug in shelf.\n"
+    "Admissible actions: go to desk 1 | go to shelf 1 | inventory | look",
     COOL: "You are in the middle of a room. Looking quickly around you, you see a countertop 1, and a fridge 1.\n"
-          "Your task is to: put a cool apple in countertop.\n"
-          "Admissible actions: go to countertop 1 | go to fridge 1 | inventory | look",
+    "Your task is to: put a cool apple in countertop.\n"
+    "Admissible actions: go to countertop 1 | go to fridge 1 | inventory | look",
     LAMP: "You are in the middle of a room. Looking quickly around you, you see a bed 1, and a desk 1.\n"
-          "Your task is to: look at book under the desklamp.\n"
-          "Admissible actions: go to bed 1 | go to desk 1 | inventory | look",
+    "Your task is to: look at book under the desklamp.\n"
+    "Admissible actions: go to bed 1 | go to desk 1 | inventory | look",
 }
 """What the adapter shows at reset of each fixture game: the grammar's room sentence for its receptacles, its
 goal sentence, and the commands the domain allows at the start (go to each receptacle, inventory, look)."""
 
 
-def write_game(root: Path, split: str, name: str, trial: str = "trial_1", fixture: str | None = None,
-               solvable: bool | None = True, with_game: bool = True) -> Path:
+def write_game(
+    root: Path,
+    split: str,
+    name: str,
+    trial: str = "trial_1",
+    fixture: str | None = None,
+    solvable: bool | None = True,
+    with_game: bool = True,
+) -> Path:
     """Lay out one game as the download does, json_2.1.1/<split>/<name>/<trial>/ with traj_data.json and
     game.tw-pddl (the shipped domain and grammar, the fixture's problem, and the `solvable` flag alfworld's
     listing reads; None leaves it out); returns the trial folder. `fixture` (default `name`) names the folder in
@@ -298,10 +349,14 @@ def write_game(root: Path, split: str, name: str, trial: str = "trial_1", fixtur
     folder.mkdir(parents=True)
     (folder / "traj_data.json").write_text(json.dumps(traj))
     if with_game:
-        grammar = add_task_to_grammar(Path(alfworld.info.ALFRED_TWL2_PATH).read_text(), traj,
-                                      goal_desc_human_anns_prob=1.0, rng=random.Random(0))
-        game = {"pddl_domain": Path(alfworld.info.ALFRED_PDDL_PATH).read_text(),
-                "pddl_problem": (source / "problem.pddl").read_text(), "grammar": grammar}
+        grammar = add_task_to_grammar(
+            Path(alfworld.info.ALFRED_TWL2_PATH).read_text(), traj, goal_desc_human_anns_prob=1.0, rng=random.Random(0)
+        )
+        game = {
+            "pddl_domain": Path(alfworld.info.ALFRED_PDDL_PATH).read_text(),
+            "pddl_problem": (source / "problem.pddl").read_text(),
+            "grammar": grammar,
+        }
         if solvable is not None:
             game["solvable"] = solvable
         (folder / "game.tw-pddl").write_text(json.dumps(game))
@@ -322,10 +377,17 @@ def play_reference(root: Path) -> list[tuple[str | None, str, list[str], bool]]:
     the reset comes first, with command None."""
     from alfworld.agents.environment.alfred_tw_env import AlfredTWEnv
 
-    config = {"dataset": {"data_path": str(root / "json_2.1.1" / "train"), "num_train_games": -1},
-              "env": {"goal_desc_human_anns_prob": 0.0, "task_types": [1, 2, 3, 4, 5, 6],
-                      "domain_randomization": False, "expert_type": "handcoded"},
-              "general": {"training_method": "dagger"}, "dagger": {"training": {"max_nb_steps_per_episode": 50}}}
+    config = {
+        "dataset": {"data_path": str(root / "json_2.1.1" / "train"), "num_train_games": -1},
+        "env": {
+            "goal_desc_human_anns_prob": 0.0,
+            "task_types": [1, 2, 3, 4, 5, 6],
+            "domain_randomization": False,
+            "expert_type": "handcoded",
+        },
+        "general": {"training_method": "dagger"},
+        "dagger": {"training": {"max_nb_steps_per_episode": 50}},
+    }
     env = AlfredTWEnv(config, train_eval="train").init_env(batch_size=1)
     try:
         obs, infos = env.reset()
@@ -365,15 +427,24 @@ def test_data_folder_is_the_one_the_package_uses(tmp_path, monkeypatch):
             monkeypatch.delenv("ALFWORLD_DATA", raising=False)
         else:
             monkeypatch.setenv("ALFWORLD_DATA", value)
-        printed = subprocess.run([sys.executable, "-c", "import alfworld.info; print(alfworld.info.ALFWORLD_DATA)"],
-                                 env=dict(os.environ), capture_output=True, text=True, check=True, timeout=120)
+        printed = subprocess.run(
+            [sys.executable, "-c", "import alfworld.info; print(alfworld.info.ALFWORLD_DATA)"],
+            env=dict(os.environ),
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=120,
+        )
         assert Path(printed.stdout.strip()) == alfworld_data_dir()
 
 
 @needs_package
 def test_listing_keeps_what_the_package_keeps_in_natural_order(tmp_path):
-    kept = [write_game(tmp_path, "train", LAMP), write_game(tmp_path, "train", MUG, "trial_2"),
-            write_game(tmp_path, "train", MUG, "trial_10")]
+    kept = [
+        write_game(tmp_path, "train", LAMP),
+        write_game(tmp_path, "train", MUG, "trial_2"),
+        write_game(tmp_path, "train", MUG, "trial_10"),
+    ]
     # What alfworld's listing drops: sliced-object and movable-receptacle games, games known to be unsolvable or
     # never checked, and trials without a game file.
     write_game(tmp_path, "train", "pick_cool_then_place_in_recep-AppleSliced-None-CounterTop-1", fixture=COOL)
@@ -394,14 +465,25 @@ def test_listing_keeps_what_the_package_keeps_in_natural_order(tmp_path):
     assert source.tasks("train", 2) == train[:2] and source.tasks("train", 0) == []
     with pytest.raises(ValueError, match=r"\[0, 3\]"):
         source.tasks("train", 4)
-    assert source.tasks("heldout") == [AlfworldTask(f"alfworld-valid_seen/{COOL}/trial_1", str(seen / "game.tw-pddl"),
-                                                    "pick_cool_then_place_in_recep", "valid_seen")]
+    assert source.tasks("heldout") == [
+        AlfworldTask(
+            f"alfworld-valid_seen/{COOL}/trial_1",
+            str(seen / "game.tw-pddl"),
+            "pick_cool_then_place_in_recep",
+            "valid_seen",
+        )
+    ]
     # Task types 1 only, held out on valid_unseen.
     simple = AlfworldTasks(AlfworldConfig(data_dir=str(tmp_path), task_types=(1,), heldout_split="valid_unseen"))
     assert simple.tasks("train") == train[1:]
-    assert simple.tasks("heldout") == [AlfworldTask(f"alfworld-valid_unseen/{MUG}/{unseen.name}",
-                                                    str(unseen / "game.tw-pddl"), "pick_and_place_simple",
-                                                    "valid_unseen")]
+    assert simple.tasks("heldout") == [
+        AlfworldTask(
+            f"alfworld-valid_unseen/{MUG}/{unseen.name}",
+            str(unseen / "game.tw-pddl"),
+            "pick_and_place_simple",
+            "valid_unseen",
+        )
+    ]
 
 
 @pytest.mark.slow  # starts game processes of the real engine
@@ -421,7 +503,11 @@ def test_expert_play_reads_the_same_through_the_adapter(tmp_path, name, action_f
             result = env.step(reply)
             assert result.observation == adapter_view(text, admissible), command
             assert (result.reward, result.done, result.info.invalid_action, result.info.tool) == (
-                float(won), won, False, command.split()[0]), command
+                float(won),
+                won,
+                False,
+                command.split()[0],
+            ), command
             assert result.info.extra == {"won": won, "truncated": False, "steps": step, "command": command}
     finally:
         env.close()
@@ -449,7 +535,11 @@ def test_hand_written_game_on_the_real_engine(tmp_path):
         ra, rb = a.step(reply), b.step(reply)
         assert ra == rb  # same game, same replies, same results
         assert (ra.observation.split("\n")[0], ra.info.tool, ra.info.invalid_action, ra.done) == (
-            text, tool, invalid, False), reply
+            text,
+            tool,
+            invalid,
+            False,
+        ), reply
     assert ra.observation.endswith("| look | move mug 1 to shelf 1")
     r = a.step("move mug 1 to shelf 1")
     assert r.done and r.reward == 1.0 and r.info.extra["won"] and not r.info.invalid_action
@@ -482,8 +572,14 @@ def test_games_step_side_by_side_from_threads(tmp_path):
 
     config = one_game_folder(tmp_path, COOL)
     (task,) = AlfworldTasks(config).tasks("train")
-    commands = ["go to fridge 1", "open fridge 1", "take apple 1 from fridge 1", "cool apple 1 with fridge 1",
-                "go to countertop 1", "move apple 1 to countertop 1"]
+    commands = [
+        "go to fridge 1",
+        "open fridge 1",
+        "take apple 1 from fridge 1",
+        "cool apple 1 with fridge 1",
+        "go to countertop 1",
+        "move apple 1 to countertop 1",
+    ]
     plans = [commands, ["look", *commands[:2], "xyzzy", *commands[2:]]]
 
     def play(plan):
@@ -538,6 +634,7 @@ def test_a_dead_game_process_is_reported(tmp_path):
 
 # ----------------------------------------------------------------------------------------- downloaded ALFWorld games
 
+
 def _unavailable_reason() -> str | None:
     try:
         require_alfworld(splits=("train", "valid_seen"))
@@ -549,7 +646,8 @@ def _unavailable_reason() -> str | None:
 needs_alfworld = pytest.mark.skipif(
     _unavailable_reason() is not None,
     reason=f"{_unavailable_reason()} (cannot hold in CI: the games are a download from outside the package "
-           "registries, which are all CI reaches)")
+    "registries, which are all CI reaches)",
+)
 
 
 @needs_alfworld

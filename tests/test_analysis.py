@@ -3,6 +3,7 @@
 Known answers are worked out in the comments; runs are built to collapse at a computable update, logs are
 written in the workflow's Hive layout by the synthetic writer and by the trainer's own MetricsLog.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -21,9 +22,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import trainer.analysis
-from trainer.analysis import (DEFAULT_MODELS, CollapseCriterion, bootstrap_interval, detect_collapse, ema,
-                              first_sustained, load_metrics, load_paper_numbers, paper_model, run_table, summarize,
-                              summary_markdown, summary_table, window_size)
+from trainer.analysis import (
+    DEFAULT_MODELS,
+    CollapseCriterion,
+    bootstrap_interval,
+    detect_collapse,
+    ema,
+    first_sustained,
+    load_metrics,
+    load_paper_numbers,
+    paper_model,
+    run_table,
+    summarize,
+    summary_markdown,
+    summary_table,
+    window_size,
+)
 from trainer.analysis.collapse import ema_by_run, judge
 from trainer.analysis.figures import EMA_SPAN
 from trainer.analysis.kinds import PAPER_NUMBERS, STUDY_KINDS
@@ -79,9 +93,19 @@ def test_ema_is_the_first_observation_recursion(values, span):
 
 def test_grouped_ema_equals_per_run_ema():
     rng = np.random.default_rng(0)
-    rows = [pd.DataFrame({"model": "m", "recipe": r, "optimizer": "muon", "seed": s, "update": np.arange(n),
-                          "success_rate": rng.random(n)})
-            for r, s, n in [("full", 0, 7), ("full", 1, 3), ("spo_muon", 0, 12)]]
+    rows = [
+        pd.DataFrame(
+            {
+                "model": "m",
+                "recipe": r,
+                "optimizer": "muon",
+                "seed": s,
+                "update": np.arange(n),
+                "success_rate": rng.random(n),
+            }
+        )
+        for r, s, n in [("full", 0, 7), ("full", 1, 3), ("spo_muon", 0, 12)]
+    ]
     frame = pd.concat(rows, ignore_index=True)
     grouped = ema_by_run(frame, 5)
     expected = np.concatenate([ema(r["success_rate"], 5) for r in rows])
@@ -172,12 +196,19 @@ def test_collapse_update_is_the_logged_update_not_the_row_index():
     assert detect_collapse(run.iloc[::-1]).update == 121  # any row order
 
 
-@pytest.mark.parametrize("params, match", [({"drop_fractoin": 0.5}, "drop_fractoin"),
-                                           ({"drop_fraction": 1.5}, "drop_fraction"),
-                                           ({"warmup": -1}, "warmup"), ({"ema_span": 0}, "ema_span"),
-                                           ({"min_peak": 0}, "min_peak"), ({"patience": 0}, "patience"),
-                                           ({"entropy_floor": float("nan")}, "entropy_floor"),
-                                           ({"nonfinite": ["entropy"]}, "nonfinite")])
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        ({"drop_fractoin": 0.5}, "drop_fractoin"),
+        ({"drop_fraction": 1.5}, "drop_fraction"),
+        ({"warmup": -1}, "warmup"),
+        ({"ema_span": 0}, "ema_span"),
+        ({"min_peak": 0}, "min_peak"),
+        ({"patience": 0}, "patience"),
+        ({"entropy_floor": float("nan")}, "entropy_floor"),
+        ({"nonfinite": ["entropy"]}, "nonfinite"),
+    ],
+)
 def test_bad_criterion_names_the_field(params, match):
     with pytest.raises(ValueError, match=match):
         CollapseCriterion.from_dict(params)
@@ -190,8 +221,7 @@ def test_criterion_from_config_dict():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.floats(0, 1), min_size=1, max_size=60), st.integers(0, 15), st.integers(1, 8),
-       st.floats(0.2, 0.8))
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=60), st.integers(0, 15), st.integers(1, 8), st.floats(0.2, 0.8))
 def test_collapse_verdict_satisfies_its_definition(success, warmup, patience, fraction):
     criterion = CollapseCriterion(warmup=warmup, patience=patience, drop_fraction=fraction, nonfinite=())
     verdict = detect_collapse(run_frame(success), criterion)
@@ -202,7 +232,7 @@ def test_collapse_verdict_satisfies_its_definition(success, warmup, patience, fr
         t = verdict.update
         assert t >= warmup and len(success) - t >= patience
         assert below[t:].all()  # stays below from t to the end: no recovery
-        assert t == warmup or not below[t - 1:].all()  # and t is the earliest such update
+        assert t == warmup or not below[t - 1 :].all()  # and t is the earliest such update
     else:
         tail = len(below) - (np.flatnonzero(~below)[-1] + 1 if (~below).any() else 0)
         assert min(tail, len(below) - warmup) < patience  # no sustained drop long enough after the warm-up
@@ -218,8 +248,10 @@ def test_non_decreasing_success_never_collapses(values):
 def test_load_metrics_reads_hive_keys_sorts_and_flags_nonfinite(tmp_path):
     base = tmp_path / "results" / "cells"
     loss = np.array([0.1, np.nan, 0.3, np.inf])
-    paths = [write_cell(base, "qwen-tiny", "spo_adam", "adam", 2, success_rate=[0.1, 0.2, 0.3, 0.4], loss=loss),
-             write_cell(base, "minicpm-tiny", "full", "muon", 10, success_rate=[0.5, 0.6, 0.7, 0.8], loss=loss)]
+    paths = [
+        write_cell(base, "qwen-tiny", "spo_adam", "adam", 2, success_rate=[0.1, 0.2, 0.3, 0.4], loss=loss),
+        write_cell(base, "minicpm-tiny", "full", "muon", 10, success_rate=[0.5, 0.6, 0.7, 0.8], loss=loss),
+    ]
     frame = load_metrics(paths, base)
     assert list(frame["model"].unique()) == ["minicpm-tiny", "qwen-tiny"]  # sorted by run, then update
     assert frame["seed"].tolist() == [10] * 4 + [2] * 4 and frame["seed"].dtype == np.int64
@@ -262,8 +294,9 @@ def test_load_metrics_bad_inputs_are_named(tmp_path):
         load_metrics(str(good), base)
     with pytest.raises(ValueError, match="not under base_dir"):
         load_metrics([good], tmp_path / "elsewhere")
-    no_seed = write_metrics(base / "model=m" / "recipe=full" / "optimizer=muon" / "metrics.parquet",
-                            {"update": [0], "success_rate": [0.5]})
+    no_seed = write_metrics(
+        base / "model=m" / "recipe=full" / "optimizer=muon" / "metrics.parquet", {"update": [0], "success_rate": [0.5]}
+    )
     with pytest.raises(ValueError, match="seed"):
         load_metrics([no_seed], base)
     with pytest.raises(FileNotFoundError, match="seed=7"):
@@ -299,8 +332,18 @@ def metrics_of(runs: dict[tuple, dict]) -> pd.DataFrame:
     parts = []
     for (model, recipe, optimizer, seed), columns in runs.items():
         n = len(columns["success_rate"])
-        parts.append(pd.DataFrame({"model": model, "recipe": recipe, "optimizer": optimizer, "seed": seed,
-                                   "update": np.arange(n), **columns}))
+        parts.append(
+            pd.DataFrame(
+                {
+                    "model": model,
+                    "recipe": recipe,
+                    "optimizer": optimizer,
+                    "seed": seed,
+                    "update": np.arange(n),
+                    **columns,
+                }
+            )
+        )
     return pd.concat(parts, ignore_index=True)
 
 
@@ -308,9 +351,13 @@ def test_run_table_window_mean_eval_and_verdict():
     ramp = np.arange(100) / 100  # window 90..99: mean of 0.90..0.99 = 0.945
     evals = np.full(100, np.nan)
     evals[[49, 99]] = [0.3, 0.4]
-    metrics = metrics_of({("minicpm-tiny", "full", "muon", 0): {"success_rate": ramp, "eval_success": evals},
-                          ("minicpm-tiny", "spo_adam", "adam", 0): {"success_rate": [0.6] * 20 + [0.0] * 20},
-                          ("qwen-tiny", "full", "muon", 1): {"success_rate": [0.2, 0.4, 0.9]}})
+    metrics = metrics_of(
+        {
+            ("minicpm-tiny", "full", "muon", 0): {"success_rate": ramp, "eval_success": evals},
+            ("minicpm-tiny", "spo_adam", "adam", 0): {"success_rate": [0.6] * 20 + [0.0] * 20},
+            ("qwen-tiny", "full", "muon", 1): {"success_rate": [0.2, 0.4, 0.9]},
+        }
+    )
     runs = run_table(metrics).set_index(["model", "recipe", "optimizer", "seed"])
     full = runs.loc[("minicpm-tiny", "full", "muon", 0)]
     assert full["window_success"] == pytest.approx(0.945)
@@ -388,11 +435,15 @@ def runs_of(rows: list[tuple]) -> pd.DataFrame:
 
 
 def test_summary_table_beside_the_paper():
-    runs = runs_of([("minicpm-tiny", "full", "muon", 0, 0.7, False, 0.5),
-                    ("minicpm-tiny", "full", "muon", 1, 0.8, False, np.nan),
-                    ("minicpm-tiny", "full", "muon", 2, 0.9, True, 0.7),
-                    ("minicpm-tiny", "full", "adam", 0, 0.1, True, np.nan),
-                    ("qwen-tiny", "spo_adam", "adam", 4, 0.2, False, np.nan)])
+    runs = runs_of(
+        [
+            ("minicpm-tiny", "full", "muon", 0, 0.7, False, 0.5),
+            ("minicpm-tiny", "full", "muon", 1, 0.8, False, np.nan),
+            ("minicpm-tiny", "full", "muon", 2, 0.9, True, 0.7),
+            ("minicpm-tiny", "full", "adam", 0, 0.1, True, np.nan),
+            ("qwen-tiny", "spo_adam", "adam", 4, 0.2, False, np.nan),
+        ]
+    )
     summary = summary_table(runs, bootstrap_seed=0).set_index(["model", "recipe", "optimizer"])
     full = summary.loc[("minicpm-tiny", "full", "muon")]
     assert full["success_pct_mean"] == pytest.approx(80.0)  # (70 + 80 + 90) / 3
@@ -408,14 +459,21 @@ def test_summary_table_beside_the_paper():
     assert qwen["paper_success_pct"] == 18.0 and qwen["diff_pct_points"] == pytest.approx(2.0)
     assert math.isnan(qwen["eval_success_pct_mean"]) and qwen["n_eval_seeds"] == 0
     # Reading order: models as configured, recipes in Figure 2 order, then optimizer.
-    assert list(summary.index) == [("minicpm-tiny", "full", "adam"), ("minicpm-tiny", "full", "muon"),
-                                   ("qwen-tiny", "spo_adam", "adam")]
+    assert list(summary.index) == [
+        ("minicpm-tiny", "full", "adam"),
+        ("minicpm-tiny", "full", "muon"),
+        ("qwen-tiny", "spo_adam", "adam"),
+    ]
 
 
 def test_summary_markdown_shows_the_numbers():
-    runs = runs_of([("minicpm-tiny", "full", "muon", 0, 0.7, False, 0.5),
-                    ("minicpm-tiny", "full", "muon", 1, 0.9, True, np.nan),
-                    ("minicpm-tiny", "spo_muon", "muon", 0, 0.5, False, np.nan)])
+    runs = runs_of(
+        [
+            ("minicpm-tiny", "full", "muon", 0, 0.7, False, 0.5),
+            ("minicpm-tiny", "full", "muon", 1, 0.9, True, np.nan),
+            ("minicpm-tiny", "spo_muon", "muon", 0, 0.5, False, np.nan),
+        ]
+    )
     text = summary_markdown(summary_table(runs), notes=["no runs of model(s) qwen-tiny in these logs"])
     rows = [line for line in text.split("## Learning")[0].splitlines() if line.startswith("| minicpm-tiny")]
     assert len(rows) == 2
@@ -434,9 +492,18 @@ def test_learning_is_the_last_fifth_minus_the_first_and_held_out_first_to_last()
     for seed, (early, late) in enumerate([(0.2, 0.6), (0.3, 0.5)]):
         for u in range(10):  # fifths of 10 updates: 2 updates each
             success = early if u < 2 else late if u >= 8 else 0.9
-            rows.append({"model": "m", "recipe": "full", "optimizer": "muon", "seed": seed, "update": u,
-                         "success_rate": success, "eval_success": {0: 0.1 * (seed + 1), 9: 0.5}.get(u, np.nan),
-                         "baseline_informed_frac": 0.5 if u < 5 else 1.0})
+            rows.append(
+                {
+                    "model": "m",
+                    "recipe": "full",
+                    "optimizer": "muon",
+                    "seed": seed,
+                    "update": u,
+                    "success_rate": success,
+                    "eval_success": {0: 0.1 * (seed + 1), 9: 0.5}.get(u, np.nan),
+                    "baseline_informed_frac": 0.5 if u < 5 else 1.0,
+                }
+            )
     runs = run_table(pd.DataFrame(rows), CollapseCriterion(min_peak=1.0), models={"m": "M"})
     assert runs["gain"].tolist() == pytest.approx([0.4, 0.2])
     assert runs["eval_first"].tolist() == pytest.approx([0.1, 0.2]) and runs["eval_success"].tolist() == [0.5, 0.5]
@@ -453,13 +520,19 @@ def test_summarize_writes_the_three_outputs(tmp_path):
     rng = np.random.default_rng(0)
     paths = []
     for seed in range(2):
-        paths.append(write_metrics(cell_path(base, "minicpm-tiny", "full", "muon", seed),
-                                   synthetic_metrics(40, 0.8, rng)))
-        paths.append(write_metrics(cell_path(base, "minicpm-tiny", "spo_adam", "adam", seed),
-                                   synthetic_metrics(40, 0.5, rng, collapse_at=25, optimizer="adam")))
+        paths.append(
+            write_metrics(cell_path(base, "minicpm-tiny", "full", "muon", seed), synthetic_metrics(40, 0.8, rng))
+        )
+        paths.append(
+            write_metrics(
+                cell_path(base, "minicpm-tiny", "spo_adam", "adam", seed),
+                synthetic_metrics(40, 0.5, rng, collapse_at=25, optimizer="adam"),
+            )
+        )
     out = tmp_path / "results"
-    notes = summarize(paths, base, out / "summary.csv", out / "summary.md", out / "runs.parquet",
-                      collapse={"warmup": 5})
+    notes = summarize(
+        paths, base, out / "summary.csv", out / "summary.md", out / "runs.parquet", collapse={"warmup": 5}
+    )
     summary, runs = pd.read_csv(out / "summary.csv"), pd.read_parquet(out / "runs.parquet")
     assert len(summary) == 2 and len(runs) == 4
     assert runs.loc[runs["recipe"] == "spo_adam", "collapsed"].all()
@@ -475,23 +548,35 @@ def test_summarize_writes_the_three_outputs(tmp_path):
     paper = pd.read_csv(PAPER_NUMBERS)
     paper.loc[(paper["model"] == "MiniCPM5-2B") & (paper["recipe"] == "full"), "success_updates_90_100_pct"] = 12.5
     paper.to_csv(numbers, index=False)
-    summarize(paths, base, out / "edited.csv", out / "edited.md", out / "edited.parquet", collapse={"warmup": 5},
-              numbers=numbers)
+    summarize(
+        paths,
+        base,
+        out / "edited.csv",
+        out / "edited.md",
+        out / "edited.parquet",
+        collapse={"warmup": 5},
+        numbers=numbers,
+    )
     edited = pd.read_csv(out / "edited.csv")
     full = edited["recipe"] == "full"
     assert summary.loc[full, "paper_success_pct"].tolist() == [74.1]
     assert edited.loc[full, "paper_success_pct"].tolist() == [12.5]
-    assert edited.loc[full, "diff_pct_points"].iloc[0] == pytest.approx(edited.loc[full, "success_pct_mean"].iloc[0]
-                                                                        - 12.5, abs=1e-3)
-    pd.testing.assert_frame_equal(edited.drop(columns=["paper_success_pct", "diff_pct_points"]),
-                                  summary.drop(columns=["paper_success_pct", "diff_pct_points"]))
+    assert edited.loc[full, "diff_pct_points"].iloc[0] == pytest.approx(
+        edited.loc[full, "success_pct_mean"].iloc[0] - 12.5, abs=1e-3
+    )
+    pd.testing.assert_frame_equal(
+        edited.drop(columns=["paper_success_pct", "diff_pct_points"]),
+        summary.drop(columns=["paper_success_pct", "diff_pct_points"]),
+    )
 
 
 # -- the kinds of study ------------------------------------------------------------------------------------
 def test_the_workflow_reads_the_kinds_without_matplotlib():
     """common.smk imports `trainer.analysis.kinds` while it builds the DAG: nothing heavy may come with it."""
-    code = ("import sys\nimport trainer.analysis.kinds\n"
-            "print(sorted(m for m in ('matplotlib', 'seaborn', 'pandas', 'pyarrow', 'torch') if m in sys.modules))")
+    code = (
+        "import sys\nimport trainer.analysis.kinds\n"
+        "print(sorted(m for m in ('matplotlib', 'seaborn', 'pandas', 'pyarrow', 'torch') if m in sys.modules))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
@@ -516,7 +601,8 @@ def test_every_kind_of_study_matches_the_schema_and_its_functions():
 def test_library_defaults_are_the_workflows():
     """Calls without the analysis parameters get the schema's defaults (each a single constant in the package)."""
     analysis = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())["properties"][
-        "analysis"]["properties"]
+        "analysis"
+    ]["properties"]
     assert analysis["window_fraction"]["default"] == WINDOW_FRACTION
     assert analysis["bootstrap_seed"]["default"] == BOOTSTRAP_SEED
     assert analysis["ema_span"]["default"] == EMA_SPAN

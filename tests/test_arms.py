@@ -1,6 +1,7 @@
 """Studies of arms: a grid block's own trainer keys (trainer/study.py), the arm key of the logs
 (trainer/analysis/logs.py) and the arms analysis (trainer/analysis/arms.py), on hand-built configs and synthetic
 logs whose verdicts and medians are worked out here."""
+
 from __future__ import annotations
 
 import copy
@@ -12,9 +13,17 @@ import pytest
 import yaml
 
 from trainer import study as cc
-from trainer.analysis.arms import (ARMS_COLUMNS, arm_order, arms_run_table, arms_summary_table, auc, figure_curves,
-                                   plot_arms,
-                                   predictor_table, summarize_arms)
+from trainer.analysis.arms import (
+    ARMS_COLUMNS,
+    arm_order,
+    arms_run_table,
+    arms_summary_table,
+    auc,
+    figure_curves,
+    plot_arms,
+    predictor_table,
+    summarize_arms,
+)
 from trainer.analysis.logs import check_no_axes, load_metrics
 from trainer.analysis.synthetic import cell_path, synthetic_metrics, write_metrics
 from trainer.config import config_from_dict
@@ -31,8 +40,13 @@ def _arms_study() -> dict:
     study["study"] = "arms"
     study["grid"] = [
         {"arm": "adamw", "recipes": ["spo_adam"], "seeds": [0, 1], "models": ["qwen-tiny"]},
-        {"arm": "split", "recipes": ["spo_muon"], "seeds": [0], "models": ["qwen-tiny"],
-         "cell": {"optim": {"muon_lr": 1e-3, "lr": 1e-4, "betas": [0.9, 0.999]}, "rollout": {"lag": 3}}},
+        {
+            "arm": "split",
+            "recipes": ["spo_muon"],
+            "seeds": [0],
+            "models": ["qwen-tiny"],
+            "cell": {"optim": {"muon_lr": 1e-3, "lr": 1e-4, "betas": [0.9, 0.999]}, "rollout": {"lag": 3}},
+        },
     ]
     return study
 
@@ -43,9 +57,11 @@ def test_arms_add_a_column_and_merge_their_keys_over_the_shared_block():
     cc.check_study(study, root=REPO)
     grid = cc.grid_frame(study)
     assert list(grid.columns) == ["model", "recipe", "optimizer", "arm", "seed"]
-    assert grid.values.tolist() == [["qwen-tiny", "spo_adam", "adam", "adamw", 0],
-                                    ["qwen-tiny", "spo_adam", "adam", "adamw", 1],
-                                    ["qwen-tiny", "spo_muon", "muon", "split", 0]]
+    assert grid.values.tolist() == [
+        ["qwen-tiny", "spo_adam", "adam", "adamw", 0],
+        ["qwen-tiny", "spo_adam", "adam", "adamw", 1],
+        ["qwen-tiny", "spo_muon", "muon", "split", 0],
+    ]
     split = cc.cell_config(study, "qwen-tiny", "spo_muon", "muon", 0, "p", threads=1, arm="split")
     # the arm's lrs win over the study's `lr:` table (1e-4 for both); the rest of the shared block stays
     assert split["optim"] == {"muon_lr": 1e-3, "lr": 1e-4, "betas": [0.9, 0.999], "name": "muon"}
@@ -58,22 +74,29 @@ def test_arms_add_a_column_and_merge_their_keys_over_the_shared_block():
         cc.arm_cell(study, "nope")
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda s: s["grid"][0].pop("arm"), r"grid\[0\].arm: missing; grid\[1\] gives `arm`"),
-    (lambda s: s["grid"][0].update(arm="a/b"), r"grid\[0\].arm: 'a/b' is not a folder label"),
-    (lambda s: s["grid"][0].update(arm="a\n"), r"grid\[0\].arm: 'a\\n' is not a folder label"),
-    (lambda s: s["grid"][0].update(arm=1e-3), r"grid\[0\].arm: 0.001 is a float, not a label: YAML read it as one; "
-                                              r"quote it"),
-    (lambda s: s["grid"][1].update(arm="adamw"), r"grid\[1\].cell: arm 'adamw' is also grid\[0\]'s"),
-    (lambda s: s["grid"][1]["cell"]["optim"].update(name="adam"), r"grid\[1\].cell.optim.name: each cell sets it"),
-    (lambda s: s["grid"][1]["cell"].update(run={"seed": 3}),
-     r"grid\[1\].cell.run.seed: each cell sets it"),
-    (lambda s: s["grid"][1]["cell"]["optim"].update(betaz=1), r"unknown config key 'grid\[1\].cell.optim.betaz'"),
-    (lambda s: s["grid"][1]["cell"]["optim"].update(lr=-1.0), r"grid\[1\].cell.optim.lr"),
-    (lambda s: s.update(study="main"), r"grid\[0\].arm: only a `study: arms` has arms"),
-    (lambda s: [b.pop("arm") for b in s["grid"]] and s["grid"][1].pop("cell"),
-     r"grid: a study of arms names one in every block"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda s: s["grid"][0].pop("arm"), r"grid\[0\].arm: missing; grid\[1\] gives `arm`"),
+        (lambda s: s["grid"][0].update(arm="a/b"), r"grid\[0\].arm: 'a/b' is not a folder label"),
+        (lambda s: s["grid"][0].update(arm="a\n"), r"grid\[0\].arm: 'a\\n' is not a folder label"),
+        (
+            lambda s: s["grid"][0].update(arm=1e-3),
+            r"grid\[0\].arm: 0.001 is a float, not a label: YAML read it as one; "
+            r"quote it",
+        ),
+        (lambda s: s["grid"][1].update(arm="adamw"), r"grid\[1\].cell: arm 'adamw' is also grid\[0\]'s"),
+        (lambda s: s["grid"][1]["cell"]["optim"].update(name="adam"), r"grid\[1\].cell.optim.name: each cell sets it"),
+        (lambda s: s["grid"][1]["cell"].update(run={"seed": 3}), r"grid\[1\].cell.run.seed: each cell sets it"),
+        (lambda s: s["grid"][1]["cell"]["optim"].update(betaz=1), r"unknown config key 'grid\[1\].cell.optim.betaz'"),
+        (lambda s: s["grid"][1]["cell"]["optim"].update(lr=-1.0), r"grid\[1\].cell.optim.lr"),
+        (lambda s: s.update(study="main"), r"grid\[0\].arm: only a `study: arms` has arms"),
+        (
+            lambda s: [b.pop("arm") for b in s["grid"]] and s["grid"][1].pop("cell"),
+            r"grid: a study of arms names one in every block",
+        ),
+    ],
+)
 def test_a_bad_arm_is_refused_naming_its_key(change, message):
     study = _arms_study()
     change(study)
@@ -88,8 +111,10 @@ def test_a_block_with_trainer_keys_must_be_an_arm():
         cc.check_study(study, root=REPO)
 
 
-@pytest.mark.parametrize("study_file, cells", [("configs/edge.yaml", 27), ("configs/conditions.yaml", 9),
-                                               ("configs/companion-equal.yaml", 45)])
+@pytest.mark.parametrize(
+    "study_file, cells",
+    [("configs/edge.yaml", 27), ("configs/conditions.yaml", 9), ("configs/companion-equal.yaml", 45)],
+)
 def test_the_decisive_studies_pass_every_check_and_set_what_they_say(study_file, cells):
     study = _study(study_file)
     cc.check_study(study, root=REPO)
@@ -104,8 +129,12 @@ def test_the_decisive_studies_pass_every_check_and_set_what_they_say(study_file,
     if study_file == "configs/companion-equal.yaml":
         # the confound removed (AdamW half at 1e-4 whatever the matrices take) beside the companion's own Muon cell
         assert {(c.optim.name, c.optim.muon_lr, c.optim.lr) for c in configs.values()} == {
-            ("adam", None, 1e-4), ("muon", 1e-4, 1e-4), ("muon", 1e-3, 1e-4), ("adam", None, 1e-3),
-            ("muon", 1e-3, 1e-3)}
+            ("adam", None, 1e-4),
+            ("muon", 1e-4, 1e-4),
+            ("muon", 1e-3, 1e-4),
+            ("adam", None, 1e-3),
+            ("muon", 1e-3, 1e-3),
+        }
         assert set(grid["recipe"]) == {"grpo", "gigpo", "graphgpo"}
     elif study_file == "configs/edge.yaml":
         control = configs["control_m1e-4_r1e-3"].optim
@@ -116,8 +145,7 @@ def test_the_decisive_studies_pass_every_check_and_set_what_they_say(study_file,
         assert {(o.muon_lr, o.lr) for o in spectral.values()} == {(1e-4, 1e-4), (3e-4, 1e-4), (1e-3, 1e-4)}
         assert all(arm.startswith("muon_spectral_") for arm in spectral)
     else:
-        assert configs["adamw_b0.999"].optim.betas == (0.9, 0.999) and configs["adamw_b0.95"].optim.betas == (0.9,
-                                                                                                               0.95)
+        assert configs["adamw_b0.999"].optim.betas == (0.9, 0.999) and configs["adamw_b0.95"].optim.betas == (0.9, 0.95)
         for cfg in configs.values():
             assert (cfg.optim.weight_decay, cfg.run.minibatches, cfg.run.skip_no_signal) == (0.01, 8, False)
             assert (cfg.rollout.lag, cfg.rollout.weight_dtype) == (3, "bfloat16")
@@ -128,8 +156,10 @@ def test_the_decisive_studies_pass_every_check_and_set_what_they_say(study_file,
 # -- the arm key of the logs -----------------------------------------------------------------------------------
 def test_load_metrics_reads_the_arm_folder_and_other_analyses_refuse_it(tmp_path):
     rng = np.random.default_rng(0)
-    paths = [write_metrics(cell_path(tmp_path, "m", "spo_muon", "muon", 0, arm=arm), synthetic_metrics(4, 0.5, rng))
-             for arm in ("a", "123")]
+    paths = [
+        write_metrics(cell_path(tmp_path, "m", "spo_muon", "muon", 0, arm=arm), synthetic_metrics(4, 0.5, rng))
+        for arm in ("a", "123")
+    ]
     assert "/optimizer=muon/arm=a/seed=0/" in paths[0].as_posix()
     frame = load_metrics(paths, tmp_path, ("update", "success_rate"))
     assert sorted(set(frame["arm"])) == ["123", "a"] and frame["arm"].dtype == object  # a string, even "123"
@@ -174,8 +204,9 @@ def test_the_run_table_keeps_arms_apart_and_measures_before_the_collapse(tmp_pat
     assert runs["arm"].tolist() == ["hot"] * 3 + ["cool"] * 3  # the grid's order, not alphabetical
     hot, cool = runs[runs["arm"] == "hot"], runs[runs["arm"] == "cool"]
     assert hot["collapsed"].all() and not cool["collapsed"].any()
-    assert np.allclose(hot["early_update_spectral_norm"], 1.045) and np.allclose(cool["early_update_spectral_norm"],
-                                                                                 0.295)
+    assert np.allclose(hot["early_update_spectral_norm"], 1.045) and np.allclose(
+        cool["early_update_spectral_norm"], 0.295
+    )
     # before the collapse: 16 values of 1.0 and nine of 1.01-1.09 (plus any 5.0s between update 25 and the verdict, at
     # most a few): median 1.0; the whole run's median, with its fifteen 5.0s, would be 1.045
     assert np.allclose(hot["update_spectral_norm"], 1.0)
@@ -191,8 +222,14 @@ def test_the_run_table_keeps_arms_apart_and_measures_before_the_collapse(tmp_pat
 def test_summarize_and_plot_write_every_output(tmp_path):
     paths = _two_arms(tmp_path / "cells")
     out = tmp_path / "out"
-    notes = summarize_arms(paths, tmp_path / "cells", out / "summary.csv", out / "summary.md", out / "runs.parquet",
-                           predictors=out / "predictors.csv")
+    notes = summarize_arms(
+        paths,
+        tmp_path / "cells",
+        out / "summary.csv",
+        out / "summary.md",
+        out / "runs.parquet",
+        predictors=out / "predictors.csv",
+    )
     assert "6 runs, 2 cells" in notes[0] and "update_spectral_norm: AUC 1.000" in notes
     md = (out / "summary.md").read_text()
     assert "## What predicts collapse" in md and "| hidden update top singular value | 6 | 3 | 1.00 |" in md
@@ -207,7 +244,10 @@ def test_the_curves_have_a_panel_per_recipe_and_arm(tmp_path):
     its own runs, and a collapse marked only where its own run collapsed."""
     paths = []
     for recipe in ("grpo", "gigpo"):
-        for arm, optimizer, collapse_at in (("adamw", "adam", None), ("muon", "muon", 20 if recipe == "grpo" else None)):
+        for arm, optimizer, collapse_at in (
+            ("adamw", "adam", None),
+            ("muon", "muon", 20 if recipe == "grpo" else None),
+        ):
             columns = synthetic_metrics(30, 0.6, np.random.default_rng(1), start=0.4, collapse_at=collapse_at)
             paths.append(write_metrics(cell_path(tmp_path, "q", recipe, optimizer, 0, arm=arm), columns))
     metrics = load_metrics(paths, tmp_path, ARMS_COLUMNS)
@@ -221,8 +261,10 @@ def test_the_curves_have_a_panel_per_recipe_and_arm(tmp_path):
     assert sorted(rows.values()) == ["gigpo\nTraining success (%)", "grpo\nTraining success (%)"]
     place = {ax: (rows[ax.get_position().y0].split("\n")[0], ax.get_title()) for ax in panels}
     assert sorted(place.values()) == [("gigpo", "adamw"), ("gigpo", "muon"), ("grpo", "adamw"), ("grpo", "muon")]
-    crosses = {place[ax]: sum(len(c.get_offsets()) for c in ax.collections if c.get_offsets().size
-                              and c.get_sizes()[0] == 55) for ax in panels}
+    crosses = {
+        place[ax]: sum(len(c.get_offsets()) for c in ax.collections if c.get_offsets().size and c.get_sizes()[0] == 55)
+        for ax in panels
+    }
     assert crosses == {("grpo", "muon"): 1, ("grpo", "adamw"): 0, ("gigpo", "muon"): 0, ("gigpo", "adamw"): 0}
     assert fig._suptitle.get_text().endswith(": q")
 

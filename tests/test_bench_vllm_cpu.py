@@ -1,6 +1,7 @@
 """benchmarks/bench_vllm_cpu.py's HFEngine side (vLLM itself is not installed here: the yardstick's numbers are in
 docs/benchmarks.md): the raw-decoding workload samples exactly batch x new-tokens tokens, the episode workload plays
 the study's tasks."""
+
 import importlib.util
 import sys
 from pathlib import Path
@@ -22,8 +23,9 @@ def test_the_hf_worker_decodes_exactly_the_asked_tokens(tmp_path):
     sys.modules["bench_vllm_cpu"] = bench
     spec.loader.exec_module(bench)
     study = yaml.safe_load((ROOT / "config.yaml").read_text())
-    model, fmt = new_tiny_policy("minicpm-tiny", make_suite(config_from_dict({"env": study["cell"]["env"]}).env)
-                                 .sample_texts(), seed=0)
+    model, fmt = new_tiny_policy(
+        "minicpm-tiny", make_suite(config_from_dict({"env": study["cell"]["env"]}).env).sample_texts(), seed=0
+    )
     save_policy(model, fmt, tmp_path / "policy")
     result = bench.worker("hf", str(tmp_path / "policy"), str(ROOT / "config.yaml"), rounds=1, batch=4, new_tokens=8)
     assert result["decode"]["tokens"] == 4 * 8

@@ -1,6 +1,7 @@
 """Sharded (DCP) checkpoints in one process: round trips of Muon/AdamW state, the atomic layout, skipping what is
 unreadable, pruning, and the trainer's `run.checkpoint_format: sharded` (resume, export). The multi-process cases
 (FSDP2 shards, SIGKILL, resharding to 1 and 3 processes) are in tests/test_distributed.py."""
+
 from __future__ import annotations
 
 import shutil
@@ -12,8 +13,13 @@ import torch
 from torch import nn
 
 from trainer.config import ConfigError, config_from_dict
-from trainer.logs.checkpoint import (SHARDED_EXTRA, list_checkpoints, load_latest_checkpoint, read_checkpoint,
-                                     save_checkpoint)
+from trainer.logs.checkpoint import (
+    SHARDED_EXTRA,
+    list_checkpoints,
+    load_latest_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+)
 from trainer.logs.sharded_checkpoint import load_sharded_checkpoint, load_sharded_weights, save_sharded_checkpoint
 from trainer.optim.hybrid import build_muon_adamw
 
@@ -208,7 +214,9 @@ def test_a_one_process_cell_resumes_from_sharded_checkpoints_and_exports_its_pol
     assert visible(resumed / "checkpoints") == ["ckpt-00000002", "ckpt-00000003"]
 
     assert export_checkpoint(str(ckpts / "ckpt-00000003"), str(tmp_path / "policy")) == {
-        "policy": str(tmp_path / "policy"), "update": 3}
+        "policy": str(tmp_path / "policy"),
+        "update": 3,
+    }
     policy, _ = load_policy(tmp_path / "policy", "float32")
     plain = Trainer(cfg, tmp_path / "plain").model
     load_sharded_weights(ckpts / "ckpt-00000003", plain)

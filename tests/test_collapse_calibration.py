@@ -5,6 +5,7 @@ The vectorised rule is held equal to `judge` run by run; the hand cases have no 
 success rate is exactly p, or success exactly 1 then 0), so their answers are exact; the old default study's
 rates are checked against the quoted 19/14/9% within Monte Carlo error.
 """
+
 from __future__ import annotations
 
 import runpy
@@ -16,9 +17,19 @@ import pandas as pd
 import pytest
 
 from trainer.analysis import CollapseCriterion, ema, summarize
-from trainer.analysis.calibration import (FPR_LEVELS, calibrate, criterion_of, ema_rows, false_positive_rate,
-                                          flag_rate, power, recommend, scenario_rng, simulate_success,
-                                          success_drop_rows)
+from trainer.analysis.calibration import (
+    FPR_LEVELS,
+    calibrate,
+    criterion_of,
+    ema_rows,
+    false_positive_rate,
+    flag_rate,
+    power,
+    recommend,
+    scenario_rng,
+    simulate_success,
+    success_drop_rows,
+)
 from trainer.analysis.collapse import judge
 from trainer.analysis.kinds import COMPANION_MODELS, COMPANION_NUMBERS, DEFAULT_MODELS, PAPER_NUMBERS
 from trainer.analysis.summary import add_collapse_note, collapse_note, study_shape, write_collapse_note
@@ -35,12 +46,24 @@ def test_ema_rows_is_ema_bit_for_bit():
     assert np.array_equal(ema_rows(x, 7), np.array([ema(row, 7) for row in x]))
 
 
-@pytest.mark.parametrize("criterion", [OLD, CollapseCriterion(), CollapseCriterion(ema_span=3, warmup=0, patience=1),
-                                       CollapseCriterion(drop_fraction=0.3, min_peak=0.4, patience=8)])
+@pytest.mark.parametrize(
+    "criterion",
+    [
+        OLD,
+        CollapseCriterion(),
+        CollapseCriterion(ema_span=3, warmup=0, patience=1),
+        CollapseCriterion(drop_fraction=0.3, min_peak=0.4, patience=8),
+    ],
+)
 def test_vectorised_rule_equals_judge_run_by_run(criterion):
     rng = np.random.default_rng(1)
-    runs = np.vstack([simulate_success(100, 60, 4, 0.25, rng), simulate_success(100, 60, 8, 0.4, rng, 0.02, 30),
-                      simulate_success(50, 60, 2, 0.6, rng, 0.1, 50)])
+    runs = np.vstack(
+        [
+            simulate_success(100, 60, 4, 0.25, rng),
+            simulate_success(100, 60, 8, 0.4, rng, 0.02, 30),
+            simulate_success(50, 60, 2, 0.6, rng, 0.1, 50),
+        ]
+    )
     smoothed = ema_rows(runs, criterion.ema_span)
     expected = [judge(row, criterion=criterion)[0] for row in smoothed]
     expected = np.array([-1 if i is None else i for i in expected])
@@ -81,8 +104,9 @@ def test_scenarios_are_seeded_by_scenario_not_by_order():
     a = false_positive_rate(OLD, 4, 100, levels=(0.2, 0.4), n_runs=300, seed=3)[1]
     b = false_positive_rate(OLD, 4, 100, levels=(0.4, 0.2), n_runs=300, seed=3)[1]
     assert a == b
-    assert not np.array_equal(simulate_success(5, 10, 4, 0.3, scenario_rng(0, 0.3)),
-                              simulate_success(5, 10, 4, 0.3, scenario_rng(1, 0.3)))
+    assert not np.array_equal(
+        simulate_success(5, 10, 4, 0.3, scenario_rng(0, 0.3)), simulate_success(5, 10, 4, 0.3, scenario_rng(1, 0.3))
+    )
 
 
 @pytest.mark.parametrize("args", [(0, 10, 4, 0.3), (5, 10, 0, 0.3), (5, 10, 4, 1.5)])
@@ -113,9 +137,16 @@ def test_calibrate_agrees_with_the_single_setting_functions_and_recommend_obeys_
 
 # -- the summary's sentence ---------------------------------------------------------------------------------
 def test_study_shape_is_the_median_batch_and_run_length():
-    frame = pd.DataFrame({"model": "m", "recipe": "r", "optimizer": "o", "seed": [0] * 3 + [1] * 5 + [2] * 5,
-                          "update": [0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4],
-                          "n_trajectories": [4, 4, 4, 4, 4, 8, 4, 4, 16, 16, 16, 16, 16]})
+    frame = pd.DataFrame(
+        {
+            "model": "m",
+            "recipe": "r",
+            "optimizer": "o",
+            "seed": [0] * 3 + [1] * 5 + [2] * 5,
+            "update": [0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4],
+            "n_trajectories": [4, 4, 4, 4, 4, 8, 4, 4, 16, 16, 16, 16, 16],
+        }
+    )
     assert study_shape(frame) == (4, 5)  # median of 13 batches is 4; runs of 3, 5, 5 rows: median 5
     with pytest.raises(ValueError, match="n_trajectories"):
         study_shape(frame.drop(columns="n_trajectories"))
@@ -143,15 +174,25 @@ def test_summary_script_writes_the_false_positive_sentence(tmp_path):
     # 8 episodes per update, 40 updates: the sentence must state the rate computed for exactly that.
     base = tmp_path / "results" / "cells"
     rng = np.random.default_rng(0)
-    paths = [str(write_metrics(cell_path(base, "minicpm-tiny", r, o, s), synthetic_metrics(40, 0.5, rng, batch=8)))
-             for r, o in [("spo_adam", "adam"), ("full", "muon")] for s in (0, 1)]
+    paths = [
+        str(write_metrics(cell_path(base, "minicpm-tiny", r, o, s), synthetic_metrics(40, 0.5, rng, batch=8)))
+        for r, o in [("spo_adam", "adam"), ("full", "muon")]
+        for s in (0, 1)
+    ]
     collapse = {"warmup": 5, "patience": 5}
     out = tmp_path / "results"
     outputs = SimpleNamespace(csv=str(out / "summary.csv"), md=str(out / "summary.md"), runs=str(out / "runs.parquet"))
-    params = {"study": "main", "base_dir": str(base), "collapse": collapse, "models": DEFAULT_MODELS,
-              "window_fraction": 0.1, "bootstrap_seed": 0}
-    smk = snakemake_object(SimpleNamespace(metrics=paths, paper_numbers=str(PAPER_NUMBERS)), outputs, params,
-                           tmp_path / "s.log")
+    params = {
+        "study": "main",
+        "base_dir": str(base),
+        "collapse": collapse,
+        "models": DEFAULT_MODELS,
+        "window_fraction": 0.1,
+        "bootstrap_seed": 0,
+    }
+    smk = snakemake_object(
+        SimpleNamespace(metrics=paths, paper_numbers=str(PAPER_NUMBERS)), outputs, params, tmp_path / "s.log"
+    )
     runpy.run_path(str(REPO / "workflow" / "scripts" / "summarize.py"), init_globals={"snakemake": smk})
     worst, _ = false_positive_rate(CollapseCriterion.from_dict(collapse), 8, 40)
     method = next(line for line in (out / "summary.md").read_text().splitlines() if "Collapse = " in line)
@@ -169,10 +210,17 @@ def test_companion_summary_script_writes_the_sentence_too(tmp_path):
     paths = [str(p) for p in companion_grid(base, "qwen2.5-tiny", ["gigpo"], ["adam", "muon"], [0], n_updates=10)]
     out = tmp_path / "results"
     outputs = SimpleNamespace(csv=str(out / "summary.csv"), md=str(out / "summary.md"), runs=str(out / "runs.parquet"))
-    params = {"study": "companion", "base_dir": str(base), "collapse": {"warmup": 2},
-              "models": COMPANION_MODELS, "window_fraction": 0.2, "bootstrap_seed": 0}
-    smk = snakemake_object(SimpleNamespace(metrics=paths, paper_numbers=str(COMPANION_NUMBERS)), outputs, params,
-                           tmp_path / "s.log")
+    params = {
+        "study": "companion",
+        "base_dir": str(base),
+        "collapse": {"warmup": 2},
+        "models": COMPANION_MODELS,
+        "window_fraction": 0.2,
+        "bootstrap_seed": 0,
+    }
+    smk = snakemake_object(
+        SimpleNamespace(metrics=paths, paper_numbers=str(COMPANION_NUMBERS)), outputs, params, tmp_path / "s.log"
+    )
     runpy.run_path(str(REPO / "workflow" / "scripts" / "summarize.py"), init_globals={"snakemake": smk})
     worst, _ = false_positive_rate(CollapseCriterion(warmup=2), 16, 10)
     method = next(line for line in (out / "summary.md").read_text().splitlines() if "Collapse = " in line)

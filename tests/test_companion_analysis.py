@@ -3,6 +3,7 @@
 Known answers are worked out in the comments. Logs come from in-memory runs built by hand and from
 `synthetic.companion_grid`, written in the workflow's Hive layout; the scripts run as Snakemake runs a `script:`.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,14 +20,34 @@ from hypothesis import strategies as st
 from matplotlib.collections import PathCollection
 from matplotlib.container import BarContainer
 
-from trainer.analysis import (bootstrap_interval, companion_run_table, companion_summary_table, load_metrics,
-                              plot_companion, summarize_companion)
-from trainer.analysis.companion import (COMPANION_COLUMNS, COMPANION_FIGURES, COMPANION_MODELS, COMPANION_NUMBERS,
-                                        ESTIMATORS, OPTIMIZER_LABELS, OPTIMIZERS, companion_coverage_notes,
-                                        companion_markdown, figure_companion_bars, figure_companion_curves,
-                                        figure_companion_diagnostics, final_window_success, finite_median,
-                                        load_companion_numbers, validation_auc, validation_curve,
-                                        write_companion_figures)
+from trainer.analysis import (
+    bootstrap_interval,
+    companion_run_table,
+    companion_summary_table,
+    load_metrics,
+    plot_companion,
+    summarize_companion,
+)
+from trainer.analysis.companion import (
+    COMPANION_COLUMNS,
+    COMPANION_FIGURES,
+    COMPANION_MODELS,
+    COMPANION_NUMBERS,
+    ESTIMATORS,
+    OPTIMIZER_LABELS,
+    OPTIMIZERS,
+    companion_coverage_notes,
+    companion_markdown,
+    figure_companion_bars,
+    figure_companion_curves,
+    figure_companion_diagnostics,
+    final_window_success,
+    finite_median,
+    load_companion_numbers,
+    validation_auc,
+    validation_curve,
+    write_companion_figures,
+)
 from trainer.analysis.synthetic import companion_grid
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,9 +60,20 @@ def run_rows(evals: dict[int, float], n: int = 10, recipe="gigpo", optimizer="mu
     eval_success = np.full(n, np.nan)
     for update, value in evals.items():
         eval_success[update] = value
-    return pd.DataFrame({"model": MODEL, "recipe": recipe, "optimizer": optimizer, "seed": seed,
-                         "update": np.arange(n), "success_rate": 0.5, "eval_success": eval_success,
-                         "update_rms": 0.02, "update_spectral_norm": 0.9, **columns})
+    return pd.DataFrame(
+        {
+            "model": MODEL,
+            "recipe": recipe,
+            "optimizer": optimizer,
+            "seed": seed,
+            "update": np.arange(n),
+            "success_rate": 0.5,
+            "eval_success": eval_success,
+            "update_rms": 0.02,
+            "update_spectral_norm": 0.9,
+            **columns,
+        }
+    )
 
 
 # -- definitions -------------------------------------------------------------------------------------------
@@ -109,12 +141,15 @@ def test_collapse_verdict_is_the_main_studys():
     assert runs["collapse_reason"].iloc[0] == "success_drop"
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda f: f.assign(recipe="spo"), "unknown estimator.*'spo'"),
-    (lambda f: f.assign(optimizer="sgd"), "unknown optimizer.*'sgd'"),
-    (lambda f: f.drop(columns="eval_success"), "lacks column.*'eval_success'"),
-    (lambda f: f.drop(columns="update_rms"), "lacks column.*'update_rms'"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda f: f.assign(recipe="spo"), "unknown estimator.*'spo'"),
+        (lambda f: f.assign(optimizer="sgd"), "unknown optimizer.*'sgd'"),
+        (lambda f: f.drop(columns="eval_success"), "lacks column.*'eval_success'"),
+        (lambda f: f.drop(columns="update_rms"), "lacks column.*'update_rms'"),
+    ],
+)
 def test_bad_input_names_the_problem(change, message):
     with pytest.raises(ValueError, match=message):
         companion_run_table(change(run_rows({9: 0.5})))
@@ -134,15 +169,21 @@ def test_companion_numbers_ship_with_the_package_in_our_names():
 
 def runs_frame(rows: list[tuple]) -> pd.DataFrame:
     """A per-run table with the columns the summary reads: (recipe, optimizer, seed, final, auc, collapsed)."""
-    frame = pd.DataFrame(rows, columns=["recipe", "optimizer", "seed", "final_window_success", "val_auc",
-                                        "collapsed"])
+    frame = pd.DataFrame(rows, columns=["recipe", "optimizer", "seed", "final_window_success", "val_auc", "collapsed"])
     return frame.assign(model=MODEL, paper_model=PAPER, train_success_window=0.5, grad_snr_median=0.25)
 
 
 def test_summary_means_intervals_companion_numbers_and_differences():
-    runs = runs_frame([("gigpo", "muon", 0, 0.5, 0.40, False), ("gigpo", "muon", 1, 0.6, 0.50, False),
-                       ("gigpo", "muon", 2, 0.55, 0.45, True), ("graphgpo", "adam", 0, 0.3, 0.30, False),
-                       ("graphgpo", "adam", 1, NAN, NAN, False), ("grpo", "adam_high_lr", 0, 0.1, 0.2, False)])
+    runs = runs_frame(
+        [
+            ("gigpo", "muon", 0, 0.5, 0.40, False),
+            ("gigpo", "muon", 1, 0.6, 0.50, False),
+            ("gigpo", "muon", 2, 0.55, 0.45, True),
+            ("graphgpo", "adam", 0, 0.3, 0.30, False),
+            ("graphgpo", "adam", 1, NAN, NAN, False),
+            ("grpo", "adam_high_lr", 0, 0.1, 0.2, False),
+        ]
+    )
     summary = companion_summary_table(runs, bootstrap_seed=3).set_index(["recipe", "optimizer"])
     assert list(summary.index) == [("grpo", "adam_high_lr"), ("gigpo", "muon"), ("graphgpo", "adam")]
     gigpo = summary.loc[("gigpo", "muon")]
@@ -150,7 +191,8 @@ def test_summary_means_intervals_companion_numbers_and_differences():
     assert gigpo["final_pct_mean"] == pytest.approx(55.0) and gigpo["companion_final_pct"] == pytest.approx(54.6)
     assert gigpo["final_diff_pp"] == pytest.approx(0.4)
     assert (gigpo["final_pct_ci_low"], gigpo["final_pct_ci_high"]) == pytest.approx(
-        bootstrap_interval([50.0, 60.0, 55.0], 3))
+        bootstrap_interval([50.0, 60.0, 55.0], 3)
+    )
     assert gigpo["auc_pct_mean"] == pytest.approx(45.0) and math.isnan(gigpo["companion_auc_pct"])
     assert gigpo["n_collapsed"] == 1 and gigpo["collapsed_seeds"] == "2"
     assert gigpo["companion_source"] == "final: Figure 2 (+88% relative)"
@@ -182,17 +224,28 @@ def grid(tmp_path_factory):
     base = root / "results" / "cells"
     paths = companion_grid(base, MODEL, ESTIMATORS, OPTIMIZERS, [0, 1], n_updates=20, eval_every=5, seed=2)
     out = root / "results"
-    notes = summarize_companion(paths, base, out / "summary.csv", out / "summary.md", out / "runs.parquet",
-                                collapse={"warmup": 5})
-    return SimpleNamespace(root=root, base=base, paths=paths, notes=notes, summary=pd.read_csv(out / "summary.csv"),
-                           runs=pd.read_parquet(out / "runs.parquet"),
-                           metrics=load_metrics(paths, base, COMPANION_COLUMNS))
+    notes = summarize_companion(
+        paths, base, out / "summary.csv", out / "summary.md", out / "runs.parquet", collapse={"warmup": 5}
+    )
+    return SimpleNamespace(
+        root=root,
+        base=base,
+        paths=paths,
+        notes=notes,
+        summary=pd.read_csv(out / "summary.csv"),
+        runs=pd.read_parquet(out / "runs.parquet"),
+        metrics=load_metrics(paths, base, COMPANION_COLUMNS),
+    )
 
 
 def test_the_numbers_given_are_the_numbers_compared(grid, tmp_path):
     raw = pd.read_csv(COMPANION_NUMBERS)
-    raw.loc[(raw["advantage"] == "gigpo") & (raw["optimizer"] == "muon")
-            & (raw["metric"] == "final-window validation success"), "value"] = 0.125
+    raw.loc[
+        (raw["advantage"] == "gigpo")
+        & (raw["optimizer"] == "muon")
+        & (raw["metric"] == "final-window validation success"),
+        "value",
+    ] = 0.125
     raw.to_csv(tmp_path / "numbers.csv", index=False)
     out = [tmp_path / n for n in ("summary.csv", "summary.md", "runs.parquet")]
     summarize_companion(grid.paths, grid.base, *out, collapse={"warmup": 5}, numbers=tmp_path / "numbers.csv")
@@ -201,8 +254,10 @@ def test_the_numbers_given_are_the_numbers_compared(grid, tmp_path):
     assert original.loc[("gigpo", "muon"), "companion_final_pct"] == pytest.approx(54.6)
     assert edited.loc[("gigpo", "muon"), "companion_final_pct"] == pytest.approx(12.5)
     changed = ["companion_final_pct", "final_diff_pp"]
-    pd.testing.assert_frame_equal(edited.drop(columns=changed).drop(index=[("gigpo", "muon")]),
-                                  original.drop(columns=changed).drop(index=[("gigpo", "muon")]))
+    pd.testing.assert_frame_equal(
+        edited.drop(columns=changed).drop(index=[("gigpo", "muon")]),
+        original.drop(columns=changed).drop(index=[("gigpo", "muon")]),
+    )
     assert "| 12.5 |" in out[1].read_text()
 
 
@@ -222,8 +277,9 @@ def test_bars_equal_per_run_means_and_show_the_companion(grid):
     fig = figure_companion_bars(grid.runs, summary, COMPANION_MODELS)
     assert len(fig.axes) == 2
     for ax, column in zip(fig.axes, ("final_window_success", "val_auc")):
-        bars = {c.get_label(): [p.get_height() for p in c.patches] for c in ax.containers
-                if isinstance(c, BarContainer)}
+        bars = {
+            c.get_label(): [p.get_height() for p in c.patches] for c in ax.containers if isinstance(c, BarContainer)
+        }
         for optimizer in OPTIMIZERS:
             means = grid.runs[grid.runs["optimizer"] == optimizer].groupby("recipe")[column].mean()
             assert bars[OPTIMIZER_LABELS[optimizer]] == pytest.approx([100 * means[e] for e in ESTIMATORS])
@@ -296,25 +352,37 @@ def snakemake_object(input_, output, params, log):
 def test_scripts_run_as_snakemake_scripts(tmp_path):
     base = tmp_path / "results" / "cells"
     paths = [str(p) for p in companion_grid(base, MODEL, ["gigpo"], ["adam", "muon"], [0], n_updates=10)]
-    params = {"study": "companion", "base_dir": str(base), "collapse": {"warmup": 2}, "models": COMPANION_MODELS,
-              "window_fraction": 0.2, "bootstrap_seed": 0}
+    params = {
+        "study": "companion",
+        "base_dir": str(base),
+        "collapse": {"warmup": 2},
+        "models": COMPANION_MODELS,
+        "window_fraction": 0.2,
+        "bootstrap_seed": 0,
+    }
     out = tmp_path / "results"
     outputs = SimpleNamespace(csv=str(out / "summary.csv"), md=str(out / "summary.md"), runs=str(out / "runs.parquet"))
     numbers = str(COMPANION_NUMBERS)
-    smk = snakemake_object(SimpleNamespace(metrics=paths, paper_numbers=numbers), outputs, params,
-                           tmp_path / "logs" / "s.log")
+    smk = snakemake_object(
+        SimpleNamespace(metrics=paths, paper_numbers=numbers), outputs, params, tmp_path / "logs" / "s.log"
+    )
     runpy.run_path(str(REPO / "workflow" / "scripts" / "summarize.py"), init_globals={"snakemake": smk})
     assert sorted(pd.read_csv(out / "summary.csv")["optimizer"]) == ["adam", "muon"]
     assert "no runs of estimator(s) grpo, graphgpo" in (tmp_path / "logs" / "s.log").read_text()
     figures = [str(tmp_path / "figures" / f"{n}.{e}") for n in COMPANION_FIGURES for e in ("png", "pdf")]
-    smk = snakemake_object(SimpleNamespace(metrics=paths, runs=outputs.runs, paper_numbers=numbers), figures, params,
-                           tmp_path / "logs" / "p.log")
+    smk = snakemake_object(
+        SimpleNamespace(metrics=paths, runs=outputs.runs, paper_numbers=numbers),
+        figures,
+        params,
+        tmp_path / "logs" / "p.log",
+    )
     runpy.run_path(str(REPO / "workflow" / "scripts" / "plot_figures.py"), init_globals={"snakemake": smk})
     assert all(Path(f).stat().st_size > 0 for f in figures)
     assert "wrote" in (tmp_path / "logs" / "p.log").read_text()
     # A failure is logged with its traceback, then raised.
-    smk = snakemake_object(SimpleNamespace(metrics=[], paper_numbers=numbers), outputs, params,
-                           tmp_path / "logs" / "f.log")
+    smk = snakemake_object(
+        SimpleNamespace(metrics=[], paper_numbers=numbers), outputs, params, tmp_path / "logs" / "f.log"
+    )
     with pytest.raises(ValueError, match="no metrics files"):
         runpy.run_path(str(REPO / "workflow" / "scripts" / "summarize.py"), init_globals={"snakemake": smk})
     assert "no metrics files" in (tmp_path / "logs" / "f.log").read_text()

@@ -1,5 +1,6 @@
 """Sharded training pieces under real `torchrun` (gloo on CPU, 2 or 3 processes): each check is a script in
 tests/distributed/ that asserts what it checks and exits non-zero otherwise."""
+
 import os
 import subprocess
 import sys
@@ -16,9 +17,21 @@ def torchrun(script: str, nproc: int, *args: str, timeout: float = 300) -> str:
     """Run tests/distributed/<script> on `nproc` local processes; its output, or a failure with it."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(HERE.parents[1]))
     try:
-        run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                              f"--nproc-per-node={nproc}", str(HERE / script), *args],
-                             capture_output=True, text=True, timeout=timeout, env=env)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc-per-node={nproc}",
+                str(HERE / script),
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"{script} on {nproc} processes did not finish in {timeout} s (deadlock?): {exc.stdout}")
     assert run.returncode == 0, f"{script} on {nproc} processes failed:\n{run.stdout[-3000:]}\n{run.stderr[-6000:]}"
@@ -42,9 +55,17 @@ CELL = {
     "env": {"name": "minirepo", "options": {"max_depth": 1, "max_turns": 6}, "eval_tasks": 4},
     "rl": {"length_threshold": 12},
     "rollout": {"mode": "lagged", "lag": 1, "batch_size": 5, "max_turn_tokens": 12, "max_episode_tokens": 256},
-    "run": {"updates": 4, "eval_every": 2, "checkpoint_every": 1, "seed": 3, "minibatches": 2,
-            "skip_no_signal": False, "micro_batch_tokens": 64, "activation_checkpointing": True,
-            "logprob_chunk_tokens": 32},
+    "run": {
+        "updates": 4,
+        "eval_every": 2,
+        "checkpoint_every": 1,
+        "seed": 3,
+        "minibatches": 2,
+        "skip_no_signal": False,
+        "micro_batch_tokens": 64,
+        "activation_checkpointing": True,
+        "logprob_chunk_tokens": 32,
+    },
 }
 """Five episodes a batch over two ranks (three and two, in micro-batches of unequal count)."""
 TIMING = ["rollout_s", "train_s", "wall_s"]
@@ -98,8 +119,13 @@ def _kill_after_checkpoint(cell: Path, out: Path, name: str) -> None:
     import signal
     import time
 
-    proc = subprocess.Popen(_train_command(cell, out, 2), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=_env(), start_new_session=True)
+    proc = subprocess.Popen(
+        _train_command(cell, out, 2),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=_env(),
+        start_new_session=True,
+    )
     deadline = time.time() + 300
     while not (out / "checkpoints" / name).exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
@@ -122,8 +148,13 @@ def two_process_run(tmp_path_factory):
     (cell.yaml, its output directory, the policy directory)."""
     tmp = tmp_path_factory.mktemp("two_process")
     cell = _write_cell(tmp / "cell.yaml", CELL)
-    ref = subprocess.run(_train_command(cell, tmp / "ref", 2, "--save-policy", str(tmp / "policy")),
-                         capture_output=True, text=True, timeout=600, env=_env())
+    ref = subprocess.run(
+        _train_command(cell, tmp / "ref", 2, "--save-policy", str(tmp / "policy")),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(),
+    )
     assert ref.returncode == 0, ref.stderr[-4000:]
     return cell, tmp / "ref", tmp / "policy"
 
@@ -140,23 +171,40 @@ def test_a_two_process_cell_trains_is_killed_resumes_and_loads_in_one_process(tm
 
     killed = tmp_path / "killed"
     _kill_after_checkpoint(cell, killed, "ckpt-00000002.pt")
-    resumed = subprocess.run(_train_command(cell, killed, 2, "--resume"), capture_output=True, text=True,
-                             timeout=600, env=_env())
+    resumed = subprocess.run(
+        _train_command(cell, killed, 2, "--resume"), capture_output=True, text=True, timeout=600, env=_env()
+    )
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     pd.testing.assert_frame_equal(_metrics(killed), reference)
 
-    single = subprocess.run([sys.executable, "-m", "trainer", "train", "--config", str(cell), "--out",
-                             str(tmp_path / "single"), "--no-progress", "--set", "run.updates=1"],
-                            capture_output=True, text=True, timeout=600, env=_env())
+    single = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer",
+            "train",
+            "--config",
+            str(cell),
+            "--out",
+            str(tmp_path / "single"),
+            "--no-progress",
+            "--set",
+            "run.updates=1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(),
+    )
     assert single.returncode == 0, single.stderr[-4000:]
     one = _metrics(tmp_path / "single").iloc[0]
     first = reference.iloc[0]
     assert one["success_rate"] == first["success_rate"] and one["gen_tokens"] == first["gen_tokens"]
     assert abs(one["loss"] - first["loss"]) <= 1e-5 * max(1.0, abs(first["loss"]))
 
+    from trainer.config import load_config
     from trainer.policy.load import load_policy
     from trainer.train import Trainer
-    from trainer.config import load_config
 
     model, _ = load_policy(policy, "float32")
     plain = Trainer(load_config(cell), tmp_path / "names").model
@@ -192,23 +240,33 @@ def test_sharded_checkpoints_resume_after_sigkill_on_any_process_count_and_expor
     leftover = killed / "checkpoints" / ".ckpt-00000003.0badf00d.tmp"  # as a save killed before its rename leaves
     leftover.mkdir(exist_ok=True)
     (leftover / "__1_0.distcp").write_bytes(b"half a shard")
-    resumed = subprocess.run(_train_command(cell, killed, 2, "--resume"), capture_output=True, text=True,
-                             timeout=600, env=_env())
+    resumed = subprocess.run(
+        _train_command(cell, killed, 2, "--resume"), capture_output=True, text=True, timeout=600, env=_env()
+    )
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     assert f"ignoring partial checkpoint {leftover}" in resumed.stderr
     pd.testing.assert_frame_equal(_metrics(killed), _metrics(ref))
     ckpts = killed / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["ckpt-00000002", "ckpt-00000003"]
-    assert sorted(p.name for p in (ckpts / "ckpt-00000003").iterdir()) == [".metadata", "__0_0.distcp",
-                                                                             "__1_0.distcp", "extra.pt"]
+    assert sorted(p.name for p in (ckpts / "ckpt-00000003").iterdir()) == [
+        ".metadata",
+        "__0_0.distcp",
+        "__1_0.distcp",
+        "extra.pt",
+    ]
 
     def same(got: dict, want: dict, what: str) -> None:
         assert sorted(got) == sorted(want), what
         for k in want:
             assert torch.equal(got[k], want[k]), f"{what}: {k}"
 
-    export = subprocess.run([sys.executable, "-m", "trainer", "export", str(ckpts / "ckpt-00000003"), "--out",
-                             str(tmp_path / "policy")], capture_output=True, text=True, timeout=600, env=_env())
+    export = subprocess.run(
+        [sys.executable, "-m", "trainer", "export", str(ckpts / "ckpt-00000003"), "--out", str(tmp_path / "policy")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=_env(),
+    )
     assert export.returncode == 0, export.stderr[-4000:]
     policy, _ = load_policy(tmp_path / "policy", "float32")
     assert list(policy.state_dict()) == list(full["model_state"])  # Hugging Face names, in the model's order
@@ -230,4 +288,5 @@ def test_sharded_checkpoints_resume_after_sigkill_on_any_process_count_and_expor
 
     shutil.copytree(killed, tmp_path / "three")
     assert "dcp reshard OK on 3 ranks (step 3)" in torchrun(
-        "dcp_reshard.py", 3, str(cell), str(tmp_path / "three"), str(ref / "checkpoints" / "ckpt-00000003.pt"))
+        "dcp_reshard.py", 3, str(cell), str(tmp_path / "three"), str(ref / "checkpoints" / "ckpt-00000003.pt")
+    )

@@ -8,6 +8,7 @@ raises surfaces in the caller, after the other environments' calls returned, and
 The engines' episodes at widths 1 and 4 on a real environment family are compared in test_hf_engine.py and
 test_vllm_engine.py.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -88,6 +89,7 @@ class SleepyEnv:
             done = self.k >= self.max_turns
             obs = f"turn {self.k} got {len(action)} chars" + " pears" * ((self.task + self.k) % 4)
             return StepResult(obs, done, float(done and self.task % 2 == 0), StepInfo(tool="t"))
+
         return self._call("step", run)
 
     def truncated_reward(self) -> float:
@@ -112,7 +114,8 @@ def test_results_in_input_order_and_width_one_stays_on_the_callers_thread():
     caller = threading.current_thread().name
     with EnvPool(1) as pool:
         assert pool.map(lambda x: (x * x, threading.current_thread().name), range(5)) == [
-            (x * x, caller) for x in range(5)]
+            (x * x, caller) for x in range(5)
+        ]
     with EnvPool(3) as pool:
         out = pool.map(lambda x: (time.sleep(0.01 * (5 - x)), x * x, threading.current_thread().name)[1:], range(5))
         assert [v for v, _ in out] == [x * x for x in range(5)]  # input order, though they finished in reverse
@@ -165,16 +168,21 @@ def test_a_width_below_one_is_refused(workers):
 
 @pytest.fixture(scope="module")
 def policy():
-    fmt = TinyFormat(build_tokenizer([f"task {i} apples pears turn {i} got chars" for i in range(30)],
-                                     vocab_size=300))
+    fmt = TinyFormat(build_tokenizer([f"task {i} apples pears turn {i} got chars" for i in range(30)], vocab_size=300))
     return build_tiny_model(TinyModelSpec("qwen-tiny", vocab_size=fmt.vocab_size), seed=2), fmt
 
 
 TASKS = [SimpleNamespace(task_id=f"t{n}", n=n) for n in range(4)]
 
 
-def play_batch(policy, width: int, fail_on: int | None = None, budget: int = 400, tracker: Tracker | None = None,
-               envs: list | None = None):
+def play_batch(
+    policy,
+    width: int,
+    fail_on: int | None = None,
+    budget: int = 400,
+    tracker: Tracker | None = None,
+    envs: list | None = None,
+):
     """One driver batch of the 4 tasks at `width`: (episodes, tracker, the envs, seconds)."""
     model, fmt = policy
     tracker = Tracker() if tracker is None else tracker
@@ -185,9 +193,14 @@ def play_batch(policy, width: int, fail_on: int | None = None, budget: int = 400
         return envs[-1]
 
     sampler = TaskSampler(TASKS, choose=lambda ids, k, g: ids[:k])
-    driver = RolloutDriver(HFEngine(model, fmt), make_env, sampler,
-                           DriverConfig(mode="lagged", lag=0, batch_size=4, env_workers=width),
-                           SamplingParams(temperature=1.0, max_turn_tokens=6, max_episode_tokens=budget), seed=0)
+    driver = RolloutDriver(
+        HFEngine(model, fmt),
+        make_env,
+        sampler,
+        DriverConfig(mode="lagged", lag=0, batch_size=4, env_workers=width),
+        SamplingParams(temperature=1.0, max_turn_tokens=6, max_episode_tokens=budget),
+        seed=0,
+    )
     driver.publish(model.state_dict(), 0)
     start = time.perf_counter()
     try:
@@ -199,7 +212,7 @@ def play_batch(policy, width: int, fail_on: int | None = None, budget: int = 400
 
 
 @pytest.mark.parametrize("budget", [400, 24])  # 24: every episode is cut at the budget (mid-action, or with an
-                                               # observation that does not fit) and graded
+# observation that does not fit) and graded
 def test_width_four_overlaps_the_environment_calls_with_the_same_episodes(policy, budget):
     one, seq, _, seq_s = play_batch(policy, 1, budget=budget)
     four, par, envs, par_s = play_batch(policy, 4, budget=budget)
@@ -211,7 +224,8 @@ def test_width_four_overlaps_the_environment_calls_with_the_same_episodes(policy
     assert not seq.misuse and not par.misuse and all(env.closed for env in envs)
     # every environment saw the same calls in the same order at both widths
     assert [[w for w, t in seq.events if t == n] for n in range(4)] == [
-        [w for w, t in par.events if t == n] for n in range(4)]
+        [w for w, t in par.events if t == n] for n in range(4)
+    ]
     if budget == 400:
         assert all(e.done and not e.truncated for e in one)
     else:  # both cuts happened: an action not executed (as many observations as actions), an observation not fed
@@ -242,19 +256,27 @@ def test_a_cell_with_env_workers_trains_and_logs_what_width_one_logs(tmp_path):
     from trainer.logs.parquet_log import read_log
     from trainer.train import train
 
-    cell = {"recipe": "full", "env": {"name": "minirepo", "options": {"max_depth": 1, "max_turns": 4},
-                                      "eval_tasks": 3, "probe_tasks": 0, "train_tasks": 8},
-            "rl": {"length_threshold": 12},
-            "rollout": {"mode": "lagged", "lag": 1, "batch_size": 4, "max_turn_tokens": 10,
-                        "max_episode_tokens": 200},
-            "run": {"updates": 1, "eval_every": 1, "checkpoint_every": 0, "seed": 1, "skip_no_signal": False}}
+    cell = {
+        "recipe": "full",
+        "env": {
+            "name": "minirepo",
+            "options": {"max_depth": 1, "max_turns": 4},
+            "eval_tasks": 3,
+            "probe_tasks": 0,
+            "train_tasks": 8,
+        },
+        "rl": {"length_threshold": 12},
+        "rollout": {"mode": "lagged", "lag": 1, "batch_size": 4, "max_turn_tokens": 10, "max_episode_tokens": 200},
+        "run": {"updates": 1, "eval_every": 1, "checkpoint_every": 0, "seed": 1, "skip_no_signal": False},
+    }
     logs = {}
     for width in (1, 4):
         cfg = config_from_dict({**cell, "rollout": {**cell["rollout"], "env_workers": width}})
         assert cfg.rollout.env_workers == width
         train(cfg, tmp_path / f"w{width}", progress=False)
-        metrics = read_log(tmp_path / f"w{width}" / "metrics.parquet")[0].drop(columns=["rollout_s", "train_s",
-                                                                                         "wall_s"])
+        metrics = read_log(tmp_path / f"w{width}" / "metrics.parquet")[0].drop(
+            columns=["rollout_s", "train_s", "wall_s"]
+        )
         logs[width] = metrics, read_log(tmp_path / f"w{width}" / "episodes.parquet")[0]
     assert logs[4][0].equals(logs[1][0]) and logs[4][1].equals(logs[1][1])
     assert (logs[4][1]["split"] == "eval").sum() == 3

@@ -4,6 +4,7 @@ The figures are checked as matplotlib objects (panels, titles, bar lengths, line
 (PNG and PDF exist, are non-empty, and a figure written twice gives identical bytes). The scripts are run the
 way Snakemake runs a `script:`, with a stand-in `snakemake` object.
 """
+
 from __future__ import annotations
 
 import re
@@ -17,8 +18,17 @@ import pytest
 from matplotlib.collections import LineCollection, PathCollection
 from matplotlib.colors import to_hex
 
-from trainer.analysis import (CollapseCriterion, add_ema, draw_figure, ema, load_metrics, load_paper_numbers, run_table,
-                              save_figure, write_figures)
+from trainer.analysis import (
+    CollapseCriterion,
+    add_ema,
+    draw_figure,
+    ema,
+    load_metrics,
+    load_paper_numbers,
+    run_table,
+    save_figure,
+    write_figures,
+)
 from trainer.analysis.figures import FIGURES, FULL_BAR, figure_bars, figure_family
 from trainer.analysis.kinds import PAPER_NUMBERS, STUDY_KINDS
 from trainer.analysis.plotting import recipe_label
@@ -47,8 +57,10 @@ def bars(ax, label: str) -> list:
 def test_fig2_bars_equal_window_means_and_sit_beside_the_paper(grid):
     fig = draw_figure("fig2", grid.metrics, grid.runs, MODELS)
     assert len(fig.axes) == 2
-    assert [ax.get_title() for ax in fig.axes] == ["MiniCPM5-2B stand-in (minicpm-tiny)",
-                                                   "Qwen3.5-4B stand-in (qwen-tiny)"]
+    assert [ax.get_title() for ax in fig.axes] == [
+        "MiniCPM5-2B stand-in (minicpm-tiny)",
+        "Qwen3.5-4B stand-in (qwen-tiny)",
+    ]
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == [recipe_label(r) for r in RECIPES]
     paper = load_paper_numbers().set_index(["model", "recipe"])["success_updates_90_100_pct"]
     for ax, model in zip(fig.axes, MODELS):
@@ -56,8 +68,9 @@ def test_fig2_bars_equal_window_means_and_sit_beside_the_paper(grid):
         assert len(ours) == len(theirs) == 8
         for recipe, bar, paper_bar in zip(RECIPES, ours, theirs):
             optimizer = "adam" if recipe == "spo_adam" else "muon"  # each recipe with its own optimizer
-            cell = grid.runs[(grid.runs["model"] == model) & (grid.runs["recipe"] == recipe)
-                             & (grid.runs["optimizer"] == optimizer)]
+            cell = grid.runs[
+                (grid.runs["model"] == model) & (grid.runs["recipe"] == recipe) & (grid.runs["optimizer"] == optimizer)
+            ]
             assert bar.get_width() == pytest.approx(100 * cell["window_success"].mean())
             assert paper_bar.get_width() == paper[(MODELS[model], recipe)]
             assert to_hex(bar.get_facecolor()) == (FULL_BAR if recipe == "full" else to_hex(ours[0].get_facecolor()))
@@ -69,8 +82,9 @@ def test_fig2_bars_equal_window_means_and_sit_beside_the_paper(grid):
 def test_fig2_window_means_by_hand(tmp_path):
     # success = update / 20 over 20 updates: the window is the last tenth, updates 18 and 19 -> (0.90 + 0.95) / 2.
     base = tmp_path / "cells"
-    path = write_metrics(cell_path(base, "qwen-tiny", "full", "muon", 0),
-                         {"update": np.arange(20), "success_rate": np.arange(20) / 20})
+    path = write_metrics(
+        cell_path(base, "qwen-tiny", "full", "muon", 0), {"update": np.arange(20), "success_rate": np.arange(20) / 20}
+    )
     runs = run_table(load_metrics([path], base))
     fig = figure_bars(runs, models=MODELS)
     assert len(fig.axes) == 1 and fig.axes[0].get_title() == "Qwen3.5-4B stand-in (qwen-tiny)"
@@ -81,21 +95,28 @@ def test_fig2_window_means_by_hand(tmp_path):
 
 def test_fig3_selected_runs_raw_and_ema(grid):
     fig = draw_figure("fig3", grid.metrics, grid.runs, MODELS)
-    assert [ax.get_title() for ax in fig.axes] == ["MiniCPM5-2B stand-in (minicpm-tiny)",
-                                                   "Qwen3.5-4B stand-in (qwen-tiny)"]
+    assert [ax.get_title() for ax in fig.axes] == [
+        "MiniCPM5-2B stand-in (minicpm-tiny)",
+        "Qwen3.5-4B stand-in (qwen-tiny)",
+    ]
     for ax, model in zip(fig.axes, MODELS):
         lines = [c for c in ax.collections if isinstance(c, LineCollection)]
         assert len(lines) == 6  # (raw, EMA) x (SPO+Adam, SPO+Muon, full)
         raw, smooth = lines[4], lines[5]  # the full recipe's, both seeds
-        run = grid.metrics[(grid.metrics["model"] == model) & (grid.metrics["recipe"] == "full")
-                           & (grid.metrics["optimizer"] == "muon") & (grid.metrics["seed"] == 0)]
+        run = grid.metrics[
+            (grid.metrics["model"] == model)
+            & (grid.metrics["recipe"] == "full")
+            & (grid.metrics["optimizer"] == "muon")
+            & (grid.metrics["seed"] == 0)
+        ]
         assert raw.get_segments()[0][:, 1] == pytest.approx(100 * run["success_rate"].to_numpy())
         assert smooth.get_segments()[0][:, 1] == pytest.approx(100 * ema(run["success_rate"], 5))
         assert raw.get_alpha() < 0.5 < smooth.get_alpha() and smooth.get_linewidth()[0] > raw.get_linewidth()[0]
 
 
-@pytest.mark.parametrize("name, family, model", [("fig4", "MiniCPM5-2B", "minicpm-tiny"),
-                                                 ("fig5", "Qwen3.5-4B", "qwen-tiny")])
+@pytest.mark.parametrize(
+    "name, family, model", [("fig4", "MiniCPM5-2B", "minicpm-tiny"), ("fig5", "Qwen3.5-4B", "qwen-tiny")]
+)
 def test_fig4_fig5_one_panel_per_recipe_with_collapse_marks(grid, name, family, model):
     fig = draw_figure(name, grid.metrics, grid.runs, MODELS)
     assert len(fig.axes) == 8
@@ -126,14 +147,25 @@ def test_fig4_says_so_when_the_family_is_absent(grid):
 def test_diagnostics_panels(grid):
     fig = draw_figure("diagnostics", grid.metrics, grid.runs, MODELS)
     titles = [ax.get_title() for ax in fig.axes]
-    assert titles == ["Gradient norm", "Update RMS", "Update spectral norm", "Policy entropy", "Approx. KL",
-                      "Staleness (updates)", "Clip fraction (low side)", "Clip fraction (high side)",
-                      "TIS truncated fraction"]
+    assert titles == [
+        "Gradient norm",
+        "Update RMS",
+        "Update spectral norm",
+        "Policy entropy",
+        "Approx. KL",
+        "Staleness (updates)",
+        "Clip fraction (low side)",
+        "Clip fraction (high side)",
+        "TIS truncated fraction",
+    ]
     assert fig.axes[0].get_yscale() == "log" and fig.axes[3].get_yscale() == "linear"
     # 2 models x 2 optimizers median lines per panel; the grad-norm median of Muon on minicpm-tiny at update 0:
     assert all(len(ax.lines) == 4 for ax in fig.axes)
-    at0 = grid.metrics[(grid.metrics["model"] == "minicpm-tiny") & (grid.metrics["optimizer"] == "muon")
-                       & (grid.metrics["update"] == 0)]["grad_norm"]
+    at0 = grid.metrics[
+        (grid.metrics["model"] == "minicpm-tiny")
+        & (grid.metrics["optimizer"] == "muon")
+        & (grid.metrics["update"] == 0)
+    ]["grad_norm"]
     assert fig.axes[0].lines[0].get_ydata()[0] == pytest.approx(np.median(at0))
 
 
@@ -171,20 +203,30 @@ def test_scripts_run_as_snakemake_scripts_on_a_smoke_grid(tmp_path):
     # A smoke grid: one model, two recipes, 6 updates; the other family and recipes are absent.
     base = tmp_path / "results" / "cells"
     rng = np.random.default_rng(0)
-    paths = [str(write_metrics(cell_path(base, "minicpm-tiny", r, o, 0), synthetic_metrics(6, 0.5, rng)))
-             for r, o in [("spo_adam", "adam"), ("full", "muon")]]
-    params = {"study": "main", "base_dir": str(base), "collapse": {"warmup": 2}, "models": MODELS,
-              "window_fraction": 0.1, "bootstrap_seed": 0}
+    paths = [
+        str(write_metrics(cell_path(base, "minicpm-tiny", r, o, 0), synthetic_metrics(6, 0.5, rng)))
+        for r, o in [("spo_adam", "adam"), ("full", "muon")]
+    ]
+    params = {
+        "study": "main",
+        "base_dir": str(base),
+        "collapse": {"warmup": 2},
+        "models": MODELS,
+        "window_fraction": 0.1,
+        "bootstrap_seed": 0,
+    }
     # The rule's declared numbers are the ones compared with: here a copy with the full recipe's value changed.
     numbers = tmp_path / "numbers.csv"
     paper = pd.read_csv(PAPER_NUMBERS)
     paper.loc[(paper["model"] == "MiniCPM5-2B") & (paper["recipe"] == "full"), "success_updates_90_100_pct"] = 12.5
     paper.to_csv(numbers, index=False)
     out = tmp_path / "results"
-    summary_outputs = SimpleNamespace(csv=str(out / "summary.csv"), md=str(out / "summary.md"),
-                                      runs=str(out / "runs.parquet"))
-    smk = snakemake_object(SimpleNamespace(metrics=paths, paper_numbers=str(numbers)), summary_outputs, params,
-                           tmp_path / "logs" / "s.log")
+    summary_outputs = SimpleNamespace(
+        csv=str(out / "summary.csv"), md=str(out / "summary.md"), runs=str(out / "runs.parquet")
+    )
+    smk = snakemake_object(
+        SimpleNamespace(metrics=paths, paper_numbers=str(numbers)), summary_outputs, params, tmp_path / "logs" / "s.log"
+    )
     runpy.run_path(str(REPO / "workflow" / "scripts" / "summarize.py"), init_globals={"snakemake": smk})
     summary = pd.read_csv(out / "summary.csv")
     assert sorted(summary["recipe"]) == ["full", "spo_adam"]
@@ -192,8 +234,12 @@ def test_scripts_run_as_snakemake_scripts_on_a_smoke_grid(tmp_path):
     assert "no runs of model(s) qwen-tiny" in (tmp_path / "logs" / "s.log").read_text()
 
     figures = [str(tmp_path / "figures" / f"{n}.{e}") for n in FIGURES for e in ("png", "pdf")]
-    smk = snakemake_object(SimpleNamespace(metrics=paths, runs=str(out / "runs.parquet"), paper_numbers=str(numbers)),
-                           figures, {**params, "ema_span": 5}, tmp_path / "logs" / "p.log")
+    smk = snakemake_object(
+        SimpleNamespace(metrics=paths, runs=str(out / "runs.parquet"), paper_numbers=str(numbers)),
+        figures,
+        {**params, "ema_span": 5},
+        tmp_path / "logs" / "p.log",
+    )
     runpy.run_path(str(REPO / "workflow" / "scripts" / "plot_figures.py"), init_globals={"snakemake": smk})
     assert all(Path(f).stat().st_size > 0 for f in figures)
     log = (tmp_path / "logs" / "p.log").read_text()
@@ -201,10 +247,20 @@ def test_scripts_run_as_snakemake_scripts_on_a_smoke_grid(tmp_path):
 
 
 def test_script_failure_is_logged(tmp_path):
-    params = {"study": "main", "base_dir": str(tmp_path), "collapse": {}, "models": MODELS, "window_fraction": 0.1,
-              "bootstrap_seed": 0}
-    smk = snakemake_object(SimpleNamespace(metrics=[], paper_numbers=str(PAPER_NUMBERS)),
-                           SimpleNamespace(csv="a", md="b", runs="c"), params, tmp_path / "s.log")
+    params = {
+        "study": "main",
+        "base_dir": str(tmp_path),
+        "collapse": {},
+        "models": MODELS,
+        "window_fraction": 0.1,
+        "bootstrap_seed": 0,
+    }
+    smk = snakemake_object(
+        SimpleNamespace(metrics=[], paper_numbers=str(PAPER_NUMBERS)),
+        SimpleNamespace(csv="a", md="b", runs="c"),
+        params,
+        tmp_path / "s.log",
+    )
     with pytest.raises(ValueError, match="no metrics files"):
         runpy.run_path(str(REPO / "workflow" / "scripts" / "summarize.py"), init_globals={"snakemake": smk})
     assert "no metrics files" in (tmp_path / "s.log").read_text()

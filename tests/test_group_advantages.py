@@ -4,16 +4,17 @@ Hand-computed examples carry their arithmetic in comments; hypothesis checks the
 (omega=0 GiGPO == GRPO, zero-sum mean_norm advantages, permutation equivariance, Dijkstra against a
 Bellman-Ford reference, finiteness on arbitrary groups).
 """
+
 from __future__ import annotations
 
 import math
 
 import pytest
 import torch
+from builders import trajectory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from builders import trajectory
 from trainer.rl.group_advantages import (
     STEP_PENALTIES,
     SUCCESS,
@@ -39,14 +40,27 @@ torch.set_num_threads(1)
 EPS = 1e-6
 
 
-def make_traj(states: list[str], success: bool, invalid: tuple[int, ...] = (), final: str = "end",
-              group: str | None = "g", task: str = "task") -> Trajectory:
+def make_traj(
+    states: list[str],
+    success: bool,
+    invalid: tuple[int, ...] = (),
+    final: str = "end",
+    group: str | None = "g",
+    task: str = "task",
+) -> Trajectory:
     """A trajectory whose turn k was taken in states[k]; turns listed in `invalid` had invalid actions.
 
     Each turn spans 3 tokens so the records also work with turn_values_to_tokens.
     """
-    return trajectory(task, 1.0 if success else 0.0, [3] * len(states), invalid=invalid, states=states,
-                      final_state=final, group_id=group)
+    return trajectory(
+        task,
+        1.0 if success else 0.0,
+        [3] * len(states),
+        invalid=invalid,
+        states=states,
+        final_state=final,
+        group_id=group,
+    )
 
 
 def as_lists(values: list[torch.Tensor]) -> list[list[float]]:
@@ -57,8 +71,9 @@ def assert_close(actual: list[torch.Tensor], expected: list[list[float]], tol: f
     assert len(actual) == len(expected)
     for row, (a, e) in enumerate(zip(actual, expected)):
         assert a.shape == (len(e),), f"row {row}: shape {tuple(a.shape)} vs {len(e)} turns"
-        assert torch.allclose(a.double(), torch.tensor(e, dtype=torch.float64), atol=tol, rtol=0), \
+        assert torch.allclose(a.double(), torch.tensor(e, dtype=torch.float64), atol=tol, rtol=0), (
             f"row {row}: {a.tolist()} != {e}"
+        )
 
 
 # --------------------------------------------------------------------------------------------- GRPO
@@ -102,7 +117,7 @@ def test_grpo_cross_steps_statistics_hand_computed():
     out = grpo_advantages(trajs, GRPOConfig(mode="mean_norm", cross_steps=True))
     assert_close(out, [[10 - mu] * 2, [9.9] * 2, [-0.1 - mu], [-mu] * 3])  # 6.68333, 9.9, -3.41667, -3.31667
     # unbiased variance over the 6 entries: (2*(10-mu)^2 + (-0.1-mu)^2 + 3*mu^2) / 5 = 26.8017, sigma = 5.17704
-    sd = math.sqrt((2 * (10 - mu) ** 2 + (-0.1 - mu) ** 2 + 3 * mu ** 2) / 5)
+    sd = math.sqrt((2 * (10 - mu) ** 2 + (-0.1 - mu) ** 2 + 3 * mu**2) / 5)
     assert sd == pytest.approx(5.17704, abs=1e-5)
     out = grpo_advantages(trajs)  # defaults: mean_std_norm, cross steps
     assert_close(out, [[(10 - mu) / sd] * 2, [9.9 / (1 + EPS)] * 2, [(-0.1 - mu) / sd], [-mu / sd] * 3])
@@ -189,18 +204,23 @@ def test_gigpo_invalid_action_penalty_worked_example_both_readings():
     assert as_lists(gigpo_step_advantages([a, b], GiGPOConfig())) == [[0.0, 0.0], [0.0, 0.0]]
     # "discounted": A's r = [0, -0.1] -> returns [-0.095, -0.1]; cluster init = {-0.095, 0}: mu = -0.0475
     #   -> A -0.0475, B +0.0475; singletons 0
-    assert_close(gigpo_step_advantages([a, b], GiGPOConfig(penalty="discounted")), [[-0.0475, 0.0], [0.0475, 0.0]],
-                 tol=1e-12)
+    assert_close(
+        gigpo_step_advantages([a, b], GiGPOConfig(penalty="discounted")), [[-0.0475, 0.0], [0.0475, 0.0]], tol=1e-12
+    )
     # The episode term is the same in both: R_A = -0.1, R_B = 0, each counted twice (cross steps): mu = -0.05
     #   -> A -0.05, B +0.05 on every turn; omega = 1 adds the step term
     assert_close(gigpo_advantages([a, b]), [[-0.05, -0.05], [0.05, 0.05]], tol=1e-7)
-    assert_close(gigpo_advantages([a, b], GiGPOConfig(penalty="discounted")), [[-0.0975, -0.05], [0.0975, 0.05]],
-                 tol=1e-7)
+    assert_close(
+        gigpo_advantages([a, b], GiGPOConfig(penalty="discounted")), [[-0.0975, -0.05], [0.0975, 0.05]], tol=1e-7
+    )
     # mean_std_norm, discounted: init = {-0.095, 0}, unbiased sigma = 0.095 / sqrt(2) -> +-0.0475 / (sigma + eps)
     #   = +-1/sqrt(2) (up to eps); own_turn stays 0
     s = 0.0475 / (0.095 / math.sqrt(2) + EPS)
-    assert_close(gigpo_step_advantages([a, b], GiGPOConfig(mode="mean_std_norm", penalty="discounted")),
-                 [[-s, 0.0], [s, 0.0]], tol=1e-12)
+    assert_close(
+        gigpo_step_advantages([a, b], GiGPOConfig(mode="mean_std_norm", penalty="discounted")),
+        [[-s, 0.0], [s, 0.0]],
+        tol=1e-12,
+    )
     assert as_lists(gigpo_step_advantages([a, b], GiGPOConfig(mode="mean_std_norm"))) == [[0.0, 0.0], [0.0, 0.0]]
 
 
@@ -250,7 +270,7 @@ def test_gigpo_mean_std_norm_step_term_hand_computed():
     assert_close(step, [[7.125 / s0_sd, s1], [-2.375 / s0_sd, 0.0, -s1], [-2.375 / s0_sd] * 2], tol=1e-12)
     assert_close(step, [[1.5, s1], [-0.5, 0.0, -s1], [-0.5, -0.5]], tol=1e-6)
     # discounted: s0 deviations 7.14875, -2.44625, -2.35125, -2.35125; sigma^2 = sum of squares / 3
-    s0_sd = math.sqrt((7.14875 ** 2 + 2.44625 ** 2 + 2 * 2.35125 ** 2) / 3)  # = sqrt(68.1455/3) = 4.76604
+    s0_sd = math.sqrt((7.14875**2 + 2.44625**2 + 2 * 2.35125**2) / 3)  # = sqrt(68.1455/3) = 4.76604
     assert s0_sd == pytest.approx(4.76604, abs=1e-5)
     step = gigpo_step_advantages(trajs, GiGPOConfig(mode="mean_std_norm", penalty="discounted"))
     assert_close(step, [[7.14875 / s0_sd, s1], [-2.44625 / s0_sd, 0.0, -s1], [-2.35125 / s0_sd] * 2])
@@ -348,9 +368,11 @@ def test_graph_advantages_hand_computed():
     # source b: {T1k1 G=10, T3k0 G=0.1}: mu = 5.05, deviations +-4.95, sigma^2 = 2*4.95^2 = 49.005
     # source d: {T2k1}: singleton -> 0
     sa, sb = math.sqrt(0.3267), math.sqrt(49.005)
-    expected = [[0.33 / (sa + EPS), 4.95 / (sb + EPS)],
-                [-0.66 / (sa + EPS), 0.0],
-                [-4.95 / (sb + EPS), 0.33 / (sa + EPS)]]
+    expected = [
+        [0.33 / (sa + EPS), 4.95 / (sb + EPS)],
+        [-0.66 / (sa + EPS), 0.0],
+        [-4.95 / (sb + EPS), 0.33 / (sa + EPS)],
+    ]
     assert_close(graph_advantages(trajs, GraphGPOConfig()), expected)
     # the paper convention scales every G by 0.1; standardisation removes it up to eps
     assert_close(graph_advantages(trajs, GraphGPOConfig(convention="paper")), expected, tol=1e-4)
@@ -367,8 +389,10 @@ def test_graphgpo_hand_computed():
     assert_close(out, [[e1 + ga, e1 + gb], [e0 - 2 * ga, e0], [e0 - gb, e0 + ga]])
     # betas weight the two terms
     out = graphgpo_advantages(trajs, GraphGPOConfig(beta_episode=0.5, beta_graph=2.0))
-    assert_close(out, [[0.5 * e1 + 2 * ga, 0.5 * e1 + 2 * gb], [0.5 * e0 - 4 * ga, 0.5 * e0],
-                       [0.5 * e0 - 2 * gb, 0.5 * e0 + 2 * ga]])
+    assert_close(
+        out,
+        [[0.5 * e1 + 2 * ga, 0.5 * e1 + 2 * gb], [0.5 * e0 - 4 * ga, 0.5 * e0], [0.5 * e0 - 2 * gb, 0.5 * e0 + 2 * ga]],
+    )
 
 
 def test_graphgpo_cross_steps_episode_term():
@@ -380,7 +404,7 @@ def test_graphgpo_cross_steps_episode_term():
     #   (eps matters at 1e-5 here because sigma is small); b and c are singleton sources -> 0
     out = graphgpo_advantages(trajs, GraphGPOConfig(cross_steps=True, beta_graph=0.0))
     assert_close(out, [[2.5 / (5 + EPS)] * 3, [-7.5 / (5 + EPS)]])
-    ga = 0.0495 / (math.sqrt(2 * 0.0495 ** 2) + EPS)
+    ga = 0.0495 / (math.sqrt(2 * 0.0495**2) + EPS)
     g = graph_advantages(trajs, GraphGPOConfig())
     assert_close(g, [[ga, 0.0, 0.0], [-ga]], tol=1e-9)
 
@@ -390,14 +414,18 @@ def test_graphgpo_group_without_success_has_no_graph_term():
     assert as_lists(graph_edge_returns(trajs)) == [[0.0, 0.0], [0.0, 0.0]]
     assert all(bool((g == 0).all()) for g in graph_advantages(trajs))
     # episode returns -0.1 and 0: mu = -0.05, sigma = sqrt(2*0.05^2) = 0.0707107 -> -+0.7071
-    sd = math.sqrt(2 * 0.05 ** 2)
+    sd = math.sqrt(2 * 0.05**2)
     assert_close(graphgpo_advantages(trajs), [[-0.05 / (sd + EPS)] * 2, [0.05 / (sd + EPS)] * 2])
 
 
 def test_graphgpo_groups_are_separate_graphs():
     # "a" succeeds in g1 only; in g2 (no success) the same state string has no graph term
-    trajs = [make_traj(["a"], True, group="g1"), make_traj(["a"], False, group="g1"),
-             make_traj(["a"], False, group="g2"), make_traj(["a"], False, group="g2", final="z")]
+    trajs = [
+        make_traj(["a"], True, group="g1"),
+        make_traj(["a"], False, group="g1"),
+        make_traj(["a"], False, group="g2"),
+        make_traj(["a"], False, group="g2", final="z"),
+    ]
     g = graph_advantages(trajs)
     assert g[2].tolist() == [0.0] and g[3].tolist() == [0.0]
     assert g[0].item() > 0 > g[1].item()
@@ -439,22 +467,25 @@ def test_empty_batch_gives_empty_list(estimator):
     assert estimator([]) == []
 
 
-@pytest.mark.parametrize("make_cfg, field", [
-    (lambda: GRPOConfig(mode="mean"), "mode"),
-    (lambda: GRPOConfig(eps=0.0), "eps"),
-    (lambda: GRPOConfig(invalid_penalty=-0.1), "invalid_penalty"),
-    (lambda: GRPOConfig(success_reward=float("nan")), "success_reward"),
-    (lambda: GiGPOConfig(gamma=1.5), "gamma"),
-    (lambda: GiGPOConfig(omega=float("inf")), "omega"),
-    (lambda: GiGPOConfig(mode="std"), "mode"),
-    (lambda: GiGPOConfig(penalty="verl-agent"), "penalty"),
-    (lambda: GraphGPOConfig(decay=0.0), "decay"),
-    (lambda: GraphGPOConfig(decay=1.5), "decay"),
-    (lambda: GraphGPOConfig(edge_cost=0.0), "edge_cost"),
-    (lambda: GraphGPOConfig(convention="eq4"), "convention"),
-    (lambda: GraphGPOConfig(beta_graph=float("nan")), "beta_graph"),
-    (lambda: GraphGPOConfig(cross_steps=1), "cross_steps"),
-])
+@pytest.mark.parametrize(
+    "make_cfg, field",
+    [
+        (lambda: GRPOConfig(mode="mean"), "mode"),
+        (lambda: GRPOConfig(eps=0.0), "eps"),
+        (lambda: GRPOConfig(invalid_penalty=-0.1), "invalid_penalty"),
+        (lambda: GRPOConfig(success_reward=float("nan")), "success_reward"),
+        (lambda: GiGPOConfig(gamma=1.5), "gamma"),
+        (lambda: GiGPOConfig(omega=float("inf")), "omega"),
+        (lambda: GiGPOConfig(mode="std"), "mode"),
+        (lambda: GiGPOConfig(penalty="verl-agent"), "penalty"),
+        (lambda: GraphGPOConfig(decay=0.0), "decay"),
+        (lambda: GraphGPOConfig(decay=1.5), "decay"),
+        (lambda: GraphGPOConfig(edge_cost=0.0), "edge_cost"),
+        (lambda: GraphGPOConfig(convention="eq4"), "convention"),
+        (lambda: GraphGPOConfig(beta_graph=float("nan")), "beta_graph"),
+        (lambda: GraphGPOConfig(cross_steps=1), "cross_steps"),
+    ],
+)
 def test_bad_config_names_the_field(make_cfg, field):
     with pytest.raises(ValueError, match=rf"\.{field} "):
         make_cfg()
@@ -474,12 +505,15 @@ def test_distances_need_a_success_edge():
         distances_to_success([("a", "b")], 1.0)
 
 
-@pytest.mark.parametrize("estimator, cfg", [
-    (grpo_advantages, GRPOConfig(mode="mean_std_norm", cross_steps=True)),
-    (grpo_advantages, GRPOConfig(mode="mean_std_norm", cross_steps=False)),
-    (gigpo_advantages, GiGPOConfig(mode="mean_std_norm")),
-    (graphgpo_advantages, GraphGPOConfig()),
-])
+@pytest.mark.parametrize(
+    "estimator, cfg",
+    [
+        (grpo_advantages, GRPOConfig(mode="mean_std_norm", cross_steps=True)),
+        (grpo_advantages, GRPOConfig(mode="mean_std_norm", cross_steps=False)),
+        (gigpo_advantages, GiGPOConfig(mode="mean_std_norm")),
+        (graphgpo_advantages, GraphGPOConfig()),
+    ],
+)
 def test_single_member_group_uses_mu0_sigma1(estimator, cfg):
     # one successful trajectory of 3 turns, alone: A^E = (10 - 0)/(1 + eps) in every estimator;
     # its step/graph terms have no partner (GiGPO clusters by distinct states; GraphGPO sources distinct)
@@ -501,8 +535,9 @@ def groups_of_trajectories(draw, max_groups: int = 3, max_size: int = 4, max_tur
             n = draw(st.integers(1, max_turns))
             states = draw(st.lists(st.sampled_from(STATES), min_size=n, max_size=n))
             invalid = tuple(k for k in range(n) if draw(st.booleans()))
-            trajs.append(make_traj(states, draw(st.booleans()), invalid, final=draw(st.sampled_from(STATES)),
-                                   group=f"g{g}"))
+            trajs.append(
+                make_traj(states, draw(st.booleans()), invalid, final=draw(st.sampled_from(STATES)), group=f"g{g}")
+            )
     order = draw(st.permutations(range(len(trajs))))
     return [trajs[i] for i in order]
 
@@ -511,8 +546,13 @@ FAST = settings(max_examples=60, deadline=None)
 
 
 @FAST
-@given(groups_of_trajectories(), st.sampled_from(["mean_norm", "mean_std_norm"]), st.booleans(),
-       st.sampled_from([0.0, 1.0, 10.0]), st.sampled_from([0.0, 0.1, 0.5]))
+@given(
+    groups_of_trajectories(),
+    st.sampled_from(["mean_norm", "mean_std_norm"]),
+    st.booleans(),
+    st.sampled_from([0.0, 1.0, 10.0]),
+    st.sampled_from([0.0, 0.1, 0.5]),
+)
 def test_gigpo_with_omega_zero_equals_grpo(trajs, mode, cross, success_reward, invalid_penalty):
     shared = dict(mode=mode, cross_steps=cross, success_reward=success_reward, invalid_penalty=invalid_penalty)
     gi = gigpo_advantages(trajs, GiGPOConfig(omega=0.0, gamma=0.9, **shared))
@@ -581,12 +621,18 @@ def test_permuting_trajectories_permutes_outputs(trajs, rng):
 
 
 @FAST
-@given(groups_of_trajectories(), st.sampled_from(["mean_norm", "mean_std_norm"]), st.booleans(),
-       st.sampled_from(["reference", "paper"]))
+@given(
+    groups_of_trajectories(),
+    st.sampled_from(["mean_norm", "mean_std_norm"]),
+    st.booleans(),
+    st.sampled_from(["reference", "paper"]),
+)
 def test_outputs_are_finite_float32_one_value_per_turn(trajs, mode, cross, convention):
-    results = [grpo_advantages(trajs, GRPOConfig(mode=mode, cross_steps=cross)),
-               gigpo_advantages(trajs, GiGPOConfig(mode=mode, cross_steps=cross)),
-               graphgpo_advantages(trajs, GraphGPOConfig(cross_steps=cross, convention=convention))]
+    results = [
+        grpo_advantages(trajs, GRPOConfig(mode=mode, cross_steps=cross)),
+        gigpo_advantages(trajs, GiGPOConfig(mode=mode, cross_steps=cross)),
+        graphgpo_advantages(trajs, GraphGPOConfig(cross_steps=cross, convention=convention)),
+    ]
     for out in results:
         assert len(out) == len(trajs)
         for t, a in zip(trajs, out):
@@ -607,9 +653,14 @@ def bellman_ford_distances(edges, cost):
 
 
 @FAST
-@given(st.lists(st.tuples(st.sampled_from(STATES + ["s4", "s5"]), st.sampled_from(STATES + ["s4", "s5", "WIN"])),
-                min_size=1, max_size=14),
-       st.sampled_from([1.0, 0.5, 3.0]))
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(STATES + ["s4", "s5"]), st.sampled_from(STATES + ["s4", "s5", "WIN"])),
+        min_size=1,
+        max_size=14,
+    ),
+    st.sampled_from([1.0, 0.5, 3.0]),
+)
 def test_dijkstra_matches_bellman_ford(raw_edges, cost):
     edges = [(s, SUCCESS if t == "WIN" else t) for s, t in raw_edges] + [("s0", SUCCESS)]
     assert distances_to_success(edges, cost) == bellman_ford_distances(edges, cost)

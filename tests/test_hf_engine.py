@@ -10,6 +10,7 @@ markers can never win, and in which <eot> takes over the output row of an ordina
 writes at varied places (`make_policy`): so actions end at different steps in different episodes, some by <eot>
 and some by the per-turn limit, which desynchronises the batch and exercises the observation-prefill path.
 """
+
 from __future__ import annotations
 
 import copy
@@ -22,13 +23,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from trainer.environments.protocol import StepInfo, StepResult
+from trainer.policy.chat_format import SPECIAL_TOKENS, HFChatFormat, TinyFormat, build_tokenizer
 from trainer.policy.tiny import TinyModelSpec, build_tiny_model
 from trainer.rl.trajectory import turn_values_to_tokens
-from trainer.policy.chat_format import SPECIAL_TOKENS, HFChatFormat, TinyFormat, build_tokenizer
 from trainer.rollout.env_pool import EnvPool
 from trainer.rollout.episode import ENV_TOKEN
 from trainer.rollout.hf_engine import HFEngine, sample_tokens
@@ -58,8 +60,12 @@ class CountEnv:
         self.k += 1
         self.received.append(action)
         done = self.k >= 2 + self.task % 3
-        info = StepInfo(tool="count", invalid_action=self.k == 1 and self.task % 2 == 1,
-                        exec_error=self.k == 2 and self.task % 4 == 0, timed_out=self.k == 2 and self.task % 4 == 2)
+        info = StepInfo(
+            tool="count",
+            invalid_action=self.k == 1 and self.task % 2 == 1,
+            exec_error=self.k == 2 and self.task % 4 == 0,
+            timed_out=self.k == 2 and self.task % 4 == 2,
+        )
         obs = f"turn {self.k} got {len(action)} chars" + " pears" * ((self.task + 3 * self.k) % 7)
         return StepResult(observation=obs, done=done, reward=float(done and self.task % 2 == 0), info=info)
 
@@ -89,9 +95,10 @@ def make_policy(preset: str, fmt, markers: list[int], stop_id: int, seed: int = 
         out[markers + [stop_id]] = 0.0  # logit 0 never beats the max of ~300 random logits
         model.lm_head.weight = torch.nn.Parameter(out)
     # Probe run: which ordinary token does the greedy policy write in some (not most) actions, at varied places?
-    probe = HFEngine(model, fmt).play([CountEnv() for _ in TASKS], TASKS,
-                                      sampling=SamplingParams(temperature=0, max_turn_tokens=10))
-    actions = [e.tokens[t.start:t.end] for e in probe for t in e.turns]
+    probe = HFEngine(model, fmt).play(
+        [CountEnv() for _ in TASKS], TASKS, sampling=SamplingParams(temperature=0, max_turn_tokens=10)
+    )
+    actions = [e.tokens[t.start : t.end] for e in probe for t in e.turns]
     first = {}
     for a in actions:
         for tok in set(a):
@@ -174,8 +181,15 @@ def test_greedy_play_equals_naive_reencoding(fmt, policies, preset):
     assert_matches_naive(episodes, policies[preset], fmt, TASKS, sp)
 
 
-@pytest.mark.parametrize("preset,dtype", [("minicpm-tiny", torch.float32), ("qwen-tiny", torch.float32),
-                                          ("qwen2.5-tiny", torch.float32), ("qwen-tiny", torch.bfloat16)])
+@pytest.mark.parametrize(
+    "preset,dtype",
+    [
+        ("minicpm-tiny", torch.float32),
+        ("qwen-tiny", torch.float32),
+        ("qwen2.5-tiny", torch.float32),
+        ("qwen-tiny", torch.bfloat16),
+    ],
+)
 def test_lean_forward_is_bit_identical_to_the_transformers_call(fmt, policies, preset, dtype):
     """Sampled episodes (tokens and log-probs) with `LeanDecoder.step` equal those of the model's own forward, exactly."""
     model = policies.get(preset) or build_tiny_model(TinyModelSpec(preset, vocab_size=fmt.vocab_size), seed=1)
@@ -184,8 +198,9 @@ def test_lean_forward_is_bit_identical_to_the_transformers_call(fmt, policies, p
     for lean in (True, False):
         engine = HFEngine(copy.deepcopy(model), fmt, dtype=dtype, lean=lean)
         assert (engine._lean is not None) == lean
-        runs.append(engine.play([CountEnv() for _ in TASKS], TASKS, sampling=sp,
-                                generator=torch.Generator().manual_seed(3)))
+        runs.append(
+            engine.play([CountEnv() for _ in TASKS], TASKS, sampling=sp, generator=torch.Generator().manual_seed(3))
+        )
     assert engine.last_stats["prefill_passes"] > 2
     for a, b in zip(*runs):
         assert a.tokens == b.tokens and a.rollout_logp == b.rollout_logp
@@ -201,8 +216,7 @@ def test_masking_finished_rows_gives_the_same_episodes(fmt, policies):
 
 
 @settings(max_examples=15, deadline=None, derandomize=True)  # fixed examples: a near-tie cannot make it flaky
-@given(tasks=st.lists(st.integers(0, 40), min_size=1, max_size=4), turn=st.integers(1, 8),
-       budget=st.integers(30, 110))
+@given(tasks=st.lists(st.integers(0, 40), min_size=1, max_size=4), turn=st.integers(1, 8), budget=st.integers(30, 110))
 def test_token_budgets_match_reference(fmt, policies, tasks, turn, budget):
     """Any per-turn and per-episode limit: same tokens, same truncation as the reference; lengths within bounds."""
     prompt = max(len(fmt.prompt_ids(CountEnv().reset(t))) for t in tasks)
@@ -226,31 +240,35 @@ def test_token_budgets_match_reference(fmt, policies, tasks, turn, budget):
 
 def test_budget_cut_mid_action_and_observation_that_does_not_fit(fmt, policies):
     model = policies["minicpm-tiny"]
-    free = HFEngine(model, fmt).play([CountEnv() for _ in TASKS], TASKS,
-                                     sampling=SamplingParams(temperature=0, max_turn_tokens=10))
+    free = HFEngine(model, fmt).play(
+        [CountEnv() for _ in TASKS], TASKS, sampling=SamplingParams(temperature=0, max_turn_tokens=10)
+    )
     task = next(t for t, e in zip(TASKS, free) if e.turns[0].length >= 3 and e.turns[1].length >= 2)
     prompt = len(fmt.prompt_ids(CountEnv().reset(task)))
     # Room for the prompt and 2 action tokens: the first action (3 or more tokens) is cut, and not executed.
     env = CountEnv()
-    [ep] = HFEngine(model, fmt).play([env], [task], sampling=SamplingParams(temperature=0, max_turn_tokens=10,
-                                                                            max_episode_tokens=prompt + 2))
+    [ep] = HFEngine(model, fmt).play(
+        [env], [task], sampling=SamplingParams(temperature=0, max_turn_tokens=10, max_episode_tokens=prompt + 2)
+    )
     assert (ep.length, ep.truncated, ep.done, ep.reward) == (prompt + 2, True, False, 0.0)
     assert [(t.start, t.end) for t in ep.turns] == [(prompt, prompt + 2)]
-    assert ep.tokens[prompt:] == free[task].tokens[prompt:prompt + 2]
+    assert ep.tokens[prompt:] == free[task].tokens[prompt : prompt + 2]
     assert env.received == [] and len(ep.actions) == 1 and ep.observations == [CountEnv().reset(task)]
     # The budget ends exactly after the first observation: no room for a token, so it is not appended;
     # one token more, and it is appended and the second action is cut after one token.
     second = free[task].turns[1].start
     for budget, length, n_turns in [(second, free[task].turns[0].end, 1), (second + 1, second + 1, 2)]:
         env = CountEnv()
-        [ep] = HFEngine(model, fmt).play([env], [task], sampling=SamplingParams(
-            temperature=0, max_turn_tokens=10, max_episode_tokens=budget))
+        [ep] = HFEngine(model, fmt).play(
+            [env], [task], sampling=SamplingParams(temperature=0, max_turn_tokens=10, max_episode_tokens=budget)
+        )
         assert (ep.length, len(ep.turns), ep.truncated) == (length, n_turns, True)
         assert ep.tokens == free[task].tokens[:length] and len(env.received) == 1 and len(ep.observations) == 2
     # Actions of one token: the first is executed, its observation (>= 7 tokens) does not fit in 5 more.
     env, prompt = CountEnv(), len(fmt.prompt_ids(CountEnv().reset(3)))
-    [ep] = HFEngine(model, fmt).play([env], [3], sampling=SamplingParams(temperature=0, max_turn_tokens=1,
-                                                                         max_episode_tokens=prompt + 6))
+    [ep] = HFEngine(model, fmt).play(
+        [env], [3], sampling=SamplingParams(temperature=0, max_turn_tokens=1, max_episode_tokens=prompt + 6)
+    )
     assert (ep.length, ep.truncated, ep.done) == (prompt + 1, True, False)
     assert len(env.received) == 1 and len(ep.observations) == 2 and ep.observations[1].startswith("turn 1")
 
@@ -271,12 +289,19 @@ def test_a_prompt_without_room_for_an_action_skips_its_task_and_the_driver_leave
     assert [dataclasses.asdict(e) for e in (mixed[0], mixed[2])] == [dataclasses.asdict(e) for e in alone]
 
     Task = SimpleNamespace
+
     def driver(ids):
-        d = RolloutDriver(engine, CountEnv, TaskSampler([Task(task_id=i) for i in ids]),
-                          DriverConfig(mode="sync", batch_size=len(ids)), sp)
-        d.engine.play = (lambda envs, tasks, **kw: HFEngine.play(engine, envs, [t.task_id for t in tasks], **kw))
+        d = RolloutDriver(
+            engine,
+            CountEnv,
+            TaskSampler([Task(task_id=i) for i in ids]),
+            DriverConfig(mode="sync", batch_size=len(ids)),
+            sp,
+        )
+        d.engine.play = lambda envs, tasks, **kw: HFEngine.play(engine, envs, [t.task_id for t in tasks], **kw)
         d.publish(engine.model.state_dict(), 0)
         return d
+
     batch = driver([0, 4, 5]).next_batch(0)
     assert sorted(e.task_id for e in batch) == [0, 5]
     with pytest.raises(ValueError, match="every task left out .*rollout.max_episode_tokens"):
@@ -292,8 +317,14 @@ def test_episode_records_are_exact(fmt, policies, temperature):
     envs = [CountEnv() for _ in TASKS]
     engine = HFEngine(policies["qwen-tiny"], fmt)
     engine.load_state_dict(policies["qwen-tiny"].state_dict(), version=5)
-    episodes = engine.play(envs, TASKS, sampling=sp, generator=torch.Generator().manual_seed(0),
-                           task_ids=[f"t{t}" for t in TASKS], baselines=[0.25 * t for t in TASKS])
+    episodes = engine.play(
+        envs,
+        TASKS,
+        sampling=sp,
+        generator=torch.Generator().manual_seed(0),
+        task_ids=[f"t{t}" for t in TASKS],
+        baselines=[0.25 * t for t in TASKS],
+    )
     for task, ep, env in zip(TASKS, episodes, envs):
         assert (ep.task_id, ep.baseline, ep.dispatch_version) == (f"t{task}", 0.25 * task, 5)
         assert ep.done and not ep.truncated and ep.reward == float(task % 2 == 0)
@@ -304,7 +335,7 @@ def test_episode_records_are_exact(fmt, policies, temperature):
         mask, versions, turn_index = [0] * len(expected), [ENV_TOKEN] * len(expected), [ENV_TOKEN] * len(expected)
         for k, turn in enumerate(ep.turns):
             assert turn.start == len(expected) and turn.state == ep.observations[k]
-            action = ep.tokens[turn.start:turn.end]
+            action = ep.tokens[turn.start : turn.end]
             assert 1 <= len(action) <= 6 and (action[-1] == fmt.eot_id or len(action) == 6)
             assert fmt.eot_id not in action[:-1]
             assert fmt.decode_action(action) == ep.actions[k]
@@ -328,14 +359,16 @@ def test_episode_records_are_exact(fmt, policies, temperature):
         assert spread.tolist() == [float(t + 1) if t != ENV_TOKEN else 0.0 for t in turn_index]
 
 
-@pytest.mark.parametrize("preset,temperature,top_p", [("minicpm-tiny", 1.0, 1.0), ("qwen-tiny", 0.7, 0.9),
-                                                      ("minicpm-tiny", 0.0, 1.0)])
+@pytest.mark.parametrize(
+    "preset,temperature,top_p", [("minicpm-tiny", 1.0, 1.0), ("qwen-tiny", 0.7, 0.9), ("minicpm-tiny", 0.0, 1.0)]
+)
 def test_rollout_logp_equals_full_sequence_forward(fmt, policies, preset, temperature, top_p):
     """log_softmax(logits / T) of a plain forward over each finished episode, at the loss-mask positions."""
     model = policies[preset]
     sp = SamplingParams(temperature=temperature, top_p=top_p, max_turn_tokens=8)
-    episodes = HFEngine(model, fmt).play([CountEnv() for _ in TASKS], TASKS, sampling=sp,
-                                         generator=torch.Generator().manual_seed(3))
+    episodes = HFEngine(model, fmt).play(
+        [CountEnv() for _ in TASKS], TASKS, sampling=sp, generator=torch.Generator().manual_seed(3)
+    )
     scale = temperature if temperature > 0 else 1.0
     worst = 0.0
     with torch.no_grad():
@@ -359,8 +392,9 @@ def test_sampling_is_reproducible_with_a_seeded_generator(fmt, policies):
     sp = SamplingParams(temperature=1.0, top_p=0.9, max_turn_tokens=8)
 
     def run(seed):
-        eps = HFEngine(model, fmt).play([CountEnv() for _ in TASKS], TASKS, sampling=sp,
-                                        generator=torch.Generator().manual_seed(seed))
+        eps = HFEngine(model, fmt).play(
+            [CountEnv() for _ in TASKS], TASKS, sampling=sp, generator=torch.Generator().manual_seed(seed)
+        )
         return [e.tokens for e in eps], [e.rollout_logp for e in eps]
 
     a, b, c = run(11), run(11), run(12)
@@ -370,11 +404,15 @@ def test_sampling_is_reproducible_with_a_seeded_generator(fmt, policies):
 
 def test_tiny_top_p_samples_the_greedy_tokens(fmt, policies):
     model = policies["qwen-tiny"]
-    greedy = HFEngine(model, fmt).play([CountEnv() for _ in TASKS], TASKS,
-                                       sampling=SamplingParams(temperature=0, max_turn_tokens=8))
-    nucleus = HFEngine(model, fmt).play([CountEnv() for _ in TASKS], TASKS,
-                                        sampling=SamplingParams(temperature=1.0, top_p=1e-6, max_turn_tokens=8),
-                                        generator=torch.Generator().manual_seed(0))
+    greedy = HFEngine(model, fmt).play(
+        [CountEnv() for _ in TASKS], TASKS, sampling=SamplingParams(temperature=0, max_turn_tokens=8)
+    )
+    nucleus = HFEngine(model, fmt).play(
+        [CountEnv() for _ in TASKS],
+        TASKS,
+        sampling=SamplingParams(temperature=1.0, top_p=1e-6, max_turn_tokens=8),
+        generator=torch.Generator().manual_seed(0),
+    )
     assert [e.tokens for e in greedy] == [e.tokens for e in nucleus]
     # Both record log-probs under temperature 1 over the full vocabulary (top-p does not renormalise them).
     assert flat(e.rollout_logp for e in greedy) == pytest.approx(flat(e.rollout_logp for e in nucleus), abs=1e-6)
@@ -403,8 +441,12 @@ def test_sample_tokens_hand_example():
 
 
 @settings(max_examples=40, deadline=None)
-@given(logits=st.lists(st.floats(-8, 8), min_size=2, max_size=12), temperature=st.floats(0.05, 3.0),
-       top_p=st.floats(0.01, 1.0), seed=st.integers(0, 2**31 - 1))
+@given(
+    logits=st.lists(st.floats(-8, 8), min_size=2, max_size=12),
+    temperature=st.floats(0.05, 3.0),
+    top_p=st.floats(0.01, 1.0),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_sample_tokens_stays_in_the_nucleus(logits, temperature, top_p, seed):
     row = torch.tensor([logits], dtype=torch.float64).expand(16, -1)
     tok, lp = sample_tokens(row, temperature, top_p, torch.Generator().manual_seed(seed))
@@ -421,14 +463,22 @@ def test_sample_tokens_stays_in_the_nucleus(logits, temperature, top_p, seed):
     floor = min(probs[i] for i in allowed) - 1e-6
     allowed |= {i for i in range(len(probs)) if probs[i] >= floor}
     assert set(tok.tolist()) <= allowed
-    for t, l in zip(tok.tolist(), lp.tolist()):
-        assert l == pytest.approx(math.log(probs[t]), abs=1e-4)
+    for t, logp in zip(tok.tolist(), lp.tolist()):
+        assert logp == pytest.approx(math.log(probs[t]), abs=1e-4)
 
 
-@pytest.mark.parametrize("kwargs,field", [
-    (dict(temperature=-0.1), "temperature"), (dict(temperature=float("nan")), "temperature"),
-    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(max_turn_tokens=0), "max_turn_tokens"),
-    (dict(max_episode_tokens=1), "max_episode_tokens"), (dict(max_turn_tokens=2.5), "max_turn_tokens")])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        (dict(temperature=-0.1), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(max_turn_tokens=0), "max_turn_tokens"),
+        (dict(max_episode_tokens=1), "max_episode_tokens"),
+        (dict(max_turn_tokens=2.5), "max_turn_tokens"),
+    ],
+)
 def test_sampling_params_validation(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
@@ -454,13 +504,20 @@ def test_load_state_dict_publishes_weights_and_version(fmt, policies):
 
 def test_eager_attention_and_float64(fmt):
     from transformers import LlamaConfig, LlamaForCausalLM
+
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=fmt.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=1, attn_implementation="eager")
+    config = LlamaConfig(
+        vocab_size=fmt.vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        attn_implementation="eager",
+    )
     model = LlamaForCausalLM(config)
     sp = SamplingParams(temperature=0, max_turn_tokens=5)
-    episodes = HFEngine(model, fmt, dtype=torch.float64).play([CountEnv() for _ in TASKS[:4]], TASKS[:4],
-                                                              sampling=sp)
+    episodes = HFEngine(model, fmt, dtype=torch.float64).play([CountEnv() for _ in TASKS[:4]], TASKS[:4], sampling=sp)
     assert next(model.parameters()).dtype == torch.float64
     assert_matches_naive(episodes, model, fmt, TASKS[:4], sp)
 
@@ -480,8 +537,7 @@ def test_play_input_errors(fmt, policies):
 
 
 def test_engine_rejects_models_it_cannot_serve(fmt):
-    flash = SimpleNamespace(config=SimpleNamespace(is_encoder_decoder=False,
-                                                   _attn_implementation="flash_attention_2"))
+    flash = SimpleNamespace(config=SimpleNamespace(is_encoder_decoder=False, _attn_implementation="flash_attention_2"))
     with pytest.raises(ValueError, match="attn_implementation"):
         HFEngine(flash, fmt)
     seq2seq = SimpleNamespace(config=SimpleNamespace(is_encoder_decoder=True, _attn_implementation="sdpa"))
@@ -524,8 +580,9 @@ def test_env_pool_width_gives_the_same_episodes(fmt, policies):
         for env in envs:
             env.threads = threads
         with EnvPool(width) as pool:
-            episodes = HFEngine(policies["qwen-tiny"], fmt).play(envs, TASKS, sampling=sp, pool=pool,
-                                                                 generator=torch.Generator().manual_seed(4))
+            episodes = HFEngine(policies["qwen-tiny"], fmt).play(
+                envs, TASKS, sampling=sp, pool=pool, generator=torch.Generator().manual_seed(4)
+            )
         runs.append((episodes, [env.received for env in envs], threads))
     (one, received_one, threads_one), (four, received_four, threads_four) = runs
     assert [dataclasses.asdict(e) for e in four] == [dataclasses.asdict(e) for e in one]
@@ -556,9 +613,16 @@ def test_env_pool_width_gives_the_same_episodes_on_minirepo():
     runs = []
     for width in (1, 4):
         with EnvPool(width) as pool:
-            runs.append(HFEngine(model, mfmt).play([Recorded(config) for _ in tasks], tasks, sampling=sp, pool=pool,
-                                                   generator=torch.Generator().manual_seed(1),
-                                                   task_ids=[t.task_id for t in tasks]))
+            runs.append(
+                HFEngine(model, mfmt).play(
+                    [Recorded(config) for _ in tasks],
+                    tasks,
+                    sampling=sp,
+                    pool=pool,
+                    generator=torch.Generator().manual_seed(1),
+                    task_ids=[t.task_id for t in tasks],
+                )
+            )
     assert [dataclasses.asdict(e) for e in runs[1]] == [dataclasses.asdict(e) for e in runs[0]]
     assert len(threads) >= 3  # the caller's and the pool's
     assert all(e.done and len(e.actions) == 5 for e in runs[0])  # an untrained policy plays to the turn limit
@@ -605,34 +669,62 @@ def test_tiny_format_layout(fmt):
 
 # ------------------------------------------------------------------------------------------- HFChatFormat
 
-CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-LLAMA3 = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
-          "{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
-          "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
-CHAT_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>", "<|start_header_id|>",
-                 "<|end_header_id|>", "<|eot_id|>"]
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+LLAMA3 = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+    "{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
+)
+CHAT_SPECIALS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|begin_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+]
 
 
 def _bpe(specials):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(TEXTS, trainers.BpeTrainer(vocab_size=300, special_tokens=specials, show_progress=False,
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        TEXTS,
+        trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=specials,
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     return tok
 
 
 def hf_tokenizer(template: str):
     from transformers import PreTrainedTokenizerFast
-    tok = PreTrainedTokenizerFast(tokenizer_object=_bpe(CHAT_SPECIALS), eos_token="<|endoftext|>",
-                                  pad_token="<|endoftext|>", bos_token="<|begin_of_text|>")
+
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=_bpe(CHAT_SPECIALS),
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        bos_token="<|begin_of_text|>",
+    )
     tok.chat_template = template
     return tok
 
 
-CONVERSATION = ["task 3: count the apples", "open a.py 3", "turn 1 got 10 chars pears", "say done",
-                "turn 2 got 8 chars"]
+CONVERSATION = [
+    "task 3: count the apples",
+    "open a.py 3",
+    "turn 1 got 10 chars pears",
+    "say done",
+    "turn 2 got 8 chars",
+]
 
 
 def _messages(system, turns):
@@ -649,8 +741,10 @@ def test_hf_chat_format_deltas_equal_the_full_template(template, eot, system):
     assert fmt.end_of_turn_id == eot_id and fmt.stop_ids == {eot_id, tok.eos_token_id}
 
     def full(turns):
-        return tok.encode(tok.apply_chat_template(_messages(system, turns), tokenize=False,
-                                                  add_generation_prompt=True), add_special_tokens=False)
+        return tok.encode(
+            tok.apply_chat_template(_messages(system, turns), tokenize=False, add_generation_prompt=True),
+            add_special_tokens=False,
+        )
 
     assert fmt.prompt_ids(CONVERSATION[0]) == full(CONVERSATION[:1])
     # Actions that ended with the end-of-turn token: the engine appends [action..., eot] then the delta.
@@ -659,18 +753,24 @@ def test_hf_chat_format_deltas_equal_the_full_template(template, eot, system):
         action = fmt.action_ids(CONVERSATION[k])
         assert action[-1] == eot_id and fmt.decode_action(action) == CONVERSATION[k]
         seq += action + fmt.observation_ids(CONVERSATION[k + 1], last_token=action[-1])
-        assert seq == full(CONVERSATION[:k + 2])
+        assert seq == full(CONVERSATION[: k + 2])
     # An action cut by the turn limit (no end-of-turn token sampled): the delta carries the whole tail.
     cut = tok.encode(CONVERSATION[1], add_special_tokens=False)
     seq = fmt.prompt_ids(CONVERSATION[0]) + cut + fmt.observation_ids(CONVERSATION[2], last_token=cut[-1])
     assert seq == full(CONVERSATION[:3])
 
 
-@pytest.mark.parametrize("template,problem", [
-    ("{{ messages | length }} messages\n" + CHATML, "not a prefix"),
-    (CHATML.replace("<|im_start|>{{ m['role'] }}", "<|im_start|>{{ loop.index }} {{ m['role'] }}"),
-     "depending on the history"),
-    ("", "no chat_template")])
+@pytest.mark.parametrize(
+    "template,problem",
+    [
+        ("{{ messages | length }} messages\n" + CHATML, "not a prefix"),
+        (
+            CHATML.replace("<|im_start|>{{ m['role'] }}", "<|im_start|>{{ loop.index }} {{ m['role'] }}"),
+            "depending on the history",
+        ),
+        ("", "no chat_template"),
+    ],
+)
 def test_hf_chat_format_rejects_templates_that_are_not_incremental(template, problem):
     with pytest.raises(ValueError, match=problem):
         HFChatFormat(hf_tokenizer(template))
@@ -724,8 +824,9 @@ def test_a_hybrid_qwen3_5_model_plays_without_a_cache_and_equals_the_cached_path
     sampling = SamplingParams(temperature=0.0, max_turn_tokens=8, max_episode_tokens=200)
 
     def play(engine):
-        return engine.play([MiniRepoEnv(config) for _ in tasks], tasks, sampling=sampling,
-                           generator=torch.Generator().manual_seed(0))
+        return engine.play(
+            [MiniRepoEnv(config) for _ in tasks], tasks, sampling=sampling, generator=torch.Generator().manual_seed(0)
+        )
 
     model, fmt = new_tiny_policy("qwen-tiny", texts, vocab_size=300)
     cached = HFEngine(copy.deepcopy(model), fmt)

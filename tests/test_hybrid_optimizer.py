@@ -1,4 +1,5 @@
 """The Muon/AdamW hybrid: routing by module, parity of each half, one state that round-trips."""
+
 import copy
 
 import pytest
@@ -53,8 +54,16 @@ def test_routing_a_square_head_by_module_not_shape():
 
 def test_routing_a_hugging_face_model():
     import transformers
-    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+
+    cfg = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
     model = transformers.LlamaForCausalLM(cfg)
     route = route_parameters(model)
     muon = _names(route.muon)
@@ -69,20 +78,30 @@ def test_routing_qwen3_5_keeps_the_conv_kernels_and_gates_on_adamw():
     """A hybrid model (Gated DeltaNet + full attention): every 2-D projection of both kinds of layer is Muon's, the
     3-D depthwise conv1d kernels, A_log, dt_bias and the norms AdamW's."""
     import transformers
-    cfg = transformers.AutoConfig.for_model("qwen3_5_text", vocab_size=64, hidden_size=32, intermediate_size=64,
-                                            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                                            head_dim=8, tie_word_embeddings=False)
+
+    cfg = transformers.AutoConfig.for_model(
+        "qwen3_5_text",
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        tie_word_embeddings=False,
+    )
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     route = route_parameters(model)
     muon, adamw = dict(route.muon), dict(route.adamw)
-    assert {n for n, p in model.named_parameters() if p.dim() == 2} - set(muon) == {"model.embed_tokens.weight",
-                                                                                   "lm_head.weight"}
+    assert {n for n, p in model.named_parameters() if p.dim() == 2} - set(muon) == {
+        "model.embed_tokens.weight",
+        "lm_head.weight",
+    }
     assert all(p.dim() == 2 for p in muon.values())
     convs = [n for n in adamw if n.endswith("conv1d.weight")]
     assert len(convs) == cfg.layer_types.count("linear_attention") and all(adamw[n].dim() == 3 for n in convs)
     assert any(".linear_attn.in_proj_qkv." in n for n in muon) and any(".self_attn.q_proj." in n for n in muon)
-    assert {n.rsplit(".", 1)[-1] for n in adamw if ".linear_attn." in n and "conv1d" not in n} >= {"A_log",
-                                                                                                 "dt_bias"}
+    assert {n.rsplit(".", 1)[-1] for n in adamw if ".linear_attn." in n and "conv1d" not in n} >= {"A_log", "dt_bias"}
 
 
 def _grads(model, seed):
@@ -96,8 +115,9 @@ def test_each_half_matches_its_reference_optimizer():
     torch.manual_seed(0)
     model = Toy()
     ref_model = copy.deepcopy(model)
-    hybrid = build_muon_adamw(model, muon_lr=0.02, muon_weight_decay=0.1, adamw_lr=1e-2, adamw_weight_decay=0.01,
-                              betas=(0.9, 0.95))
+    hybrid = build_muon_adamw(
+        model, muon_lr=0.02, muon_weight_decay=0.1, adamw_lr=1e-2, adamw_weight_decay=0.01, betas=(0.9, 0.95)
+    )
     route = route_parameters(ref_model)
     ref_muon = torch.optim.Muon([p for _, p in route.muon], lr=0.02, weight_decay=0.1)
     ref_adamw = torch.optim.AdamW([p for _, p in route.adamw], lr=1e-2, weight_decay=0.01, betas=(0.9, 0.95))
@@ -167,8 +187,7 @@ def test_muon_class_and_hybrid_agree():
     a = [torch.randn(8, 8, requires_grad=True) for _ in range(2)]
     b = [x.detach().clone().requires_grad_() for x in a]
     o1 = Muon(a, lr=0.03, adjust_lr_fn="spectral", ns_coefficients="polar_express")
-    o2 = MuonAdamW([dict(params=b, use_muon=True, lr=0.03, adjust_lr_fn="spectral",
-                         ns_coefficients="polar_express")])
+    o2 = MuonAdamW([dict(params=b, use_muon=True, lr=0.03, adjust_lr_fn="spectral", ns_coefficients="polar_express")])
     for s in range(3):
         for x, y in zip(a, b):
             x.grad = torch.randn(8, 8, generator=torch.Generator().manual_seed(s))
@@ -216,8 +235,9 @@ def test_adamw_eps_is_the_cells_under_either_optimizer(name):
             p.grad = torch.zeros_like(p)
         model.embed.weight.grad.fill_(1e-6)
         opt.step()
-        assert torch.allclose(before - model.embed.weight.detach(), torch.full_like(before, 1e-3 * share),
-                              rtol=1e-4, atol=0)
+        assert torch.allclose(
+            before - model.embed.weight.detach(), torch.full_like(before, 1e-3 * share), rtol=1e-4, atol=0
+        )
 
 
 def test_a_spectrally_matched_muon_cell_matches_the_cells_own_adamw():
@@ -228,7 +248,11 @@ def test_a_spectrally_matched_muon_cell_matches_the_cells_own_adamw():
 
     cfg = TrainConfig()
     cfg.optim.adjust_lr_fn, cfg.optim.betas, cfg.optim.eps, cfg.optim.weight_decay = (
-        "match_spectral_adamw", (0.8, 0.99), 1e-7, 0.0)
+        "match_spectral_adamw",
+        (0.8, 0.99),
+        1e-7,
+        0.0,
+    )
     model = Toy()
     opt = build_optimizer(model, cfg)
     muon = next(g for g in opt.param_groups if g["use_muon"])
@@ -240,6 +264,7 @@ def test_a_spectrally_matched_muon_cell_matches_the_cells_own_adamw():
     reference.grad = model.down.weight.grad.clone()
     opt.step()
     adamw.step()
-    ours, theirs = (torch.linalg.matrix_norm((w.detach() - before).double(), ord=2)
-                    for w in (model.down.weight, reference))
+    ours, theirs = (
+        torch.linalg.matrix_norm((w.detach() - before).double(), ord=2) for w in (model.down.weight, reference)
+    )
     assert float(ours) == pytest.approx(float(theirs), rel=0.05)

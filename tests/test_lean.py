@@ -1,5 +1,6 @@
 """The lean forward (trainer/policy/lean.py): the same logits as the model's own call, exactly, for whole sequences
 (the update's no-grad scoring); its cached steps are checked through the rollout engine (tests/test_hf_engine.py)."""
+
 import copy
 
 import pytest
@@ -11,8 +12,15 @@ from trainer.rollout.episode import Episode
 from trainer.update import pad_episodes, token_logprobs
 
 
-@pytest.mark.parametrize("preset,dtype", [("minicpm-tiny", torch.float32), ("qwen-tiny", torch.float32),
-                                          ("qwen2.5-tiny", torch.float32), ("qwen-tiny", torch.bfloat16)])
+@pytest.mark.parametrize(
+    "preset,dtype",
+    [
+        ("minicpm-tiny", torch.float32),
+        ("qwen-tiny", torch.float32),
+        ("qwen2.5-tiny", torch.float32),
+        ("qwen-tiny", torch.bfloat16),
+    ],
+)
 def test_whole_sequence_logits_equal_the_model_call_bit_for_bit(preset, dtype):
     model = build_tiny_model(TinyModelSpec(preset, vocab_size=97), seed=2).to(dtype).eval()
     with torch.no_grad():
@@ -98,8 +106,14 @@ def test_llama_without_grouped_heads_and_with_biases_is_bit_identical(kwargs):
     step's packing and `enable_gqa` both off), and biases on every projection (o_proj and the MLP too)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=53, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=4, **{"num_key_value_heads": 2, **kwargs})
+    config = LlamaConfig(
+        vocab_size=53,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        **{"num_key_value_heads": 2, **kwargs},
+    )
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
@@ -114,9 +128,19 @@ def test_llama_without_grouped_heads_and_with_biases_is_bit_identical(kwargs):
 def test_what_is_not_served_and_no_gradients_through_the_copies():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    windowed = Qwen2ForCausalLM(Qwen2Config(vocab_size=53, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                                            num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True,
-                                            sliding_window=8, max_window_layers=0))
+    windowed = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=53,
+            hidden_size=32,
+            intermediate_size=48,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            use_sliding_window=True,
+            sliding_window=8,
+            max_window_layers=0,
+        )
+    )
     windowed.config._attn_implementation = "sdpa"
     assert set(windowed.config.layer_types) == {"sliding_attention"} and not LeanDecoder.serves(windowed)
     on_meta = build_tiny_model(TinyModelSpec("qwen-tiny", vocab_size=97), seed=0).to("meta")

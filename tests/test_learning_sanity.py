@@ -29,6 +29,7 @@ also hit spo++/AdamW seed 1 (1.00 -> 0.44, not recovered) and spo/Muon seed 1 (1
 updates gigpo + AdamW (seed 0) is still at 0.82, hence 30. At lr 2e-3 with 64 episodes AdamW collapsed onto one
 key (50%) in 6 of 15 runs, Muon in none. A case takes ~8 s of one core, hence `slow`.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -55,16 +56,17 @@ def word_policy(directory, seed: int = 0, preset: str = PRESET, n_keys: int = GA
     where `model.path` can load it (a tiny policy directory, as the warm start writes)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
+    from trainer.policy.chat_format import SPECIAL_TOKENS, TinyFormat
     from trainer.policy.load import save_policy
     from trainer.policy.tiny import TinyModelSpec, build_tiny_model
-    from trainer.policy.chat_format import SPECIAL_TOKENS, TinyFormat
 
     words = ["[UNK]", *vocabulary(RecallConfig(n_keys=n_keys))]
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.add_special_tokens(list(SPECIAL_TOKENS))  # after the words: "<eot>" in a text is then [UNK]
-    model = build_tiny_model(TinyModelSpec(preset, vocab_size=tokenizer.get_vocab_size(),
-                                           max_position_embeddings=128), seed=seed)
+    model = build_tiny_model(
+        TinyModelSpec(preset, vocab_size=tokenizer.get_vocab_size(), max_position_embeddings=128), seed=seed
+    )
     save_policy(model, TinyFormat(tokenizer), directory)
     return directory
 
@@ -78,8 +80,15 @@ def cell(policy_dir, estimator: str, optimizer: str, seed: int = 0) -> dict:
         "optim": {"name": optimizer, "lr": LR},
         "rl": {"estimator": estimator, "group_size": group},
         "rollout": {"mode": "sync", "batch_size": BATCH, "max_turn_tokens": 1, "max_episode_tokens": 32},
-        "run": {"updates": UPDATES, "seed": seed, "minibatches": 2, "epochs": 1, "eval_every": UPDATES,
-                "checkpoint_every": 0, "threads": 1},
+        "run": {
+            "updates": UPDATES,
+            "seed": seed,
+            "minibatches": 2,
+            "epochs": 1,
+            "eval_every": UPDATES,
+            "checkpoint_every": 0,
+            "threads": 1,
+        },
     }
 
 
@@ -112,9 +121,23 @@ def test_a_fresh_policy_starts_low_but_not_at_zero_and_only_action_tokens_get_a_
     assert sum(int(ids.shape[0]) for ids, _ in grads) == BATCH  # two mini-batches of 64, no step skipped
     first_minibatch = 0
     for ids, g in grads:
-        assert ids.shape[1] == 10 and (ids[:, [0, 1, 2, 4, 6, 7, 8]] == torch.tensor(
-            [fmt.bos_id, fmt.obs_id, fmt.encode_text("key")[0], fmt.act_id, fmt.obs_id, fmt.encode_text("door")[0],
-             fmt.act_id])).all()
+        assert (
+            ids.shape[1] == 10
+            and (
+                ids[:, [0, 1, 2, 4, 6, 7, 8]]
+                == torch.tensor(
+                    [
+                        fmt.bos_id,
+                        fmt.obs_id,
+                        fmt.encode_text("key")[0],
+                        fmt.act_id,
+                        fmt.obs_id,
+                        fmt.encode_text("door")[0],
+                        fmt.act_id,
+                    ]
+                )
+            ).all()
+        )
         assert (g[:, ~action_logits] == 0).all(), "a position that predicts no action token got a gradient"
         if first_minibatch < BATCH // 2:  # its PPO ratio is exactly 1 (later steps may clip some tokens)
             assert (g[:, action_logits] > 0).all(), "an action token got no gradient"

@@ -4,6 +4,7 @@ Crashes are simulated two ways: a writer made to raise halfway (monkeypatched), 
 training a toy model, killed with SIGKILL at a random moment and then resumed, which must end with the same
 metrics and weights as a run that was never interrupted.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -33,8 +34,13 @@ from torch import nn
 
 import trainer.logs.provenance as provenance_module
 from trainer.logs import EPISODE_COLUMNS, METRIC_COLUMNS, MetricsLog, collect_provenance, read_log
-from trainer.logs.checkpoint import (capture_rng_state, list_checkpoints, load_latest_checkpoint, restore_rng_state,
-                                     save_checkpoint)
+from trainer.logs.checkpoint import (
+    capture_rng_state,
+    list_checkpoints,
+    load_latest_checkpoint,
+    restore_rng_state,
+    save_checkpoint,
+)
 from trainer.logs.parquet_log import CONFIG_KEY
 
 torch.set_num_threads(1)
@@ -43,8 +49,15 @@ DESIGN_METRICS = """update, policy_version, success_rate, reward_mean, n_traject
 turns_mean, tool_error_rate, overlong_rate, advantage_std, entropy, approx_kl, clip_frac_low, clip_frac_high,
 tis_weight_mean, tis_truncated_frac, staleness_mean, staleness_max, grad_norm, update_rms,
 update_spectral_norm, lr, loss, eval_success, rollout_s, train_s, wall_s"""  # the metric contract, written out independently of METRIC_COLUMNS
-INT_METRICS = {"update", "policy_version", "n_trajectories", "gen_tokens", "optimizer_steps", "skipped_steps",
-               "no_signal_steps"}
+INT_METRICS = {
+    "update",
+    "policy_version",
+    "n_trajectories",
+    "gen_tokens",
+    "optimizer_steps",
+    "skipped_steps",
+    "no_signal_steps",
+}
 
 
 def prov(config: dict | None = None) -> dict:
@@ -58,6 +71,7 @@ def visible(directory: Path) -> list[str]:
 # ---------------------------------------------------------------------------------------------------------------
 # Provenance
 
+
 @dataclass
 class _Optim:
     name: str
@@ -70,22 +84,31 @@ def test_provenance_has_every_field_and_is_json():
     assert json.loads(json.dumps(p)) == p  # JSON round trip loses nothing
     assert p["config"] == {"optim": {"name": "muon", "betas": [0.9, 0.95]}, "out": "/tmp/x", "seed": 3, "n": None}
     assert p["versions"]["python"] == platform.python_version()
-    assert p["trainer_version"] == (Path(__file__).parents[1] / "trainer/__init__.py").read_text().split(
-        'TRAINER_VERSION = "')[1].split('"')[0]
+    assert (
+        p["trainer_version"]
+        == (Path(__file__).parents[1] / "trainer/__init__.py").read_text().split('TRAINER_VERSION = "')[1].split('"')[0]
+    )
     assert p["versions"]["torch"] == torch.__version__
     assert p["versions"]["numpy"] == np.__version__ and p["versions"]["pyarrow"] == pa.__version__
     hw = p["hardware"]
     assert hw["logical_cores"] == os.cpu_count() and hw["torch_threads"] == torch.get_num_threads() == 1
-    assert hw["cuda_devices"] == ([torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-                                  if torch.cuda.is_available() else [])
+    assert hw["cuda_devices"] == (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    )
     assert isinstance(hw["processor"], str) and hw["processor"]
-    flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.split(":")[0].strip() in ("flags", "Features")), [])
+    flags = next(
+        (
+            line.split(":", 1)[1].split()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.split(":")[0].strip() in ("flags", "Features")
+        ),
+        [],
+    )
     for flag in ("avx2", "avx512f", "avx512_bf16", "amx_tile"):  # the features that pick torch's CPU kernels
         assert (flag in hw["cpu_features"]) == (flag in flags), (flag, hw["cpu_features"])
     assert p["argv"] == sys.argv and isinstance(p["hostname"], str)
     stamp = datetime.fromisoformat(p["timestamp_utc"])
-    assert stamp.utcoffset() == timedelta(0) and abs(datetime.now(timezone.utc) - stamp) < timedelta(minutes=1)
+    assert stamp.utcoffset() == timedelta(0) and abs(datetime.now(UTC) - stamp) < timedelta(minutes=1)
 
 
 def test_provenance_git_revision_matches_git_itself():
@@ -105,6 +128,7 @@ def test_provenance_never_crashes_outside_a_checkout(tmp_path, monkeypatch):
 
     def no_git(*args, **kwargs):
         raise FileNotFoundError("git")
+
     monkeypatch.setattr(provenance_module.subprocess, "run", no_git)
     monkeypatch.setattr(provenance_module, "PACKAGES", ("numpy", "surely-not-an-installed-package"))
     p = prov()
@@ -124,18 +148,44 @@ def test_provenance_rejects_non_json_config_naming_the_entry():
 # ---------------------------------------------------------------------------------------------------------------
 # Parquet logs
 
+
 def test_metric_columns_follow_design_in_order_with_dtypes():
     names = [n.strip() for n in DESIGN_METRICS.split(",")]
     # DESIGN's, then the companion's gradient SNR, the optimizer steps taken and skipped, SPO's informed baselines,
     # the cheating probe, the embedding and head's step sizes, the mini-batches without signal
-    assert list(METRIC_COLUMNS) == [*names, "grad_snr", "optimizer_steps", "skipped_steps",
-                                    "baseline_informed_frac", "cheat_rate", "embed_head_update_rms",
-                                    "embed_head_update_spectral_norm", "no_signal_steps"] and len(names) == 28
+    assert (
+        list(METRIC_COLUMNS)
+        == [
+            *names,
+            "grad_snr",
+            "optimizer_steps",
+            "skipped_steps",
+            "baseline_informed_frac",
+            "cheat_rate",
+            "embed_head_update_rms",
+            "embed_head_update_spectral_norm",
+            "no_signal_steps",
+        ]
+        and len(names) == 28
+    )
     for name, dtype in METRIC_COLUMNS.items():
         assert dtype == (pa.int64() if name in INT_METRICS else pa.float64()), name
-    assert list(EPISODE_COLUMNS) == ["update", "task_id", "reward", "success", "n_turns", "gen_tokens", "length",
-                                     "truncated", "staleness", "policy_version", "tool_errors", "overlong_turns",
-                                     "split", "baseline_informed"]
+    assert list(EPISODE_COLUMNS) == [
+        "update",
+        "task_id",
+        "reward",
+        "success",
+        "n_turns",
+        "gen_tokens",
+        "length",
+        "truncated",
+        "staleness",
+        "policy_version",
+        "tool_errors",
+        "overlong_turns",
+        "split",
+        "baseline_informed",
+    ]
     assert EPISODE_COLUMNS["task_id"] == pa.string() and EPISODE_COLUMNS["success"] == pa.bool_()
 
 
@@ -143,8 +193,16 @@ def test_round_trip_dtypes_nulls_nan_and_metadata(tmp_path):
     path = tmp_path / "metrics.parquet"
     p = prov({"recipe": "spo_muon", "lr": 0.02})
     log = MetricsLog(path, p)
-    log.append({"update": 0, "policy_version": 0, "success_rate": 0.25, "gen_tokens": np.int64(120),
-                "eval_success": 0.5, "lr": np.float32(0.5)})
+    log.append(
+        {
+            "update": 0,
+            "policy_version": 0,
+            "success_rate": 0.25,
+            "gen_tokens": np.int64(120),
+            "eval_success": 0.5,
+            "lr": np.float32(0.5),
+        }
+    )
     log.append({"update": 1, "policy_version": 1, "success_rate": 0.5, "gen_tokens": 130.0, "loss": float("nan")})
     log.flush()
 
@@ -166,9 +224,23 @@ def test_round_trip_dtypes_nulls_nan_and_metadata(tmp_path):
 def test_episode_table_round_trip(tmp_path):
     path = tmp_path / "episodes.parquet"
     log = MetricsLog(path, prov(), EPISODE_COLUMNS)
-    log.append({"update": 3, "task_id": "repo-7", "reward": 1.0, "success": True, "n_turns": 4, "gen_tokens": 91,
-                "length": 400, "truncated": False, "staleness": 1, "policy_version": 2, "tool_errors": 0,
-                "overlong_turns": 1, "split": "train"})
+    log.append(
+        {
+            "update": 3,
+            "task_id": "repo-7",
+            "reward": 1.0,
+            "success": True,
+            "n_turns": 4,
+            "gen_tokens": 91,
+            "length": 400,
+            "truncated": False,
+            "staleness": 1,
+            "policy_version": 2,
+            "tool_errors": 0,
+            "overlong_turns": 1,
+            "split": "train",
+        }
+    )
     log.append({"update": 3, "task_id": "repo-9", "reward": 0.0, "success": np.bool_(False), "split": "eval"})
     log.flush()
     df, _ = read_log(path)
@@ -185,10 +257,19 @@ def test_unknown_column_is_rejected_by_name(tmp_path):
     assert len(log) == 0
 
 
-@pytest.mark.parametrize("column,value", [
-    ("update", True), ("gen_tokens", 1.5), ("gen_tokens", float("nan")), ("gen_tokens", 2**63),
-    ("loss", "0.3"), ("loss", True), ("loss", torch.tensor(0.5)), ("update", None),
-])
+@pytest.mark.parametrize(
+    "column,value",
+    [
+        ("update", True),
+        ("gen_tokens", 1.5),
+        ("gen_tokens", float("nan")),
+        ("gen_tokens", 2**63),
+        ("loss", "0.3"),
+        ("loss", True),
+        ("loss", torch.tensor(0.5)),
+        ("update", None),
+    ],
+)
 def test_ill_typed_values_are_rejected_naming_the_column(tmp_path, column, value):
     log = MetricsLog(tmp_path / "m.parquet", prov())
     with pytest.raises(ValueError, match=f"'{column}'"):
@@ -201,15 +282,20 @@ def test_provenance_without_config_is_rejected(tmp_path):
         MetricsLog(tmp_path / "m.parquet", {"git": "x"})
 
 
-_value = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**6, 10**6))
-_int = st.one_of(st.none(), st.integers(-2**63, 2**63 - 1))
+_value = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st.integers(-(10**6), 10**6))
+_int = st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1))
 
 
 @settings(max_examples=25, deadline=None)
-@given(rows=st.lists(st.fixed_dictionaries(
-    {"update": st.integers(0, 1000)},
-    optional={name: (_int if name in INT_METRICS else _value) for name in METRIC_COLUMNS if name != "update"}),
-    max_size=6))
+@given(
+    rows=st.lists(
+        st.fixed_dictionaries(
+            {"update": st.integers(0, 1000)},
+            optional={name: (_int if name in INT_METRICS else _value) for name in METRIC_COLUMNS if name != "update"},
+        ),
+        max_size=6,
+    )
+)
 def test_any_rows_round_trip_exactly(tmp_path_factory, rows):
     path = tmp_path_factory.mktemp("prop") / "m.parquet"
     log = MetricsLog(path, prov())
@@ -240,6 +326,7 @@ def test_crash_inside_the_writer_leaves_previous_file_and_no_temp(tmp_path, monk
         data = Path(where).read_bytes()
         Path(where).write_bytes(data[: len(data) // 2])  # a truncated Parquet file, as a crash would leave
         raise OSError("disk full")
+
     monkeypatch.setattr(pq, "write_table", half_then_crash)
     with pytest.raises(OSError, match="disk full"):
         log.flush()
@@ -250,8 +337,10 @@ def test_crash_inside_the_writer_leaves_previous_file_and_no_temp(tmp_path, monk
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # the temp file's 0600 did not stick
 
     monkeypatch.setattr(pq, "write_table", real_write)
+
     def failing_replace(src, dst):
         raise OSError("rename failed")
+
     monkeypatch.setattr(os, "replace", failing_replace)
     with pytest.raises(OSError, match="rename failed"):
         log.flush()
@@ -322,18 +411,26 @@ def test_read_log_refuses_a_file_without_provenance(tmp_path):
 def test_logs_and_analysis_import_without_torch():
     """The analysis environment reads logs without torch: `trainer.logs` (its Parquet tables) and `trainer.analysis`
     must import with torch blocked (checkpoints live in trainer.logs.checkpoint, imported only where used)."""
-    code = ("import sys\nsys.modules['torch'] = None\n"
-            "import trainer.logs, trainer.logs.parquet_log, trainer.logs.provenance, trainer.analysis\n"
-            "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
-            "try:\n    import trainer.logs.checkpoint\nexcept ImportError:\n    print('blocked')\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                       cwd=Path(__file__).resolve().parents[1])
+    code = (
+        "import sys\nsys.modules['torch'] = None\n"
+        "import trainer.logs, trainer.logs.parquet_log, trainer.logs.provenance, trainer.analysis\n"
+        "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
+        "try:\n    import trainer.logs.checkpoint\nexcept ImportError:\n    print('blocked')\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "blocked"  # the block works: the checkpoint module does need torch
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Checkpoints
+
 
 def tiny_model_and_optimizer(seed: int = 0) -> tuple[nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(seed)
@@ -353,8 +450,13 @@ def test_checkpoint_round_trip_continues_bit_for_bit(tmp_path):
     for _ in range(2):
         train_step(model, opt, x)
     tracker = {"version": 1, "tasks": {"t1": {"alpha": 1.5, "beta": 0.5, "visits": 3}}}
-    path = save_checkpoint(tmp_path, step=2, model_state=model.state_dict(), optimizer_state=opt.state_dict(),
-                           extra={"tracker": tracker, "note": ("a", 1)})
+    path = save_checkpoint(
+        tmp_path,
+        step=2,
+        model_state=model.state_dict(),
+        optimizer_state=opt.state_dict(),
+        extra={"tracker": tracker, "note": ("a", 1)},
+    )
     assert path.name == "ckpt-00000002.pt"
 
     ckpt = load_latest_checkpoint(tmp_path)
@@ -380,8 +482,13 @@ def test_keep_k(tmp_path):
 
 def test_partial_and_corrupt_checkpoints_are_skipped_with_a_warning(tmp_path):
     for step in (1, 2):
-        save_checkpoint(tmp_path, step=step, model_state={"w": torch.full((64,), float(step))},
-                        optimizer_state={}, extra={"step": step})
+        save_checkpoint(
+            tmp_path,
+            step=step,
+            model_state={"w": torch.full((64,), float(step))},
+            optimizer_state={},
+            extra={"step": step},
+        )
     good = (tmp_path / "ckpt-00000002.pt").read_bytes()
     (tmp_path / ".ckpt-00000003.pt.x1y2z3.tmp").write_bytes(good[:100])  # a save killed halfway
     (tmp_path / "ckpt-00000004.pt").write_bytes(good[: len(good) // 2])  # truncated (e.g. disk failure)
@@ -406,6 +513,7 @@ def test_crash_inside_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
         data = Path(f).read_bytes()
         Path(f).write_bytes(data[: len(data) // 2])
         raise KeyboardInterrupt  # not even an Exception: the temp file must still go
+
     monkeypatch.setattr(torch, "save", half_then_crash)
     with pytest.raises(KeyboardInterrupt):
         save_checkpoint(tmp_path, step=2, model_state={"w": torch.zeros(3)}, optimizer_state={}, extra={})
@@ -419,8 +527,13 @@ def test_checkpoint_rejects_bad_input(tmp_path):
     with pytest.raises(TypeError, match=r"\['extra'\]\['arr'\]"):
         save_checkpoint(tmp_path, step=0, model_state={}, optimizer_state={}, extra={"arr": np.zeros(2)})
     with pytest.raises(TypeError, match=r"\['extra'\]\['stats'\]\[1\]"):  # np.float64 is a float, but would
-        save_checkpoint(tmp_path, step=0, model_state={}, optimizer_state={},  # not load with weights_only
-                        extra={"stats": [1.0, np.float64(2.0)]})
+        save_checkpoint(
+            tmp_path,
+            step=0,
+            model_state={},
+            optimizer_state={},  # not load with weights_only
+            extra={"stats": [1.0, np.float64(2.0)]},
+        )
     with pytest.raises(ValueError, match="step"):
         save_checkpoint(tmp_path, step=-1, model_state={}, optimizer_state={}, extra={})
     with pytest.raises(ValueError, match="keep"):
@@ -432,15 +545,27 @@ def test_checkpoint_rejects_bad_input(tmp_path):
 # ---------------------------------------------------------------------------------------------------------------
 # RNG state
 
+
 def draw(gens: dict) -> list:
-    return [random.random(), float(np.random.rand()), np.random.normal(), torch.rand(3).tolist(),
-            torch.randn(2, generator=gens["sampler"]).tolist(), gens["np"].integers(0, 10**9, 3).tolist(),
-            gens["py"].random(), gens["mt"].random()]
+    return [
+        random.random(),
+        float(np.random.rand()),
+        np.random.normal(),
+        torch.rand(3).tolist(),
+        torch.randn(2, generator=gens["sampler"]).tolist(),
+        gens["np"].integers(0, 10**9, 3).tolist(),
+        gens["py"].random(),
+        gens["mt"].random(),
+    ]
 
 
 def test_rng_restore_makes_every_generator_draw_the_same_numbers(tmp_path):
-    gens = {"sampler": torch.Generator().manual_seed(5), "np": np.random.default_rng(6), "py": random.Random(7),
-            "mt": np.random.Generator(np.random.MT19937(8))}
+    gens = {
+        "sampler": torch.Generator().manual_seed(5),
+        "np": np.random.default_rng(6),
+        "py": random.Random(7),
+        "mt": np.random.Generator(np.random.MT19937(8)),
+    }
     draw(gens)  # move away from the seeds
     state = capture_rng_state(gens)
     first = draw(gens)
@@ -498,14 +623,30 @@ def toy_run(directory: Path, every: int = 5, sleep_s: float = 0.0) -> tuple[nn.M
         loss.backward()
         grad_norm = torch.cat([p.grad.flatten() for p in model.parameters()]).norm().item()
         opt.step()
-        log.append({"update": update, "loss": loss.item(), "grad_norm": grad_norm, "reward_mean": weight,
-                    "lr": 0.05, "n_trajectories": 8})
+        log.append(
+            {
+                "update": update,
+                "loss": loss.item(),
+                "grad_norm": grad_norm,
+                "reward_mean": weight,
+                "lr": 0.05,
+                "n_trajectories": 8,
+            }
+        )
         log.flush()  # the log is flushed before the checkpoint, so it never lags behind it
         if update % every == 0:
-            save_checkpoint(directory, step=update, model_state=model.state_dict(),
-                            optimizer_state=opt.state_dict(), keep=2,
-                            extra={"rng": capture_rng_state({"sampler": sampler}), "step": update,
-                                   "ballast": torch.full((BALLAST,), float(update))})
+            save_checkpoint(
+                directory,
+                step=update,
+                model_state=model.state_dict(),
+                optimizer_state=opt.state_dict(),
+                keep=2,
+                extra={
+                    "rng": capture_rng_state({"sampler": sampler}),
+                    "step": update,
+                    "ballast": torch.full((BALLAST,), float(update)),
+                },
+            )
         time.sleep(sleep_s)
     return model, log_path
 

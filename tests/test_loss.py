@@ -1,4 +1,5 @@
 """Tests of trainer/rl/loss.py against hand-computed numbers and an independent scalar reference."""
+
 from __future__ import annotations
 
 import math
@@ -6,11 +7,18 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from trainer.rl.loss import (AGGREGATIONS, aggregate_loss, masked_mean, policy_loss, tis_weights,
-                             token_entropy_from_logits)
+from trainer.rl.loss import (
+    AGGREGATIONS,
+    aggregate_loss,
+    masked_mean,
+    policy_loss,
+    tis_weights,
+    token_entropy_from_logits,
+)
 
 torch.set_num_threads(1)
 D = torch.float64
@@ -54,8 +62,8 @@ def test_clip_low_high_hand_example():
     # d/dlogp of -A*r is -A*r (dr/dlogp = r); clipped tokens (1, 2) have zero gradient; all divided by 6.
     expected = [-1.1 / 6, 0.0, 0.0, -1.0 / 6, 3.0 / 6, 4.0 / 6]
     assert grad[0].tolist() == pytest.approx(expected, abs=1e-12)
-    assert metrics["clip_frac_low"].item() == pytest.approx(1 / 6)      # token 2
-    assert metrics["clip_frac_high"].item() == pytest.approx(1 / 6)     # token 1
+    assert metrics["clip_frac_low"].item() == pytest.approx(1 / 6)  # token 2
+    assert metrics["clip_frac_high"].item() == pytest.approx(1 / 6)  # token 1
     assert "dual_clip_frac" not in metrics
     # approx_kl = mean(old - logp) = -mean(ln r) = -ln(1.1*1.5*0.5*0.5*1.5*4)/6 = -ln(2.475)/6
     assert metrics["approx_kl"].item() == pytest.approx(-math.log(2.475) / 6, abs=1e-12)
@@ -79,7 +87,7 @@ def test_approx_kl_is_verls_ppo_kl_on_the_log_ratio_clamped_at_20():
 def test_dual_clip_hand_example():
     loss, metrics, grad = clip_example(dual_clip=3.0)
     assert loss.item() == pytest.approx(3.42 / 6, abs=1e-12)
-    expected = [-1.1 / 6, 0.0, 0.0, -1.0 / 6, 3.0 / 6, 0.0]               # token 5 is now dual-clipped
+    expected = [-1.1 / 6, 0.0, 0.0, -1.0 / 6, 3.0 / 6, 0.0]  # token 5 is now dual-clipped
     assert grad[0].tolist() == pytest.approx(expected, abs=1e-12)
     assert metrics["dual_clip_frac"].item() == pytest.approx(1 / 6)
 
@@ -127,8 +135,7 @@ def grad_example(agg):
 def test_gradient_token_mean_hand_formula():
     loss, grad = grad_example("token-mean")
     assert loss == pytest.approx(-0.282, abs=1e-12)
-    expected = [[-1 * 1.1 * 0.5 / 5, 0.0, 0.0],
-                [-2 * 0.5 * 1.5 / 5, 0.0, 1 * 1.2 * 2 / 5]]
+    expected = [[-1 * 1.1 * 0.5 / 5, 0.0, 0.0], [-2 * 0.5 * 1.5 / 5, 0.0, 1 * 1.2 * 2 / 5]]
     assert grad.tolist()[0] == pytest.approx(expected[0], abs=1e-12)
     assert grad.tolist()[1] == pytest.approx(expected[1], abs=1e-12)
 
@@ -137,8 +144,7 @@ def test_gradient_seq_mean_token_mean_hand_formula():
     loss, grad = grad_example("seq-mean-token-mean")
     assert loss == pytest.approx(-0.16, abs=1e-12)
     # denominators: row 0 has 3 tokens, row 1 has 2, and there are 2 rows -> 6 and 4.
-    expected = [[-1 * 1.1 * 0.5 / 6, 0.0, 0.0],
-                [-2 * 0.5 * 1.5 / 4, 0.0, 1 * 1.2 * 2 / 4]]
+    expected = [[-1 * 1.1 * 0.5 / 6, 0.0, 0.0], [-2 * 0.5 * 1.5 / 4, 0.0, 1 * 1.2 * 2 / 4]]
     assert grad.tolist()[0] == pytest.approx(expected[0], abs=1e-12)
     assert grad.tolist()[1] == pytest.approx(expected[1], abs=1e-12)
 
@@ -150,13 +156,16 @@ def test_gradient_seq_mean_token_mean_hand_formula():
 #   seq-mean-token-mean      (-6/3 + -4/1)/2    = -3     (the empty row is not counted)
 #   seq-mean-token-sum       (-6 + -4)/2        = -5     (nor here: verl >= 0.6.1; verl <= 0.6.0 gave -10/3)
 #   seq-mean-token-sum-norm  (-6-4)/5           = -2,   and with loss_scale_factor=8: -10/8 = -1.25
-@pytest.mark.parametrize("agg, kwargs, expected", [
-    ("token-mean", {}, -2.5),
-    ("seq-mean-token-mean", {}, -3.0),
-    ("seq-mean-token-sum", {}, -5.0),
-    ("seq-mean-token-sum-norm", {}, -2.0),
-    ("seq-mean-token-sum-norm", {"loss_scale_factor": 8.0}, -1.25),
-])
+@pytest.mark.parametrize(
+    "agg, kwargs, expected",
+    [
+        ("token-mean", {}, -2.5),
+        ("seq-mean-token-mean", {}, -3.0),
+        ("seq-mean-token-sum", {}, -5.0),
+        ("seq-mean-token-sum-norm", {}, -2.0),
+        ("seq-mean-token-sum-norm", {"loss_scale_factor": 8.0}, -1.25),
+    ],
+)
 def test_aggregations_hand_example(agg, kwargs, expected):
     mask = t([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [0, 0, 0, 0, 0]])
     adv = t([[1, 2, 3, 1e30, -1e30], [4, 1e30, 1e30, 1e30, 1e30], [9, 9, 9, 9, 9]])
@@ -169,13 +178,27 @@ def test_aggregations_hand_example(agg, kwargs, expected):
 @pytest.mark.parametrize("agg", AGGREGATIONS)
 def test_empty_mask_gives_zero_loss_zero_grads_zero_metrics(agg):
     logp = t([[-1.0, -2.0], [-3.0, -4.0]]).requires_grad_(True)
-    loss, metrics = policy_loss(logp, logp.detach() + 1, logp.detach() - 5, t([[1.0, -1.0], [2.0, 3.0]]),
-                                torch.zeros(2, 2), agg=agg, dual_clip=3.0)
+    loss, metrics = policy_loss(
+        logp,
+        logp.detach() + 1,
+        logp.detach() - 5,
+        t([[1.0, -1.0], [2.0, 3.0]]),
+        torch.zeros(2, 2),
+        agg=agg,
+        dual_clip=3.0,
+    )
     assert loss.item() == 0.0 and loss.requires_grad
     loss.backward()
     assert torch.equal(logp.grad, torch.zeros(2, 2, dtype=D))
-    assert set(metrics) == {"clip_frac_low", "clip_frac_high", "approx_kl", "approx_kl_k3", "tis_weight_mean",
-                            "tis_truncated_frac", "dual_clip_frac"}
+    assert set(metrics) == {
+        "clip_frac_low",
+        "clip_frac_high",
+        "approx_kl",
+        "approx_kl_k3",
+        "tis_weight_mean",
+        "tis_truncated_frac",
+        "dual_clip_frac",
+    }
     assert all(v.item() == 0.0 for v in metrics.values())
 
 
@@ -189,9 +212,10 @@ def test_zero_size_batch_is_finite():
 
 def test_bf16_inputs_are_computed_in_fp32():
     logp = t([[-1.0, -2.0]], torch.bfloat16).requires_grad_(True)
-    loss, metrics = policy_loss(logp, logp.detach(), logp.detach(), t([[1.0, 3.0]], torch.bfloat16),
-                                torch.ones(1, 2, dtype=torch.bool))
-    assert loss.dtype == torch.float32 and loss.item() == pytest.approx(-2.0)     # ratio 1: -(1+3)/2
+    loss, metrics = policy_loss(
+        logp, logp.detach(), logp.detach(), t([[1.0, 3.0]], torch.bfloat16), torch.ones(1, 2, dtype=torch.bool)
+    )
+    assert loss.dtype == torch.float32 and loss.item() == pytest.approx(-2.0)  # ratio 1: -(1+3)/2
     loss.backward()
     assert logp.grad.dtype == torch.bfloat16
     assert logp.grad[0].tolist() == pytest.approx([-0.5, -1.5])
@@ -296,7 +320,7 @@ def batches(draw, min_count_per_row=None):
 
     if min_count_per_row is None:
         mask = draw(arrays(np.bool_, (b, width)))
-    else:                                    # every row gets exactly k policy tokens, at drawn positions
+    else:  # every row gets exactly k policy tokens, at drawn positions
         k = draw(st.integers(1, width))
         mask = np.zeros((b, width), dtype=bool)
         for row in range(b):
@@ -305,31 +329,64 @@ def batches(draw, min_count_per_row=None):
 
 
 @FAST
-@given(batches(), st.sampled_from(AGGREGATIONS), st.sampled_from([None, 0.5, 2.0]), st.sampled_from([None, 3.0]),
-       st.floats(0.0, 0.9), st.floats(0.0, 2.0))
+@given(
+    batches(),
+    st.sampled_from(AGGREGATIONS),
+    st.sampled_from([None, 0.5, 2.0]),
+    st.sampled_from([None, 3.0]),
+    st.floats(0.0, 0.9),
+    st.floats(0.0, 2.0),
+)
 def test_matches_scalar_reference(batch, agg, cap, dual_clip, clip_low, clip_high):
     logp, old, rollout, adv, mask = batch
-    loss, metrics = policy_loss(t(logp), t(old), t(rollout), t(adv), torch.from_numpy(mask), agg=agg, tis_cap=cap,
-                                dual_clip=dual_clip, clip_low=clip_low, clip_high=clip_high)
-    expected = reference(logp.tolist(), old.tolist(), rollout.tolist(), adv.tolist(), mask.tolist(), clip_low,
-                         clip_high, cap, agg, dual_clip)
+    loss, metrics = policy_loss(
+        t(logp),
+        t(old),
+        t(rollout),
+        t(adv),
+        torch.from_numpy(mask),
+        agg=agg,
+        tis_cap=cap,
+        dual_clip=dual_clip,
+        clip_low=clip_low,
+        clip_high=clip_high,
+    )
+    expected = reference(
+        logp.tolist(),
+        old.tolist(),
+        rollout.tolist(),
+        adv.tolist(),
+        mask.tolist(),
+        clip_low,
+        clip_high,
+        cap,
+        agg,
+        dual_clip,
+    )
     assert loss.item() == pytest.approx(expected, rel=1e-9, abs=1e-9)
     for name in ("clip_frac_low", "clip_frac_high", "tis_truncated_frac"):
         assert 0.0 <= metrics[name].item() <= 1.0
     assert metrics["approx_kl_k3"].item() >= 0.0
-    kl = [-max(-20.0, min(20.0, logp[b][k] - old[b][k])) for b in range(len(mask)) for k in range(len(mask[b]))
-          if mask[b][k]]
+    kl = [
+        -max(-20.0, min(20.0, logp[b][k] - old[b][k]))
+        for b in range(len(mask))
+        for k in range(len(mask[b]))
+        if mask[b][k]
+    ]
     assert metrics["approx_kl"].item() == pytest.approx(sum(kl) / max(1, len(kl)), rel=1e-9, abs=1e-9)
 
 
 @FAST
-@given(arrays(np.float64, st.integers(0, 12), elements=st.floats(-1e6, 1e6)),
-       arrays(np.float64, 12, elements=st.floats(-1e6, 1e6)), st.floats(1e-3, 1e3))
+@given(
+    arrays(np.float64, st.integers(0, 12), elements=st.floats(-1e6, 1e6)),
+    arrays(np.float64, 12, elements=st.floats(-1e6, 1e6)),
+    st.floats(1e-3, 1e3),
+)
 def test_tis_weights_are_between_zero_and_cap(old, rollout, cap):
     rollout = rollout[: len(old)]
     w, truncated = tis_weights(t(old), t(rollout), cap)
     assert torch.all(w >= 0) and torch.all(w <= cap)
-    for k in range(len(old)):                                   # the scalar definition, token by token
+    for k in range(len(old)):  # the scalar definition, token by token
         raw = math.exp(max(-20.0, min(20.0, old[k] - rollout[k])))
         assert w[k].item() == pytest.approx(min(cap, raw), rel=1e-12)
         assert bool(truncated[k]) == (raw > cap)
@@ -404,14 +461,21 @@ def test_aggregate_loss_rejects_unknown_mode():
 
 def test_entropy_hand_examples():
     # uniform over 4: ln 4; p = [1/3, 2/3] from logits [0, ln 2]: ln 3 - (2/3) ln 2; one finite logit: 0.
-    logits = t([[[0.0, 0.0, 0.0, 0.0], [0.0, math.log(2.0), float("-inf"), float("-inf")],
-                 [5.0, float("-inf"), float("-inf"), float("-inf")]]]).requires_grad_(True)
+    logits = t(
+        [
+            [
+                [0.0, 0.0, 0.0, 0.0],
+                [0.0, math.log(2.0), float("-inf"), float("-inf")],
+                [5.0, float("-inf"), float("-inf"), float("-inf")],
+            ]
+        ]
+    ).requires_grad_(True)
     h = token_entropy_from_logits(logits)
     assert h.shape == (1, 3)
     assert h[0].tolist() == pytest.approx([math.log(4), math.log(3) - 2 / 3 * math.log(2), 0.0], abs=1e-12)
     h.sum().backward()
     assert torch.isfinite(logits.grad).all()
-    assert logits.grad[0, 0].tolist() == pytest.approx([0.0] * 4, abs=1e-12)   # uniform is a maximum
+    assert logits.grad[0, 0].tolist() == pytest.approx([0.0] * 4, abs=1e-12)  # uniform is a maximum
 
 
 def test_entropy_is_stable_for_huge_logits_and_bf16():

@@ -3,6 +3,7 @@
 Exact observations are checked on a hand-written task whose values are worked out in comments; generated tasks
 are checked against an independent re-evaluation of their tests with the interpreter.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,9 +14,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.environments.minirepo import (COMMANDS, Bug, EvalError, EvalTimeout, MiniRepoConfig, MiniRepoEnv,
-                                           MiniRepoTask, MiniRepoTasks, ProgramError, TestCase, call, expert_action,
-                                           parse_file, play_expert, sample_texts, vocabulary)
+from trainer.environments.minirepo import (
+    COMMANDS,
+    Bug,
+    EvalError,
+    EvalTimeout,
+    MiniRepoConfig,
+    MiniRepoEnv,
+    MiniRepoTask,
+    MiniRepoTasks,
+    ProgramError,
+    TestCase,
+    call,
+    expert_action,
+    parse_file,
+    play_expert,
+    sample_texts,
+    vocabulary,
+)
 from trainer.environments.protocol import Environment, StepResult, TaskSource
 
 # ------------------------------------------------------------------------------------------- a hand-made task
@@ -30,10 +46,13 @@ from trainer.environments.protocol import Environment, StepResult, TaskSource
 M0 = ("def f1 x y", "a = x + 3", "b = f2 a y", "ret b * 2")
 M1 = ("def f2 x y", "ret x + y", "def f3 x", "ret x * 2")
 HAND = MiniRepoTask(
-    task_id="hand-0", split="train", instruction="issue : f1 4 1 returns 16 , expected 12",
+    task_id="hand-0",
+    split="train",
+    instruction="issue : f1 4 1 returns 16 , expected 12",
     files=(("m0", M0), ("m1", M1)),
     tests=(TestCase("f1", (4, 1), 12, True), TestCase("f1", (0, 0), 6, False), TestCase("f3", (5,), 10, False)),
-    bugs=(Bug("m1", 2, "ret x + y", "ret x - y", "op", (("f1", "m0", 1, 3), ("f2", "m1", 1, 2))),))
+    bugs=(Bug("m1", 2, "ret x + y", "ret x - y", "op", (("f1", "m0", 1, 3), ("f2", "m1", 1, 2))),),
+)
 HAND_CFG = MiniRepoConfig(view_lines=3, max_hits=2, max_fail_lines=1, max_turns=10)
 
 
@@ -62,18 +81,21 @@ def test_interpreter_on_hand_program():
     assert call(fixed, "f1", (4, 1), [100]) == 12
 
 
-@pytest.mark.parametrize("lines, line", [
-    (("a = 1",), 1),  # code before any def
-    (("def f1 x", "a = x +", "ret a"), 2),  # dangling operator
-    (("def f1 x", "a x + 1", "ret a"), 2),  # no `=`
-    (("def f1 x", "a = x + 1"), 2),  # no ret before the end of the file
-    (("def f1 x", "def f2 x", "ret x"), 2),  # def inside a def
-    (("def f1 x", "ret x", "a = 1"), 3),  # code after ret
-    (("def f1 x x", "ret x"), 1),  # repeated parameter
-    (("def f1", "ret 1"), 1),  # no parameter
-    (("def f1 x", "ret x & 1"), 2),  # unknown operator
-    (("def f1 x", "ret = x"), 2),  # keyword as a target
-])
+@pytest.mark.parametrize(
+    "lines, line",
+    [
+        (("a = 1",), 1),  # code before any def
+        (("def f1 x", "a = x +", "ret a"), 2),  # dangling operator
+        (("def f1 x", "a x + 1", "ret a"), 2),  # no `=`
+        (("def f1 x", "a = x + 1"), 2),  # no ret before the end of the file
+        (("def f1 x", "def f2 x", "ret x"), 2),  # def inside a def
+        (("def f1 x", "ret x", "a = 1"), 3),  # code after ret
+        (("def f1 x x", "ret x"), 1),  # repeated parameter
+        (("def f1", "ret 1"), 1),  # no parameter
+        (("def f1 x", "ret x & 1"), 2),  # unknown operator
+        (("def f1 x", "ret = x"), 2),  # keyword as a target
+    ],
+)
 def test_syntax_errors_name_the_line(lines, line):
     with pytest.raises(ProgramError) as err:
         parse_file("m4", lines)
@@ -81,8 +103,21 @@ def test_syntax_errors_name_the_line(lines, line):
 
 
 def test_runtime_errors_and_timeout():
-    program = parse_file("m0", ("def f1 x", "ret q + x", "def f2 x", "ret f1 x x", "def f3 x", "ret f3 x",
-                                "def f4 x", "ret x * 99999", "def f5 x", "ret x"))
+    program = parse_file(
+        "m0",
+        (
+            "def f1 x",
+            "ret q + x",
+            "def f2 x",
+            "ret f1 x x",
+            "def f3 x",
+            "ret f3 x",
+            "def f4 x",
+            "ret x * 99999",
+            "def f5 x",
+            "ret x",
+        ),
+    )
     for func, what in (("f1", "name q"), ("f2", "args f1"), ("f3", "depth"), ("f4", "overflow")):
         with pytest.raises(EvalError, match=what):
             call(program, func, (2,), [1000])
@@ -130,30 +165,33 @@ def test_ls_open_search():
     assert result.observation == "no match" and flags(result) == ("search", False, False, False)
 
 
-@pytest.mark.parametrize("action, observation, tool, invalid, exec_error", [
-    ("", "invalid : one command per turn", "", True, False),
-    ("ls\nls", "invalid : one command per turn", "", True, False),
-    ("cat m0", "invalid : unknown command", "", True, False),
-    ("ls m0", "invalid : usage ls", "ls", True, False),
-    ("open", "invalid : usage open FILE LINE", "open", True, False),
-    ("open m0 two", "invalid : usage open FILE LINE", "open", True, False),
-    ("open m0 1 2", "invalid : usage open FILE LINE", "open", True, False),
-    ("search", "invalid : usage search WORDS", "search", True, False),
-    ("edit m1 2", "invalid : usage edit FILE LINE TEXT", "edit", True, False),
-    ("edit m1 x ret x", "invalid : usage edit FILE LINE TEXT", "edit", True, False),
-    ("run f1", "invalid : usage run FUNC INT", "run", True, False),
-    ("run f1 a 1", "invalid : usage run FUNC INT", "run", True, False),
-    ("test f1 f2", "invalid : usage test FUNC", "test", True, False),
-    ("test all", "error : no tests for all", "test", False, True),
-    ("submit now", "invalid : usage submit", "submit", True, False),
-    ("open m9", "error : no such file", "open", False, True),
-    ("open m0 5", "error : m0 has 4 lines", "open", False, True),
-    ("open m0 0", "error : m0 has 4 lines", "open", False, True),
-    ("edit m9 1 ret x", "error : no such file", "edit", False, True),
-    ("edit m1 9 ret x", "error : m1 has 4 lines", "edit", False, True),
-    ("run f9 1", "error : name f9", "run", False, True),
-    ("run f1 1", "error : args f1", "run", False, True),
-])
+@pytest.mark.parametrize(
+    "action, observation, tool, invalid, exec_error",
+    [
+        ("", "invalid : one command per turn", "", True, False),
+        ("ls\nls", "invalid : one command per turn", "", True, False),
+        ("cat m0", "invalid : unknown command", "", True, False),
+        ("ls m0", "invalid : usage ls", "ls", True, False),
+        ("open", "invalid : usage open FILE LINE", "open", True, False),
+        ("open m0 two", "invalid : usage open FILE LINE", "open", True, False),
+        ("open m0 1 2", "invalid : usage open FILE LINE", "open", True, False),
+        ("search", "invalid : usage search WORDS", "search", True, False),
+        ("edit m1 2", "invalid : usage edit FILE LINE TEXT", "edit", True, False),
+        ("edit m1 x ret x", "invalid : usage edit FILE LINE TEXT", "edit", True, False),
+        ("run f1", "invalid : usage run FUNC INT", "run", True, False),
+        ("run f1 a 1", "invalid : usage run FUNC INT", "run", True, False),
+        ("test f1 f2", "invalid : usage test FUNC", "test", True, False),
+        ("test all", "error : no tests for all", "test", False, True),
+        ("submit now", "invalid : usage submit", "submit", True, False),
+        ("open m9", "error : no such file", "open", False, True),
+        ("open m0 5", "error : m0 has 4 lines", "open", False, True),
+        ("open m0 0", "error : m0 has 4 lines", "open", False, True),
+        ("edit m9 1 ret x", "error : no such file", "edit", False, True),
+        ("edit m1 9 ret x", "error : m1 has 4 lines", "edit", False, True),
+        ("run f9 1", "error : name f9", "run", False, True),
+        ("run f1 1", "error : args f1", "run", False, True),
+    ],
+)
 def test_invalid_and_failing_commands(action, observation, tool, invalid, exec_error):
     env = hand_env()
     result = env.step(action)
@@ -192,8 +230,9 @@ def test_runtime_error_in_a_test_is_a_failure_not_a_tool_error():
     env = hand_env(max_fail_lines=3)
     env.step("edit m1 4 ret z * 2")
     result = env.step("test")
-    assert result.observation == ("pass 1 fail 2\nfail : f1 4 1 returns 16 , expected 12\n"
-                                  "fail : f3 5 raises error , expected 10")
+    assert result.observation == (
+        "pass 1 fail 2\nfail : f1 4 1 returns 16 , expected 12\nfail : f3 5 raises error , expected 10"
+    )
     assert flags(result) == ("test", False, False, False)
 
 
@@ -254,8 +293,13 @@ def test_turn_limit():
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.lists(st.sampled_from(vocabulary() + ["-1", "12", "0", "4", "", "\n", "??"]),
-                         min_size=0, max_size=6), min_size=1, max_size=8))
+@given(
+    st.lists(
+        st.lists(st.sampled_from(vocabulary() + ["-1", "12", "0", "4", "", "\n", "??"]), min_size=0, max_size=6),
+        min_size=1,
+        max_size=8,
+    )
+)
 def test_fuzzed_actions_never_crash_and_flags_are_consistent(actions):
     env = hand_env()
     for words in actions:
@@ -271,12 +315,21 @@ def test_fuzzed_actions_never_crash_and_flags_are_consistent(actions):
 
 # ------------------------------------------------------------------------------------------- generated tasks
 def test_config_validation():
-    cases = {"min_files": dict(min_files=0), "max_files": dict(max_files=11), "exceeds": dict(min_bugs=2),
-             "max_depth": dict(max_depth=-1), "max_body_lines": dict(max_body_lines=7),
-             "bug_kinds": dict(bug_kinds=("op", "typo")), "call_prob": dict(call_prob=1.5),
-             "heldout_fraction": dict(heldout_fraction=0.0), "max_turns": dict(max_turns=0),
-             "do not fit": dict(max_depth=4), "seed": dict(seed=1.5), "test_helpers": dict(test_helpers=1),
-             "tests_per_function": dict(tests_per_function=11)}
+    cases = {
+        "min_files": dict(min_files=0),
+        "max_files": dict(max_files=11),
+        "exceeds": dict(min_bugs=2),
+        "max_depth": dict(max_depth=-1),
+        "max_body_lines": dict(max_body_lines=7),
+        "bug_kinds": dict(bug_kinds=("op", "typo")),
+        "call_prob": dict(call_prob=1.5),
+        "heldout_fraction": dict(heldout_fraction=0.0),
+        "max_turns": dict(max_turns=0),
+        "do not fit": dict(max_depth=4),
+        "seed": dict(seed=1.5),
+        "test_helpers": dict(test_helpers=1),
+        "tests_per_function": dict(tests_per_function=11),
+    }
     for needle, kwargs in cases.items():
         with pytest.raises(ValueError, match=needle):
             MiniRepoConfig(**kwargs)
@@ -346,14 +399,20 @@ def test_expert_fails_sometimes_at_noise_point_three(source):
     solved = sum(r.reward for r in runs)
     assert 100 <= solved < 200  # imperfect, yet mostly right
     assert any(any(res.info.exec_error for res in r.results) for r in runs)  # slips show up as tool errors
-    assert any(a.startswith("edit") and b.startswith("edit") is False for r in runs  # wrong edit, then test
-               for a, b in zip(r.actions, r.actions[1:]))
+    assert any(
+        a.startswith("edit") and b.startswith("edit") is False
+        for r in runs  # wrong edit, then test
+        for a, b in zip(r.actions, r.actions[1:])
+    )
 
 
 def test_expert_on_hand_task_and_horizon_formula(source):
     run = play_expert(HAND, HAND_CFG)
-    assert run.actions == ["search def f1", "open m0 1", "search def f2", "open m1 1", "edit m1 2 ret x - y",
-                           "test", "submit"] and run.reward == 1.0
+    assert (
+        run.actions
+        == ["search def f1", "open m0 1", "search def f2", "open m1 1", "edit m1 2 ret x - y", "test", "submit"]
+        and run.reward == 1.0
+    )
     lengths = {}
     for task in source.tasks("train", 200):
         depth = task.bugs[0].depth
@@ -374,10 +433,13 @@ def test_expert_on_hand_task_and_horizon_formula(source):
 # 2 a = x + 3         candidates in order: line 2 `- 3`, `* 3`; line 3 `ret a - 2`, `ret a * 2`
 # 3 ret a + 2
 LAST = MiniRepoTask(
-    task_id="hand-1", split="train", instruction="issue : f1 1 returns 6 , expected 8",
+    task_id="hand-1",
+    split="train",
+    instruction="issue : f1 1 returns 6 , expected 8",
     files=(("m0", ("def f1 x", "a = x + 3", "ret a + 2")),),
     tests=(TestCase("f1", (1,), 8, True), TestCase("f1", (2,), 10, True)),
-    bugs=(Bug("m0", 3, "ret a + 2", "ret a * 2", "op", (("f1", "m0", 1, 3),)),))
+    bugs=(Bug("m0", 3, "ret a + 2", "ret a * 2", "op", (("f1", "m0", 1, 3),)),),
+)
 
 
 def test_test_command_for_one_function_and_verdicts():
@@ -392,12 +454,30 @@ def test_test_command_for_one_function_and_verdicts():
 def test_search_expert_tries_fixes_in_order_and_puts_lines_back():
     config = MiniRepoConfig(view_lines=3, max_turns=20, expert="search", bug_kinds=("op",))
     run = play_expert(HAND, config)
-    assert run.actions == ["search def f1", "open m0 1", "search def f2", "open m1 1", "edit m1 2 ret x - y",
-                           "test f1", "submit"] and run.reward == 1.0
+    assert (
+        run.actions
+        == ["search def f1", "open m0 1", "search def f2", "open m1 1", "edit m1 2 ret x - y", "test f1", "submit"]
+        and run.reward == 1.0
+    )
     run = play_expert(LAST, config)
-    assert run.actions == ["search def f1", "open m0 1", "edit m0 2 a = x - 3", "test f1", "edit m0 2 a = x * 3",
-                           "test f1", "edit m0 2 a = x + 3", "edit m0 3 ret a - 2", "test f1", "edit m0 3 ret a * 2",
-                           "test f1", "submit"] and run.reward == 1.0
+    assert (
+        run.actions
+        == [
+            "search def f1",
+            "open m0 1",
+            "edit m0 2 a = x - 3",
+            "test f1",
+            "edit m0 2 a = x * 3",
+            "test f1",
+            "edit m0 2 a = x + 3",
+            "edit m0 3 ret a - 2",
+            "test f1",
+            "edit m0 3 ret a * 2",
+            "test f1",
+            "submit",
+        ]
+        and run.reward == 1.0
+    )
 
 
 def test_search_expert_does_not_know_the_fix():
@@ -405,17 +485,34 @@ def test_search_expert_does_not_know_the_fix():
     config = MiniRepoConfig(max_depth=0, bug_kinds=("op",), max_turns=60, expert="search", max_bugs=2)
     source = MiniRepoTasks(config)
     for task in source.tasks("train", 40):
-        blind = dataclasses.replace(task, bugs=tuple(
-            dataclasses.replace(b, line=b.chain[-1][2] + 1, fixed="ret 0",
-                                chain=b.chain[:-1] + ((*b.chain[-1][:3], b.chain[-1][2] + 1),)) for b in task.bugs))
+        blind = dataclasses.replace(
+            task,
+            bugs=tuple(
+                dataclasses.replace(
+                    b,
+                    line=b.chain[-1][2] + 1,
+                    fixed="ret 0",
+                    chain=b.chain[:-1] + ((*b.chain[-1][:3], b.chain[-1][2] + 1),),
+                )
+                for b in task.bugs
+            ),
+        )
         assert play_expert(task, config).text() == play_expert(blind, config).text()
 
 
 def test_search_expert_solves_everything_and_horizon_grows_with_bugs():
     turns = {}
     for bugs in (1, 2, 4):
-        config = MiniRepoConfig(max_depth=0, bug_kinds=("op",), max_turns=200, expert="search", min_files=4,
-                                max_body_lines=2, min_bugs=bugs, max_bugs=bugs)
+        config = MiniRepoConfig(
+            max_depth=0,
+            bug_kinds=("op",),
+            max_turns=200,
+            expert="search",
+            min_files=4,
+            max_body_lines=2,
+            min_bugs=bugs,
+            max_bugs=bugs,
+        )
         runs = [play_expert(t, config) for t in MiniRepoTasks(config).tasks("heldout", 60)]
         assert all(r.reward == 1.0 for r in runs)
         assert all(a.startswith("test ") for r in runs for a, b in zip(r.actions, r.actions[1:]) if b == "submit")
@@ -434,9 +531,23 @@ def test_vocabulary_covers_every_text():
     vocab = set(vocabulary())
     texts = sample_texts(MiniRepoConfig(), n=60, noise=0.3)
     env = hand_env(max_turns=50)
-    bad_actions = ["", "cat", "ls m0", "open m9", "open m0 9", "run f9 1", "run f1 1", "edit m1 2 ret x -", "test",
-                   "test f9", "test f1 f2",
-                   "edit m1 3 def f1 x", "edit m1 2 ret z", "test", "run f1 1 1"]
+    bad_actions = [
+        "",
+        "cat",
+        "ls m0",
+        "open m9",
+        "open m0 9",
+        "run f9 1",
+        "run f1 1",
+        "edit m1 2 ret x -",
+        "test",
+        "test f9",
+        "test f1 f2",
+        "edit m1 3 def f1 x",
+        "edit m1 2 ret z",
+        "test",
+        "run f1 1 1",
+    ]
     texts += [env.step(a).observation for a in bad_actions]
     words = {w for text in texts for w in text.split()}
     assert {w for w in words if w not in vocab and not w.lstrip("-").isdigit()} == set()

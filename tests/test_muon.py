@@ -1,12 +1,12 @@
 """Muon against independent references: torch.optim.Muon, an fp64 SVD, and hand formulas."""
+
 import copy
 import math
 
 import pytest
 import torch
 
-from trainer.optim.muon import (JORDAN_COEFFICIENTS, Muon, matrix_update_stats,
-                                newton_schulz, resolve_coefficients)
+from trainer.optim.muon import JORDAN_COEFFICIENTS, Muon, matrix_update_stats, newton_schulz, resolve_coefficients
 
 SHAPES = [(48, 48), (24, 80), (80, 24), (48, 48), (7, 5)]  # square (twice: one shape group of 2), wide, tall
 
@@ -78,6 +78,7 @@ def test_bf16_ns_equals_torch_zeropower_per_matrix_and_stacked():
     """newton_schulz in bf16, on one matrix or a stack, is torch's `_zeropower_via_newtonschulz` bit for bit, also
     on shapes and inputs where batched bmm/baddbmm rounds differently (seen on CPU: 7x130 seeds 5 and 21, 16x16)."""
     from torch.optim._muon import _zeropower_via_newtonschulz
+
     for shape, n in [((7, 130), 1), ((130, 7), 2), ((16, 16), 3), ((5, 7), 3), ((80, 16), 3), ((48, 96), 2)]:
         for seed in (0, 1, 2, 5, 6, 21):
             G = torch.randn(n, *shape, generator=torch.Generator().manual_seed(seed))
@@ -89,7 +90,7 @@ def test_bf16_ns_equals_torch_zeropower_per_matrix_and_stacked():
 def _polynomial_map(x: torch.Tensor, coefficients) -> torch.Tensor:
     """The scalar map NS applies to each normalised singular value: x <- a x + b x^3 + c x^5."""
     for a, b, c in coefficients:
-        x = a * x + b * x ** 3 + c * x ** 5
+        x = a * x + b * x**3 + c * x**5
     return x
 
 
@@ -132,8 +133,9 @@ def test_polar_express_is_closer_to_the_polar_factor_than_jordan():
     errs = {}
     for name in ("jordan", "polar_express"):
         coefficients, scale = resolve_coefficients(name, 5)
-        errs[name] = ((newton_schulz(G.float(), coefficients, norm_scale=scale).double() - polar).norm()
-                      / polar.norm()).item()
+        errs[name] = (
+            (newton_schulz(G.float(), coefficients, norm_scale=scale).double() - polar).norm() / polar.norm()
+        ).item()
     assert errs["polar_express"] < 0.7 * errs["jordan"], errs
 
 
@@ -308,8 +310,14 @@ def test_match_spectral_adamw_steps_have_adamws_top_singular_value(shape):
     a = torch.randn(shape).requires_grad_()
     m = a.detach().clone().requires_grad_()
     adamw = torch.optim.AdamW([a], lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
-    muon = Muon([m], lr=1e-3, weight_decay=0.0, adjust_lr_fn="match_spectral_adamw", adamw_betas=(0.9, 0.95),
-                ns_dtype=torch.float32)
+    muon = Muon(
+        [m],
+        lr=1e-3,
+        weight_decay=0.0,
+        adjust_lr_fn="match_spectral_adamw",
+        adamw_betas=(0.9, 0.95),
+        ns_dtype=torch.float32,
+    )
     rms_ratios = []
     for grad in grads:
         before_a, before_m = a.detach().clone(), m.detach().clone()

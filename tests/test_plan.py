@@ -2,18 +2,38 @@
 (benchmarks/gpu_check_trainer.py --memory-probe; docs/scale.md): fp32 master weights, bf16 autocast, no activation
 checkpointing, no head chunking, Muon+AdamW. The bounds (15% for the 4B shape, 25% for the 0.5B shape) were set
 after the comparison; the out-of-memory points must be predicted not to fit."""
+
 import pytest
 import yaml
 
 from trainer.__main__ import main
 from trainer.plan import model_counts, plan_memory
 
-QWEN3_4B = dict(model_type="qwen3", vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36,
-                num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True)
-QWEN25_05B = dict(model_type="qwen2", vocab_size=151936, hidden_size=896, intermediate_size=4864,
-                  num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True)
-MEASURED = {"4B": {2048: 64, 4096: 80, 8192: 121, 16384: None}, "0.5B": {2048: 13, 4096: 25, 8192: 45, 16384: 85,
-                                                                          32768: None}}
+QWEN3_4B = dict(
+    model_type="qwen3",
+    vocab_size=151936,
+    hidden_size=2560,
+    intermediate_size=9728,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    tie_word_embeddings=True,
+)
+QWEN25_05B = dict(
+    model_type="qwen2",
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    tie_word_embeddings=True,
+)
+MEASURED = {
+    "4B": {2048: 64, 4096: 80, 8192: 121, 16384: None},
+    "0.5B": {2048: 13, 4096: 25, 8192: 45, 16384: 85, 32768: None},
+}
 """GiB allocated at each micro-batch size; None: out of memory."""
 
 
@@ -58,8 +78,15 @@ def test_the_command_reads_a_cell(tmp_path, capsys):
     kwargs = dict(QWEN3_4B)
     AutoConfig.for_model(kwargs.pop("model_type"), **kwargs).save_pretrained(tmp_path / "model")
     cell = tmp_path / "cell.yaml"
-    cell.write_text(yaml.safe_dump({"model": {"path": str(tmp_path / "model")}, "env": {"name": "minirepo"},
-                                    "rollout": {"max_episode_tokens": 32768}}))
+    cell.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"path": str(tmp_path / "model")},
+                "env": {"name": "minirepo"},
+                "rollout": {"max_episode_tokens": 32768},
+            }
+        )
+    )
     assert main(["plan", "--config", str(cell), "--gpus", "8"]) == 0
     out = capsys.readouterr().out
     assert "4.02B parameters (3.63B on Muon), 32,768 tokens per micro-batch, 8 GPU(s), sharded" in out

@@ -1,4 +1,5 @@
 """benchmarks/profile_cell.py: a cell's wall time split into exclusive phases, beside their counted FLOPs."""
+
 import importlib.util
 import json
 import sys
@@ -43,11 +44,13 @@ def test_profile_of_a_default_cell_accounts_for_its_wall_time(tmp_path):
     from trainer.environments.suite import make_suite
     from trainer.policy.load import new_tiny_policy, save_policy
     from trainer.rl.spo import write_offline_stats
-    from trainer.study import RECIPE_OPTIMIZER, cell_config, resolve_base
+    from trainer.study import cell_config, resolve_base
     from trainer.train import Trainer
 
-    small = {"base": "config.yaml", "cell": {"env": {"eval_tasks": 8, "probe_tasks": 2},
-                                             "rollout": {"batch_size": 8, "max_turn_tokens": 8}}}
+    small = {
+        "base": "config.yaml",
+        "cell": {"env": {"eval_tasks": 8, "probe_tasks": 2}, "rollout": {"batch_size": 8, "max_turn_tokens": 8}},
+    }
     study_file = tmp_path / "small.yaml"
     study_file.write_text(yaml.safe_dump(small))
     study = resolve_base(small, root=ROOT, source=study_file)
@@ -59,17 +62,37 @@ def test_profile_of_a_default_cell_accounts_for_its_wall_time(tmp_path):
     model, fmt = new_tiny_policy("qwen-tiny", suite.sample_texts(), seed=0)
     save_policy(model, fmt, policy)
     # priors of 0-4 successes in 4 plays: an untrained policy's failures then carry signal (baselines differ)
-    write_offline_stats(policy / OFFLINE_STATS_FILE, {t.task_id: (4, i % 5) for i, t in
-                                                      enumerate(suite.tasks.tasks("train", cfg.env.train_tasks))})
+    write_offline_stats(
+        policy / OFFLINE_STATS_FILE,
+        {t.task_id: (4, i % 5) for i, t in enumerate(suite.tasks.tasks("train", cfg.env.train_tasks))},
+    )
     out = tmp_path / "profile.json"
-    _script().main(["--policy", str(policy), "--study", str(study_file), "--updates", "2", "--flop-updates", "1",
-                    "--json", str(out)])
+    _script().main(
+        [
+            "--policy",
+            str(policy),
+            "--study",
+            str(study_file),
+            "--updates",
+            "2",
+            "--flop-updates",
+            "1",
+            "--json",
+            str(out),
+        ]
+    )
     report = json.loads(out.read_text())
     rows = {r["phase"]: r for r in report["rows"]}
     loop = report["wall_s"] - report["startup_s"]
     assert sum(r["seconds"] for r in rows.values()) == pytest.approx(loop, rel=0.05)
-    for phase in ("step/rollout/decode", "step/update/forward", "step/update/backward", "step/update/optimizer",
-                  "step/spo/old_logp", "evaluate/decode"):
+    for phase in (
+        "step/rollout/decode",
+        "step/update/forward",
+        "step/update/backward",
+        "step/update/optimizer",
+        "step/spo/old_logp",
+        "evaluate/decode",
+    ):
         assert rows[phase]["gflop"] > 0 and rows[phase]["bound_s"] > 0, phase
     assert rows["step/rollout/env"]["gflop"] == 0
 
@@ -82,6 +105,8 @@ def test_profile_of_a_default_cell_accounts_for_its_wall_time(tmp_path):
     timed_again = tmp_path / "timed"
     module = _script()
     module.run_cell(plain, timed_again, module.PhaseTimer(), count_flops=False)
-    a, b = (pd.read_parquet(d / "metrics.parquet").drop(columns=["rollout_s", "train_s", "wall_s"])
-            for d in (tmp_path / "plain", timed_again))
+    a, b = (
+        pd.read_parquet(d / "metrics.parquet").drop(columns=["rollout_s", "train_s", "wall_s"])
+        for d in (tmp_path / "plain", timed_again)
+    )
     pd.testing.assert_frame_equal(a, b)

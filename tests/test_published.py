@@ -1,5 +1,6 @@
 """Published results as data (trainer/analysis/published.py): the committed studies are of this trainer version,
 `publish` records where its numbers came from, `compare` tells identical, within-interval and outside runs apart."""
+
 import json
 import subprocess
 import sys
@@ -36,9 +37,19 @@ def _runs(shift: dict | None = None) -> pd.DataFrame:
     for recipe, base in (("spo_adam", 0.40), ("full", 0.60)):
         for seed in range(3):
             value = base + 0.02 * seed
-            rows.append({"model": "qwen-tiny", "recipe": recipe, "optimizer": "muon", "seed": seed,
-                         "window_success": value, "gain": value / 2, "eval_success": value - 0.1,
-                         "eval_first": 0.3, "collapsed": False})
+            rows.append(
+                {
+                    "model": "qwen-tiny",
+                    "recipe": recipe,
+                    "optimizer": "muon",
+                    "seed": seed,
+                    "window_success": value,
+                    "gain": value / 2,
+                    "eval_success": value - 0.1,
+                    "eval_first": 0.3,
+                    "collapsed": False,
+                }
+            )
     frame = pd.DataFrame(rows)
     for (recipe, seed, column), value in (shift or {}).items():
         frame.loc[(frame["recipe"] == recipe) & (frame["seed"] == seed), column] = value
@@ -77,14 +88,22 @@ def test_compare_keys_runs_by_arm_and_reads_a_numeric_label_back_as_the_label(tm
     table = compare(rerun, back)
     assert list(table.columns[:5]) == ["model", "recipe", "optimizer", "arm", "seed"] and len(table) == 12
     status = table.groupby(["arm", "recipe"])["status"].agg(set).to_dict()
-    assert status == {("1e-3", "full"): {"identical"}, ("1e-3", "spo_adam"): {"identical"},
-                      ("NA", "full"): {"outside"}, ("NA", "spo_adam"): {"identical"}}
+    assert status == {
+        ("1e-3", "full"): {"identical"},
+        ("1e-3", "spo_adam"): {"identical"},
+        ("NA", "full"): {"outside"},
+        ("NA", "spo_adam"): {"identical"},
+    }
 
 
 def _cell(folder: Path, commit: str, version: str | None, dirty: bool = False) -> None:
-    prov = {"config": {}, "git": {"commit": commit, "dirty": dirty}, "versions": {"torch": "x"},
-            "hardware": {"processor": "cpu", "machine": "x86_64", "logical_cores": 2, "cuda_devices": []},
-            "timestamp_utc": "2026-12-03T00:00:00+00:00"}
+    prov = {
+        "config": {},
+        "git": {"commit": commit, "dirty": dirty},
+        "versions": {"torch": "x"},
+        "hardware": {"processor": "cpu", "machine": "x86_64", "logical_cores": 2, "cuda_devices": []},
+        "timestamp_utc": "2026-12-03T00:00:00+00:00",
+    }
     if version is not None:
         prov["trainer_version"] = version
     folder.mkdir(parents=True)
@@ -96,7 +115,7 @@ def _study(tmp_path: Path, versions: list, dirty: bool = False) -> Path:
     results = tmp_path / "results"
     for i, version in enumerate(versions):
         _cell(results / "cells" / f"model=m/recipe=r/optimizer=muon/seed={i}", "abc", version, dirty)
-    _runs().iloc[:len(versions)].to_parquet(results / "runs.parquet")
+    _runs().iloc[: len(versions)].to_parquet(results / "runs.parquet")
     (results / "summary.csv").write_text("model,n_seeds\nm,1\n")
     return results
 
@@ -121,8 +140,9 @@ def test_a_cell_without_a_recorded_version_gets_its_commits():
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
     if head.returncode != 0:
         pytest.skip("not a git checkout")
-    text = subprocess.run(["git", "-C", str(ROOT), "show", "HEAD:trainer/__init__.py"], capture_output=True,
-                          text=True).stdout
+    text = subprocess.run(
+        ["git", "-C", str(ROOT), "show", "HEAD:trainer/__init__.py"], capture_output=True, text=True
+    ).stdout
     assert f'TRAINER_VERSION = "{version_at(head.stdout.strip(), ROOT)}"' in text
     with pytest.raises(ValueError, match="cannot read"):
         version_at("0" * 40, ROOT)
@@ -143,6 +163,5 @@ def test_the_command_exits_1_on_a_run_outside_and_0_when_identical(tmp_path, cap
 
 
 def test_the_module_runs_as_a_command():
-    run = subprocess.run([sys.executable, "-m", "trainer.analysis.published", "--help"], capture_output=True,
-                         text=True)
+    run = subprocess.run([sys.executable, "-m", "trainer.analysis.published", "--help"], capture_output=True, text=True)
     assert run.returncode == 0 and "compare" in run.stdout

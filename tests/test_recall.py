@@ -1,10 +1,20 @@
 """The recall game (trainer/environments/recall.py): reward only for the right key, flags, splits, suite wiring."""
+
 import pytest
 
 from trainer.config import EnvConfig
 from trainer.environments.protocol import Environment, TaskSource
-from trainer.environments.recall import (DOOR, LOCKED, OPEN, RecallConfig, RecallEnv, RecallTask, RecallTasks,
-                                         expert_action, sample_texts)
+from trainer.environments.recall import (
+    DOOR,
+    LOCKED,
+    OPEN,
+    RecallConfig,
+    RecallEnv,
+    RecallTask,
+    RecallTasks,
+    expert_action,
+    sample_texts,
+)
 from trainer.environments.suite import family_config, make_suite
 
 
@@ -14,9 +24,19 @@ def play(env: RecallEnv, task: RecallTask, *actions: str):
     return [env.step(action) for action in actions]
 
 
-@pytest.mark.parametrize("field, value", [("n_keys", 0), ("n_keys", 11), ("max_turns", 1), ("n_train_tasks", -1),
-                                          ("n_heldout_tasks", -1), ("seed", "0"), ("n_keys", True),
-                                          ("max_turns", 2.0)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("n_keys", 0),
+        ("n_keys", 11),
+        ("max_turns", 1),
+        ("n_train_tasks", -1),
+        ("n_heldout_tasks", -1),
+        ("seed", "0"),
+        ("n_keys", True),
+        ("max_turns", 2.0),
+    ],
+)
 def test_config_rejects_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=f"RecallConfig.{field}"):
         RecallConfig(**{field: value})
@@ -38,9 +58,16 @@ def test_reward_is_one_only_for_exactly_the_key():
         assert (last.observation, last.done, last.reward, last.info.invalid_action) == (LOCKED, True, 0.0, False)
 
 
-@pytest.mark.parametrize("turn1, turn2, invalid", [("", "b", (True, False)), ("a\nb", "b", (True, False)),
-                                                   ("ok", "", (False, True)), ("ok", "b b", (False, True)),
-                                                   ("ok", "b\nb", (False, True))])
+@pytest.mark.parametrize(
+    "turn1, turn2, invalid",
+    [
+        ("", "b", (True, False)),
+        ("a\nb", "b", (True, False)),
+        ("ok", "", (False, True)),
+        ("ok", "b b", (False, True)),
+        ("ok", "b\nb", (False, True)),
+    ],
+)
 def test_empty_or_malformed_actions_set_invalid_action(turn1, turn2, invalid):
     first, second = play(RecallEnv(), RecallTask("t", "b"), turn1, turn2)
     assert (first.info.invalid_action, second.info.invalid_action) == invalid
@@ -67,8 +94,9 @@ def test_splits_are_deterministic_disjoint_and_balanced():
     assert not {t.task_id for t in train} & {t.task_id for t in heldout}
     assert len({t.task_id for t in train}) == 12
     assert sorted(t.key for t in train) == sorted("abc" * 4)  # every key equally often
-    assert [t.key for t in RecallTasks(RecallConfig(n_keys=3, n_train_tasks=12, seed=6)).tasks("train")] != \
-        [t.key for t in train]
+    assert [t.key for t in RecallTasks(RecallConfig(n_keys=3, n_train_tasks=12, seed=6)).tasks("train")] != [
+        t.key for t in train
+    ]
     with pytest.raises(ValueError, match="split"):
         tasks.tasks("test")
     with pytest.raises(ValueError, match="n must be"):
@@ -77,6 +105,7 @@ def test_splits_are_deterministic_disjoint_and_balanced():
 
 def test_expert_always_wins_and_texts_are_deterministic():
     import random
+
     config = RecallConfig(n_keys=4)
     env, rng = RecallEnv(config), random.Random(0)
     for task in RecallTasks(config).tasks("train"):
@@ -91,6 +120,7 @@ def test_expert_always_wins_and_texts_are_deterministic():
 
 def test_suite_wires_the_family_and_its_tokenizer_has_one_token_per_key():
     from trainer.policy.chat_format import TinyFormat, build_tokenizer
+
     suite = make_suite(EnvConfig(name="recall", options={"n_keys": 4, "max_turns": 3}))
     assert suite.make_env().max_turns == 3 and len(suite.tasks.tasks("train")) == RecallConfig().n_train_tasks
     demo = suite.demonstrate(suite.tasks.tasks("train")[0], 0.0, __import__("random").Random(0))

@@ -5,6 +5,7 @@ The reference for every check is the same generator in the trainer's own process
 `reference_engine`): a server that plays, loads and stays in step exactly as that does is a transparent process
 boundary. On a GPU the same protocol carries vLLM over NCCL (benchmarks/gpu_check_vllm.py); that is not run here.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,9 +21,9 @@ import pandas as pd
 import pytest
 import torch
 import yaml
-
 from test_learning_sanity import word_policy
 from test_vllm_engine import TASKS, TEXTS, TallyEnv
+
 from trainer.logs.parquet_log import read_log
 from trainer.policy.chat_format import TinyFormat, build_tokenizer
 from trainer.policy.load import save_policy
@@ -54,8 +55,13 @@ def served(tmp_path_factory):
 
 
 def _play(engine, sampling, version=None, seed=1):
-    return engine.play([TallyEnv() for _ in TASKS], TASKS, sampling=sampling, policy_version=version,
-                       generator=torch.Generator().manual_seed(seed))
+    return engine.play(
+        [TallyEnv() for _ in TASKS],
+        TASKS,
+        sampling=sampling,
+        policy_version=version,
+        generator=torch.Generator().manual_seed(seed),
+    )
 
 
 def _same(got, ref):
@@ -107,7 +113,7 @@ def test_the_server_exits_when_its_trainer_is_killed(tmp_path, served):
     trainer = textwrap.dedent(f"""
         import sys, time
         from trainer.rollout.server import launch_server
-        client = launch_server({str(tmp_path / 'policy')!r}, backend="reference", log_path={str(tmp_path / 'log')!r},
+        client = launch_server({str(tmp_path / "policy")!r}, backend="reference", log_path={str(tmp_path / "log")!r},
                                dtype="float32", seed=0)
         print(client.info["pid"], flush=True)
         time.sleep(600)
@@ -134,8 +140,9 @@ def test_the_server_exits_when_its_trainer_is_killed(tmp_path, served):
 def _own_server(tmp_path, model, fmt):
     """A server of the test's own (one it may kill), started from `model`."""
     save_policy(model, fmt, tmp_path / "policy")
-    return launch_server(tmp_path / "policy", backend="reference", log_path=tmp_path / "server.log", dtype="float32",
-                         seed=0)
+    return launch_server(
+        tmp_path / "policy", backend="reference", log_path=tmp_path / "server.log", dtype="float32", seed=0
+    )
 
 
 @pytest.mark.slow
@@ -164,8 +171,13 @@ def test_a_server_dying_under_asynchronous_rollouts_fails_the_batch(tmp_path, se
 
     model, fmt, _ = served
     client = _own_server(tmp_path, model, fmt)
-    driver = RolloutDriver(ServerEngine.connect(client, fmt), TallyEnv, TaskSampler([_Task(t) for t in TASKS]),
-                           DriverConfig(mode="async", batch_size=4, max_staleness=1), GREEDY)
+    driver = RolloutDriver(
+        ServerEngine.connect(client, fmt),
+        TallyEnv,
+        TaskSampler([_Task(t) for t in TASKS]),
+        DriverConfig(mode="async", batch_size=4, max_staleness=1),
+        GREEDY,
+    )
     driver.publish(model.state_dict(), 0)
     assert len(driver.next_batch(0)) == 4
     os.kill(client.info["pid"], signal.SIGKILL)
@@ -179,8 +191,9 @@ def test_a_server_dying_under_asynchronous_rollouts_fails_the_batch(tmp_path, se
 
 def test_a_server_that_cannot_start_says_why(tmp_path):
     with pytest.raises(RuntimeError, match=r"did not start \(exit code 1\)(.|\n)*no-such-policy"):
-        launch_server(tmp_path / "no-such-policy", backend="reference", log_path=tmp_path / "server.log",
-                      dtype="float32", seed=0)
+        launch_server(
+            tmp_path / "no-such-policy", backend="reference", log_path=tmp_path / "server.log", dtype="float32", seed=0
+        )
 
 
 # ------------------------------------------------------------------------------------------- cells
@@ -190,22 +203,32 @@ RECALL = {"n_keys": 2, "n_train_tasks": 16, "n_heldout_tasks": 8}
 
 
 def _cell(policy, **rollout):
-    return {"recipe": "spo_muon", "model": {"path": str(policy)},
-            "env": {"name": "recall", "options": RECALL, "eval_tasks": 8},
-            "optim": {"name": "muon", "lr": 1e-3},
-            "rollout": {"engine": "reference", "batch_size": 64, "max_turn_tokens": 1, "max_episode_tokens": 32,
-                        **rollout},
-            "run": {"updates": 6, "seed": 0, "minibatches": 2, "eval_every": 3, "checkpoint_every": 0}}
+    return {
+        "recipe": "spo_muon",
+        "model": {"path": str(policy)},
+        "env": {"name": "recall", "options": RECALL, "eval_tasks": 8},
+        "optim": {"name": "muon", "lr": 1e-3},
+        "rollout": {"engine": "reference", "batch_size": 64, "max_turn_tokens": 1, "max_episode_tokens": 32, **rollout},
+        "run": {"updates": 6, "seed": 0, "minibatches": 2, "eval_every": 3, "checkpoint_every": 0},
+    }
 
 
 def _train(tmp_path, cell, name, nproc=1):
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cell))
-    launcher = ([sys.executable] if nproc == 1 else
-                [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"])
-    run = subprocess.run([*launcher, "-m", "trainer", "train", "--config", str(path), "--out", str(tmp_path / name),
-                          "--no-progress"], capture_output=True, text=True, timeout=900, cwd=ROOT,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    launcher = (
+        [sys.executable]
+        if nproc == 1
+        else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+    )
+    run = subprocess.run(
+        [*launcher, "-m", "trainer", "train", "--config", str(path), "--out", str(tmp_path / name), "--no-progress"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     return run
 

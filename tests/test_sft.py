@@ -1,4 +1,5 @@
 """The supervised warm start's guard: demonstrations that cannot fit the token budget are a named error."""
+
 import pytest
 import yaml
 
@@ -7,11 +8,25 @@ from trainer.policy.sft import warm_start
 
 
 def test_no_demonstration_fits_the_episode_budget_names_the_key(tmp_path):
-    config = {"model": {"preset": "qwen2.5-tiny"},
-              "env": {"name": "textgame", "options": {"n_receptacles": 2, "n_objects": 1, "n_distractors": 0,
-                                                      "max_steps": 3, "n_train_tasks": 20, "n_heldout_tasks": 4,
-                                                      "task_types": ["pick_and_place"]}},
-              "rollout": {"max_episode_tokens": 16}, "n_demos": 4, "vocab_size": 300, "max_steps": 1}
+    config = {
+        "model": {"preset": "qwen2.5-tiny"},
+        "env": {
+            "name": "textgame",
+            "options": {
+                "n_receptacles": 2,
+                "n_objects": 1,
+                "n_distractors": 0,
+                "max_steps": 3,
+                "n_train_tasks": 20,
+                "n_heldout_tasks": 4,
+                "task_types": ["pick_and_place"],
+            },
+        },
+        "rollout": {"max_episode_tokens": 16},
+        "n_demos": 4,
+        "vocab_size": 300,
+        "max_steps": 1,
+    }
     path = tmp_path / "sft.yaml"
     path.write_text(yaml.safe_dump(config))
     with pytest.raises(ValueError, match="rollout.max_episode_tokens=16"):
@@ -74,12 +89,30 @@ def test_demonstrations_come_from_outside_the_rl_pool_and_the_offline_pass_cover
     built = []  # the warm start's Muon runs Newton-Schulz in fp32 on the CPU (optim.ns_dtype's "auto")
     real_build = sft.build_muon_adamw
     monkeypatch.setattr(sft, "build_muon_adamw", lambda *a, **kw: (built.append(kw), real_build(*a, **kw))[1])
-    config = {"model": {"preset": "qwen-tiny"},
-              "env": {"name": "minirepo", "train_tasks": 12,
-                      "options": {"max_depth": 0, "bug_kinds": ["op"], "expert": "search", "n_train": 40,
-                                  "n_heldout": 8, "max_turns": 6}, "eval_tasks": 2},
-              "rollout": {"max_turn_tokens": 8, "max_episode_tokens": 512}, "n_demos": 30, "vocab_size": 300,
-              "max_steps": 2, "eval_every": 2, "eval_tasks": 4, "band": [0.0, 1.0], "offline_samples": 2}
+    config = {
+        "model": {"preset": "qwen-tiny"},
+        "env": {
+            "name": "minirepo",
+            "train_tasks": 12,
+            "options": {
+                "max_depth": 0,
+                "bug_kinds": ["op"],
+                "expert": "search",
+                "n_train": 40,
+                "n_heldout": 8,
+                "max_turns": 6,
+            },
+            "eval_tasks": 2,
+        },
+        "rollout": {"max_turn_tokens": 8, "max_episode_tokens": 512},
+        "n_demos": 30,
+        "vocab_size": 300,
+        "max_steps": 2,
+        "eval_every": 2,
+        "eval_tasks": 4,
+        "band": [0.0, 1.0],
+        "offline_samples": 2,
+    }
     path = tmp_path / "sft.yaml"
     path.write_text(yaml.safe_dump(config))
     report = warm_start(load_sft_config(path), tmp_path / "policy", progress=False)

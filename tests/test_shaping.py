@@ -1,14 +1,16 @@
 """Tests of trainer/rl/shaping.py against hand-computed per-turn penalties."""
+
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
-
 from builders import turns
-from trainer.rl.shaping import (ShapingConfig, length_penalties, overlong_flags, tool_penalties, turn_penalties)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainer.rl.shaping import ShapingConfig, length_penalties, overlong_flags, tool_penalties, turn_penalties
 from trainer.rl.trajectory import Trajectory, Turn
 
 
@@ -63,7 +65,8 @@ def test_tool_penalty_hand_example():
     assert tool_penalties(turns, ShapingConfig()).tolist() == [0.0, -0.5, -0.5, -0.5]
     assert tool_penalties(turns, ShapingConfig(count_exec_errors=False)).tolist() == [0.0, -0.5, -0.5, 0.0]
     assert tool_penalties(turns, ShapingConfig(tool_error_penalty=0.1)).tolist() == pytest.approx(
-        [0.0, -0.1, -0.1, -0.1])
+        [0.0, -0.1, -0.1, -0.1]
+    )
     # no exemption for the last turn: turn 3 (the last) is penalised above
 
 
@@ -74,7 +77,7 @@ def test_turn_penalties_combine_and_clip():
     # turn 3: L=100, invalid                             -> -0.5 -> -0.25
     # turn 4 (last): L=9000 exempt, no error             -> 0
     turns = turns_of([2560, 2560, 9000, 100, 9000], invalid={1, 3}, exec_error={2})
-    second = turns_of([3072, 10])                        # -0.25 (length only, exactly at the clip), 0
+    second = turns_of([3072, 10])  # -0.25 (length only, exactly at the clip), 0
     out = turn_penalties([traj(turns), traj(second)], ShapingConfig())
     assert [x.dtype for x in out] == [torch.float32, torch.float32]
     assert out[0].tolist() == [-0.125, -0.25, -0.25, -0.25, 0.0]
@@ -112,12 +115,23 @@ def test_negative_turn_length_is_rejected():
         turn_penalties([Trajectory(task_id="x", reward=1.0, turns=bad, length=10)], ShapingConfig())
 
 
-@pytest.mark.parametrize("field, value", [
-    ("length_threshold", -1), ("length_threshold", 2.5), ("length_threshold", True),
-    ("length_ramp", -5), ("length_penalty_max", -0.5), ("tool_error_penalty", -0.1),
-    ("clip", -0.25), ("clip", float("nan")), ("length_penalty_max", float("inf")),
-    ("length_penalty", "yes"), ("exempt_last_turn", 1), ("count_exec_errors", None),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("length_threshold", -1),
+        ("length_threshold", 2.5),
+        ("length_threshold", True),
+        ("length_ramp", -5),
+        ("length_penalty_max", -0.5),
+        ("tool_error_penalty", -0.1),
+        ("clip", -0.25),
+        ("clip", float("nan")),
+        ("length_penalty_max", float("inf")),
+        ("length_penalty", "yes"),
+        ("exempt_last_turn", 1),
+        ("count_exec_errors", None),
+    ],
+)
 def test_config_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"ShapingConfig.{field}"):
         ShapingConfig(**{field: value})
@@ -128,15 +142,31 @@ MAGNITUDE = st.one_of(st.just(0.0), st.floats(0.01, 2.0))
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 20000), st.booleans(), st.booleans()), max_size=8),
-       st.integers(0, 5000), st.one_of(st.none(), st.integers(0, 5000)), MAGNITUDE, MAGNITUDE,
-       MAGNITUDE, st.booleans(), st.booleans())
+@given(
+    st.lists(st.tuples(st.integers(0, 20000), st.booleans(), st.booleans()), max_size=8),
+    st.integers(0, 5000),
+    st.one_of(st.none(), st.integers(0, 5000)),
+    MAGNITUDE,
+    MAGNITUDE,
+    MAGNITUDE,
+    st.booleans(),
+    st.booleans(),
+)
 def test_penalties_are_bounded_and_monotone(spec, threshold, ramp, len_max, tool_max, clip, exempt, count_exec):
-    cfg = ShapingConfig(length_threshold=threshold, length_ramp=ramp, length_penalty_max=len_max,
-                        tool_error_penalty=tool_max, clip=clip, exempt_last_turn=exempt,
-                        count_exec_errors=count_exec)
-    turns = turns_of([s[0] for s in spec], invalid={k for k, s in enumerate(spec) if s[1]},
-                     exec_error={k for k, s in enumerate(spec) if s[2]})
+    cfg = ShapingConfig(
+        length_threshold=threshold,
+        length_ramp=ramp,
+        length_penalty_max=len_max,
+        tool_error_penalty=tool_max,
+        clip=clip,
+        exempt_last_turn=exempt,
+        count_exec_errors=count_exec,
+    )
+    turns = turns_of(
+        [s[0] for s in spec],
+        invalid={k for k, s in enumerate(spec) if s[1]},
+        exec_error={k for k, s in enumerate(spec) if s[2]},
+    )
     c_len, c_tool = length_penalties(turns, cfg), tool_penalties(turns, cfg)
     (total,) = turn_penalties([traj(turns)], cfg)
     assert total.shape == (len(turns),)

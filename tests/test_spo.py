@@ -3,6 +3,7 @@
 Every expected number is worked out in the comments from the formulas of the SPO recipe
 (SPO: Beta-tracked per-task baseline, advantage = reward - baseline; SPO++ as in trainer/rl/spo.py's docstring), not by calling the code under test.
 """
+
 from __future__ import annotations
 
 import copy
@@ -11,13 +12,21 @@ import math
 
 import pytest
 import torch
+from builders import trajectory
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from builders import trajectory
-from trainer.rl.spo import (BetaTracker, SPOPlusPlusConfig, TrackerConfig, logprob_divergence,
-                            rho_from_divergence, spo_advantages, spo_plus_plus_advantages, spo_update_tracker,
-                            update_tracker_in_arrival_order)
+from trainer.rl.spo import (
+    BetaTracker,
+    SPOPlusPlusConfig,
+    TrackerConfig,
+    logprob_divergence,
+    rho_from_divergence,
+    spo_advantages,
+    spo_plus_plus_advantages,
+    spo_update_tracker,
+    update_tracker_in_arrival_order,
+)
 from trainer.rl.trajectory import Trajectory, Turn
 
 torch.set_num_threads(1)
@@ -52,8 +61,16 @@ def test_rho_from_divergence_clips_at_both_ends_and_is_exact_inside():
     assert rho_from_divergence(0.06, d_half=0.06, rho_min=0.4, rho_max=0.9) == 0.5
 
 
-@pytest.mark.parametrize("bad", [dict(divergence=-0.1), dict(divergence=float("nan")), dict(divergence=0.1, d_half=0.0),
-                                 dict(divergence=0.1, rho_min=0.97), dict(divergence=0.1, rho_max=1.5)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(divergence=-0.1),
+        dict(divergence=float("nan")),
+        dict(divergence=0.1, d_half=0.0),
+        dict(divergence=0.1, rho_min=0.97),
+        dict(divergence=0.1, rho_max=1.5),
+    ],
+)
 def test_rho_from_divergence_rejects_bad_input(bad):
     with pytest.raises(ValueError):
         rho_from_divergence(**bad)
@@ -61,9 +78,9 @@ def test_rho_from_divergence_rejects_bad_input(bad):
 
 def test_tracker_rho_modes():
     adaptive = BetaTracker()
-    assert adaptive.rho(None) == 0.96               # first visit: D = 0 -> 0.96
-    assert adaptive.rho(0.006) == pytest.approx(2 ** -0.1)
-    assert adaptive.rho(1.0) == 0.875               # 2**(-16.7) clipped up
+    assert adaptive.rho(None) == 0.96  # first visit: D = 0 -> 0.96
+    assert adaptive.rho(0.006) == pytest.approx(2**-0.1)
+    assert adaptive.rho(1.0) == 0.875  # 2**(-16.7) clipped up
     constant = BetaTracker(TrackerConfig(rho_mode="constant"))
     assert constant.rho(None) == 0.875 and constant.rho(0.0) == 0.875 and constant.rho(5.0) == 0.875
 
@@ -94,8 +111,8 @@ def test_offline_init_with_recipe_numbers():
     tracker = BetaTracker.from_offline({"t": (8, 3)})
     alpha, beta = tracker.alpha_beta("t")
     assert alpha == pytest.approx(28 / 9) and beta == pytest.approx(44 / 9)
-    assert alpha + beta == pytest.approx(8.0)                    # = N_init
-    assert tracker.baseline("t") == pytest.approx(7 / 18)        # 28 / 72
+    assert alpha + beta == pytest.approx(8.0)  # = N_init
+    assert tracker.baseline("t") == pytest.approx(7 / 18)  # 28 / 72
     # n0 = 0 -> the prior, as in the recipe's offline_N = 0 case
     tracker.init_task("u", 0, 0)
     assert tracker.alpha_beta("u") == (0.5, 0.5)
@@ -106,7 +123,7 @@ def test_offline_init_with_recipe_numbers():
 
 def test_unseen_task_reads_configurable_prior_without_inserting():
     tracker = BetaTracker(TrackerConfig(prior_alpha=1.0, prior_beta=3.0))
-    assert tracker.baseline("never") == 0.25        # 1 / (1 + 3)
+    assert tracker.baseline("never") == 0.25  # 1 / (1 + 3)
     assert "never" not in tracker and len(tracker) == 0 and tracker.visits("never") == 0
 
 
@@ -115,7 +132,7 @@ def test_update_formula():
     # prior (0.5, 0.5); rho = 0.875, r = 1: alpha = 0.4375 + 1 = 1.4375, beta = 0.4375 + 0 = 0.4375
     tracker.update("t", 1.0, 0.875)
     assert tracker.alpha_beta("t") == (1.4375, 0.4375)
-    assert tracker.baseline("t") == pytest.approx(1.4375 / 1.875)   # 0.766667
+    assert tracker.baseline("t") == pytest.approx(1.4375 / 1.875)  # 0.766667
     # rho = 0.5, r = 0: alpha = 0.71875, beta = 0.21875 + 1 = 1.21875
     tracker.update("t", 0.0, 0.5)
     assert tracker.alpha_beta("t") == (0.71875, 1.21875)
@@ -142,7 +159,7 @@ def test_bad_config_and_init_are_rejected():
     with pytest.raises(ValueError, match="rho_mode"):
         TrackerConfig(rho_mode="kl")
     with pytest.raises(ValueError, match="rho_min"):
-        TrackerConfig(rho_min=1.0, rho_max=1.0)        # N_init would be infinite
+        TrackerConfig(rho_min=1.0, rho_max=1.0)  # N_init would be infinite
     with pytest.raises(ValueError, match="n_successes"):
         BetaTracker().init_task("t", 3, 4)
     with pytest.raises(TypeError, match="task_id"):
@@ -150,8 +167,10 @@ def test_bad_config_and_init_are_rejected():
 
 
 @FAST
-@given(offline=st.one_of(st.none(), st.tuples(st.integers(0, 20), st.integers(0, 20))),
-       steps=st.lists(st.tuples(st.floats(0.0, 1.0), st.floats(0.875, 0.96)), max_size=50))
+@given(
+    offline=st.one_of(st.none(), st.tuples(st.integers(0, 20), st.integers(0, 20))),
+    steps=st.lists(st.tuples(st.floats(0.0, 1.0), st.floats(0.875, 0.96)), max_size=50),
+)
 def test_baseline_stays_in_open_unit_interval(offline, steps):
     tracker = BetaTracker()
     if offline is not None:
@@ -196,8 +215,8 @@ def test_sampling_with_replacement_follows_weights():
     # "mid": prior p = 0.5, w = 0.55.  P(mid) = 0.55 / 0.670186 = 0.820668
     tracker = BetaTracker.from_offline({"easy": (100, 0)})
     draw = tracker.sample_tasks(["mid", "easy"], 4000, torch.Generator().manual_seed(7))
-    assert len(draw) == 4000                          # k > pool size -> with replacement
-    assert draw.count("mid") / 4000 == pytest.approx(0.820668, abs=0.03)   # 5 sigma = 0.03
+    assert len(draw) == 4000  # k > pool size -> with replacement
+    assert draw.count("mid") / 4000 == pytest.approx(0.820668, abs=0.03)  # 5 sigma = 0.03
 
 
 def test_sampling_rejects_bad_requests():
@@ -220,7 +239,7 @@ def test_state_dict_round_trips_exactly_through_json():
     for i, task in enumerate(["a", "c", "a", "b"]):
         tracker.update(task, i % 2, 0.875 + 0.01 * i)
     state = tracker.state_dict()
-    restored_state = json.loads(json.dumps(state))             # plain containers only
+    restored_state = json.loads(json.dumps(state))  # plain containers only
     restored = BetaTracker()
     restored.load_state_dict(restored_state)
     assert restored.state_dict() == state
@@ -243,13 +262,13 @@ def test_state_dict_round_trips_exactly_through_json():
 
 
 def test_spo_advantages_by_hand_and_baseline_read_before_update():
-    tracker = BetaTracker.from_offline({"b": (8, 3)})            # v(b) = 7/18; v(a) = 0.5 (prior)
+    tracker = BetaTracker.from_offline({"b": (8, 3)})  # v(b) = 7/18; v(a) = 0.5 (prior)
     batch = [traj("a", 1.0, (2, 3)), traj("b", 0.0), traj("a", 0.0, (1, 1, 1))]
     # A = [1 - 0.5, 0 - 7/18, 0 - 0.5] = [27/54, -21/54, -27/54]  (both "a" episodes read v = 0.5)
     # mean = -21/162 = -7/54; centred = [34/54, -14/54, -20/54]
     # unbiased var = (34^2 + 14^2 + 20^2) / 54^2 / 2 = 1752 / 2916 / 2 = 73/243; std = 0.548098
     std = math.sqrt(73 / 243)
-    expect = [34 / 54 / std, -14 / 54 / std, -20 / 54 / std]       # [1.148754, -0.473016, -0.675737]
+    expect = [34 / 54 / std, -14 / 54 / std, -20 / 54 / std]  # [1.148754, -0.473016, -0.675737]
     out = spo_advantages(batch, tracker)
     assert [len(r) for r in out] == [2, 1, 3] and all(r.dtype == torch.float32 for r in out)
     for row, e in zip(out, expect):
@@ -311,7 +330,7 @@ def test_failed_update_batch_leaves_tracker_unchanged():
     tracker.update("a", 1.0, 0.9)
     before = tracker.state_dict()
     with pytest.raises(ValueError, match="rho"):
-        spo_update_tracker([traj("a", 1.0), traj("b", 0.0)], tracker, [0.9, 1.5])   # second rho is bad
+        spo_update_tracker([traj("a", 1.0), traj("b", 0.0)], tracker, [0.9, 1.5])  # second rho is bad
     assert tracker.state_dict() == before
 
 
@@ -320,12 +339,11 @@ def test_failed_update_batch_leaves_tracker_unchanged():
 def test_spo_normalised_has_zero_mean_unit_std(rows):
     tracker = BetaTracker.from_offline({f"t{i}": (16, s) for i, (_, s, _) in enumerate(rows)})
     batch = [traj(f"t{i}", float(r), (1,) * k) for i, (r, _, k) in enumerate(rows)]
-    raw = torch.tensor([float(r) - tracker.baseline(f"t{i}") for i, (r, _, _) in enumerate(rows)],
-                       dtype=torch.float64)
-    assume(raw.std() > 1e-2)                            # then std / (std + 1e-8) is 1 within 1e-6
+    raw = torch.tensor([float(r) - tracker.baseline(f"t{i}") for i, (r, _, _) in enumerate(rows)], dtype=torch.float64)
+    assume(raw.std() > 1e-2)  # then std / (std + 1e-8) is 1 within 1e-6
     out = spo_advantages(batch, tracker)
     per_traj = torch.stack([row[0] for row in out]).double()
-    assert all(torch.all(row == row[0]) for row in out)         # broadcast to every turn
+    assert all(torch.all(row == row[0]) for row in out)  # broadcast to every turn
     assert abs(float(per_traj.mean())) < 1e-5
     assert abs(float(per_traj.std()) - 1.0) < 1e-5
 
@@ -348,9 +366,9 @@ def test_spo_plus_plus_turn_unit_by_hand():
     # mean = 0.5 / 3 = 1/6; centred = [1/3, 1/12, -5/12]
     # unbiased var = (16 + 1 + 25) / 144 / 2 = 7/48; std = 0.381881
     std = math.sqrt(7 / 48)
-    out = spo_plus_plus_advantages(batch, None, bonus, SPOPlusPlusConfig())   # default: dispatch + turn
-    assert out[0].tolist() == pytest.approx([(1 / 3) / std, (1 / 12) / std], abs=1e-6)   # 0.872872, 0.218218
-    assert out[1].tolist() == pytest.approx([(-5 / 12) / std], abs=1e-6)                  # -1.091089
+    out = spo_plus_plus_advantages(batch, None, bonus, SPOPlusPlusConfig())  # default: dispatch + turn
+    assert out[0].tolist() == pytest.approx([(1 / 3) / std, (1 / 12) / std], abs=1e-6)  # 0.872872, 0.218218
+    assert out[1].tolist() == pytest.approx([(-5 / 12) / std], abs=1e-6)  # -1.091089
 
 
 def test_spo_plus_plus_token_unit_by_hand():
@@ -361,8 +379,8 @@ def test_spo_plus_plus_token_unit_by_hand():
     # unbiased var = 0.9921875 / 7 = 0.141741; std = 0.376485
     std = math.sqrt(0.9921875 / 7)
     out = spo_plus_plus_advantages(batch, None, bonus, SPOPlusPlusConfig(unit="token"))
-    assert out[0].tolist() == pytest.approx([0.40625 / std, 0.15625 / std], abs=1e-6)   # 1.079060, 0.415023
-    assert out[1].tolist() == pytest.approx([-0.34375 / std], abs=1e-6)                 # -0.913051
+    assert out[0].tolist() == pytest.approx([0.40625 / std, 0.15625 / std], abs=1e-6)  # 1.079060, 0.415023
+    assert out[1].tolist() == pytest.approx([-0.34375 / std], abs=1e-6)  # -0.913051
 
 
 def test_spo_plus_plus_trajectory_unit_by_hand():
@@ -376,8 +394,10 @@ def test_spo_plus_plus_trajectory_unit_by_hand():
 
 def test_spo_plus_plus_dispatch_vs_consume_baseline():
     tracker = BetaTracker()
-    batch = [traj("a", 1.0, baseline=tracker.baseline("a")),      # snapshot 0.5
-             traj("b", 0.0, baseline=tracker.baseline("b"))]      # snapshot 0.5
+    batch = [
+        traj("a", 1.0, baseline=tracker.baseline("a")),  # snapshot 0.5
+        traj("b", 0.0, baseline=tracker.baseline("b")),
+    ]  # snapshot 0.5
     assert [t.baseline for t in batch] == [0.5, 0.5]
     # while the rollouts run, another episode of "a" arrives and fails:
     # a: (0.875*0.5 + 0, 0.875*0.5 + 1) = (0.4375, 1.4375), v = 0.4375/1.875 = 0.233333
@@ -418,7 +438,7 @@ def test_spo_plus_plus_edge_cases():
     with pytest.raises(ValueError, match="zero turns"):
         spo_plus_plus_advantages([Trajectory("a", 1.0, [], 0, baseline=0.5)], None, None)
     with pytest.raises(ValueError, match="no dispatch-time baseline"):
-        spo_plus_plus_advantages([traj("a", 1.0)], None, None)                # dispatch needs a snapshot
+        spo_plus_plus_advantages([traj("a", 1.0)], None, None)  # dispatch needs a snapshot
     with pytest.raises(ValueError, match="baseline must be in"):
         spo_plus_plus_advantages([traj("a", 1.0, baseline=1.5)], None, None)
     with pytest.raises(ValueError, match="no generated tokens"):
@@ -430,11 +450,18 @@ def test_spo_plus_plus_edge_cases():
 
 
 @FAST
-@given(st.lists(st.tuples(st.booleans(), st.floats(0.01, 0.99),
-                          st.lists(st.tuples(st.integers(0, 6), st.sampled_from([0.0, -0.25, -0.1])),
-                                   min_size=1, max_size=4)),
-                min_size=1, max_size=8),
-       st.sampled_from(["turn", "token"]))
+@given(
+    st.lists(
+        st.tuples(
+            st.booleans(),
+            st.floats(0.01, 0.99),
+            st.lists(st.tuples(st.integers(0, 6), st.sampled_from([0.0, -0.25, -0.1])), min_size=1, max_size=4),
+        ),
+        min_size=1,
+        max_size=8,
+    ),
+    st.sampled_from(["turn", "token"]),
+)
 def test_spo_plus_plus_matches_expanded_multiset_reference(rows, unit):
     batch = [traj(f"t{i}", float(r), [n for n, _ in turns], baseline=v) for i, (r, v, turns) in enumerate(rows)]
     bonus = [torch.tensor([c for _, c in turns]) for _, _, turns in rows]
@@ -459,7 +486,7 @@ def test_arrival_order_matters_when_a_task_appears_twice():
     # task "a" twice: the later-dispatched episode (version 2, success) arrives first,
     # the earlier-dispatched one (version 1, failure) arrives second.
     arrived = [traj("a", 1.0, policy_version=2), traj("a", 0.0, policy_version=1)]
-    by_dispatch = sorted(arrived, key=lambda t: t.policy_version)       # the "batch order" alternative
+    by_dispatch = sorted(arrived, key=lambda t: t.policy_version)  # the "batch order" alternative
     in_arrival, in_batch = BetaTracker(), BetaTracker()
     update_tracker_in_arrival_order(arrived, in_arrival, lambda t: 0.875)
     update_tracker_in_arrival_order(by_dispatch, in_batch, lambda t: 0.875)
@@ -543,8 +570,9 @@ def test_kl_adaptive_rho_before_the_update_from_the_policy_shift_since_the_last_
         asked.append(sequences)
         # one padded fp32 batch, rows in the order asked (a, then b), values exact in fp32; beyond a row's length
         # and off its mask: anything
-        return torch.tensor([[-1.0 - 1 / 256, -2.0 + 1 / 128, 7.0, -0.5 - 3 / 256, 99.0],
-                             [-0.375, -0.375, 99.0, 99.0, 99.0]])
+        return torch.tensor(
+            [[-1.0 - 1 / 256, -2.0 + 1 / 128, 7.0, -0.5 - 3 / 256, 99.0], [-0.375, -0.375, 99.0, 99.0, 99.0]]
+        )
 
     c = _episode("c", [30, 31], [0, 1], 1.0)
     a2, b2 = _episode("a", [10, 15, 16], [0, 1, 1], 0.0), _episode("b", [20, 23], [0, 1], 1.0)
@@ -587,7 +615,7 @@ def test_kl_adaptive_rho_after_the_update_by_hand():
 
     # first visits: D = 0, rho 0.96; the updated policy scores the batch's responses, kept for the next visit
     est.before_update([a, b], first)
-    assert asked == []                                   # nothing is scored before the update
+    assert asked == []  # nothing is scored before the update
     est.after_update([a, b], [e.trajectory() for e in [a, b]], {})
     assert asked == [[([10, 11, 12, 13, 14], [0, 1, 1, 0, 1]), ([20, 21, 22], [0, 1, 1])]]
     assert est.tracker.alpha_beta("a") == pytest.approx((1.48, 0.48), abs=1e-12)
@@ -598,19 +626,30 @@ def test_kl_adaptive_rho_after_the_update_by_hand():
     def second(sequences):
         asked.append(sequences)
         # rows: previous a, previous b (the revisits), then this batch's a2, b2, c; values exact in fp32
-        return torch.tensor([[-1.0 - 1 / 256, -2.0 + 1 / 128, 7.0, -0.5 - 3 / 256],
-                             [-0.375, -0.375, 99.0, 99.0],
-                             [-0.3125, -0.4375, 99.0, 99.0],
-                             [-0.875, 99.0, 99.0, 99.0],
-                             [-0.6875, 99.0, 99.0, 99.0]])
+        return torch.tensor(
+            [
+                [-1.0 - 1 / 256, -2.0 + 1 / 128, 7.0, -0.5 - 3 / 256],
+                [-0.375, -0.375, 99.0, 99.0],
+                [-0.3125, -0.4375, 99.0, 99.0],
+                [-0.875, 99.0, 99.0, 99.0],
+                [-0.6875, 99.0, 99.0, 99.0],
+            ]
+        )
 
     c = _episode("c", [30, 31], [0, 1], 1.0)
     a2, b2 = _episode("a", [10, 15, 16], [0, 1, 1], 0.0), _episode("b", [20, 23], [0, 1], 1.0)
     asked.clear()
     est.before_update([a2, b2, c], second)
     est.after_update([a2, b2, c], [e.trajectory() for e in [a2, b2, c]], {})
-    assert asked == [[([10, 11, 12, 13, 14], [0, 1, 1, 0, 1]), ([20, 21, 22], [0, 1, 1]),
-                      ([10, 15, 16], [0, 1, 1]), ([20, 23], [0, 1]), ([30, 31], [0, 1])]]
+    assert asked == [
+        [
+            ([10, 11, 12, 13, 14], [0, 1, 1, 0, 1]),
+            ([20, 21, 22], [0, 1, 1]),
+            ([10, 15, 16], [0, 1, 1]),
+            ([20, 23], [0, 1]),
+            ([30, 31], [0, 1]),
+        ]
+    ]
     # a: D = 1/128, rho = 0.913699497321, r = 0; b: D = 0.125, rho clipped to 0.875, r = 1; c: first visit
     assert est.tracker.alpha_beta("a") == pytest.approx((1.352275256035, 1.438575758714), abs=1e-11)
     assert est.tracker.alpha_beta("b") == pytest.approx((1.42, 1.295), abs=1e-12)
@@ -645,7 +684,7 @@ def test_the_two_rho_timings_measure_windows_one_update_apart(timing, rho):
     for task, reward, shift in [("a", 1.0, 0.125), ("b", 0.0, 0.0), ("a", 0.0, 0.0)]:
         episodes = [_episode(task, [1, 2, 3], [0, 1, 1], reward)]
         est.before_update(episodes, policy.score)
-        old_logp_rows = [[policy.offset] * 2]            # what the update recorded: the policy it started from
+        old_logp_rows = [[policy.offset] * 2]  # what the update recorded: the policy it started from
         policy.offset += shift
         est.after_update(episodes, [e.trajectory() for e in episodes], {"old_logp_rows": old_logp_rows})
     # a: (0.96*0.5 + 1, 0.96*0.5) = (1.48, 0.48), then r = 0: (rho*1.48, rho*0.48 + 1)

@@ -2,6 +2,7 @@
 studies, and its checks of the trainer blocks naming the broken key. Pure Python: no Snakemake runs here (the
 workflow's dry runs: test_workflow_dryrun.py; its real runs: test_workflow_runs.py).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -12,14 +13,12 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from workflow_runner import REPO, read_study
 
 import trainer.study as cc
 from trainer.config import RECIPES, config_from_dict, load_sft_config
 
-from workflow_runner import REPO, read_study
-
 STUDY_FILES = ["config.yaml", *sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").glob("*.yaml"))]
-
 
 
 # -- grids, cell configs, warm starts, study checks -----------------------------------------------------------
@@ -53,11 +52,18 @@ def test_grid_of_the_default_study():
     assert len(cc.grid_frame(read_study("configs/smoke.yaml"))) == 28  # 2 x (8 + 6), one seed
 
 
-grid_blocks = st.lists(st.fixed_dictionaries(
-    {"recipes": st.lists(st.sampled_from(list(RECIPES)), min_size=1, max_size=4),
-     "seeds": st.lists(st.integers(0, 3), min_size=1, max_size=3),
-     "optimizer": st.sampled_from(["recipe", *cc.OPTIMIZERS])},
-    optional={"models": st.lists(st.sampled_from(["a", "b"]), min_size=1, max_size=2)}), min_size=1, max_size=4)
+grid_blocks = st.lists(
+    st.fixed_dictionaries(
+        {
+            "recipes": st.lists(st.sampled_from(list(RECIPES)), min_size=1, max_size=4),
+            "seeds": st.lists(st.integers(0, 3), min_size=1, max_size=3),
+            "optimizer": st.sampled_from(["recipe", *cc.OPTIMIZERS]),
+        },
+        optional={"models": st.lists(st.sampled_from(["a", "b"]), min_size=1, max_size=2)},
+    ),
+    min_size=1,
+    max_size=4,
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -74,31 +80,55 @@ def test_grid_is_the_union_of_block_products(blocks):
 
 
 def test_cell_config_is_the_shared_block_plus_the_cell_keys():
-    study = {"models": {"m": {"preset": "qwen-tiny"}},
-             "cell": {"model": {"dtype": "float32"}, "env": {"name": "minirepo", "options": {"max_depth": 1}},
-                      "optim": {"lr": 0.5}, "rl": {"length_threshold": 7}, "run": {"updates": 3}}}
+    study = {
+        "models": {"m": {"preset": "qwen-tiny"}},
+        "cell": {
+            "model": {"dtype": "float32"},
+            "env": {"name": "minirepo", "options": {"max_depth": 1}},
+            "optim": {"lr": 0.5},
+            "rl": {"length_threshold": 7},
+            "run": {"updates": 3},
+        },
+    }
     got = cc.cell_config(study, "m", "no_tool", "adam", 2, "results/policies/m", threads=4)
-    assert got == {"recipe": "no_tool", "model": {"dtype": "float32", "path": "results/policies/m"},
-                   "optim": {"lr": 0.5, "name": "adam"}, "env": {"name": "minirepo", "options": {"max_depth": 1}},
-                   "rl": {"length_threshold": 7}, "run": {"updates": 3, "seed": 2, "threads": 4}}
+    assert got == {
+        "recipe": "no_tool",
+        "model": {"dtype": "float32", "path": "results/policies/m"},
+        "optim": {"lr": 0.5, "name": "adam"},
+        "env": {"name": "minirepo", "options": {"max_depth": 1}},
+        "rl": {"length_threshold": 7},
+        "run": {"updates": 3, "seed": 2, "threads": 4},
+    }
     got["env"]["options"]["max_depth"] = 9  # a deep copy: the study is not modified through the cell
     assert study["cell"]["env"]["options"]["max_depth"] == 1
 
 
 def test_warm_start_config_takes_the_cells_env_and_token_limits():
-    study = {"models": {"m": {"preset": "minicpm-tiny"}},
-             "cell": {"model": {"dtype": "float32", "init_seed": 3}, "env": {"name": "minirepo"},
-                      "rollout": {"batch_size": 8, "max_turn_tokens": 12, "max_episode_tokens": 256}},
-             "warm_start": {"n_demos": 10, "band": [0.0, 1.0], "allow_out_of_band": True}}
+    study = {
+        "models": {"m": {"preset": "minicpm-tiny"}},
+        "cell": {
+            "model": {"dtype": "float32", "init_seed": 3},
+            "env": {"name": "minirepo"},
+            "rollout": {"batch_size": 8, "max_turn_tokens": 12, "max_episode_tokens": 256},
+        },
+        "warm_start": {"n_demos": 10, "band": [0.0, 1.0], "allow_out_of_band": True},
+    }
     assert cc.warm_start_config(study, "m", threads=2) == {
-        "model": {"preset": "minicpm-tiny", "dtype": "float32", "init_seed": 3}, "env": {"name": "minirepo"},
+        "model": {"preset": "minicpm-tiny", "dtype": "float32", "init_seed": 3},
+        "env": {"name": "minirepo"},
         "rollout": {"max_turn_tokens": 12, "max_episode_tokens": 256},  # batch_size is not the warm start's
-        "n_demos": 10, "band": [0.0, 1.0], "threads": 2}
+        "n_demos": 10,
+        "band": [0.0, 1.0],
+        "threads": 2,
+    }
 
 
 def test_a_models_warm_start_seed_seeds_its_warm_start_and_initialisation():
-    study = {"models": {"m": {"preset": "qwen-tiny"}, "m2": {"preset": "qwen-tiny", "warm_start_seed": 2}},
-             "cell": {"model": {"init_seed": 3}, "env": {"name": "minirepo"}}, "warm_start": {"seed": 5}}
+    study = {
+        "models": {"m": {"preset": "qwen-tiny"}, "m2": {"preset": "qwen-tiny", "warm_start_seed": 2}},
+        "cell": {"model": {"init_seed": 3}, "env": {"name": "minirepo"}},
+        "warm_start": {"seed": 5},
+    }
     first, second = (cc.warm_start_config(study, m, threads=1) for m in ("m", "m2"))
     assert (first["seed"], first["model"]["init_seed"]) == (5, 3)
     assert (second["seed"], second["model"]["init_seed"]) == (2, 2)
@@ -114,11 +144,14 @@ def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_pat
     for row in grid.itertuples(index=False):
         lr = float(row.lr) if "lr" in grid.columns else None
         arm = row.arm if "arm" in grid.columns else None
-        cfg = config_from_dict(cc.cell_config(study, row.model, row.recipe, row.optimizer, row.seed,
-                                              str(tmp_path), threads=1, lr=lr, arm=arm))
+        cfg = config_from_dict(
+            cc.cell_config(
+                study, row.model, row.recipe, row.optimizer, row.seed, str(tmp_path), threads=1, lr=lr, arm=arm
+            )
+        )
         assert (cfg.recipe, cfg.optim.name, cfg.run.seed) == (row.recipe, row.optimizer, row.seed)
         assert lr is None or cfg.optim.lr == lr
-        own = (cc.arm_cell(study, arm).get("optim") or {})
+        own = cc.arm_cell(study, arm).get("optim") or {}
         assert all(getattr(cfg.optim, key) == own[key] for key in ("lr", "muon_lr") if key in own)
         # PPO as the papers' base setups run it: several optimizer steps per rollout batch, so the clip binds;
         # and one step-size rule (Muon's update RMS matched to AdamW's) in every study but the arms that set theirs
@@ -130,63 +163,129 @@ def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_pat
         assert load_sft_config(path).model.preset == study["models"][model]["preset"]
 
 
-@pytest.mark.parametrize("edit, named", [
-    pytest.param(lambda s: s["models"]["m"].update(path="x"), "models.m: give exactly one", id="preset+path"),
-    pytest.param(lambda s: s["models"]["m"].pop("preset"), "models.m: give exactly one", id="neither"),
-    pytest.param(lambda s: s["models"]["m"].update(policy="m"), "models.m: give exactly one", id="preset+policy"),
-    pytest.param(lambda s: s["models"].update(h={"policy": "nope"}), "models.h.policy: 'nope' is not a model",
-                 id="policy-unknown"),
-    pytest.param(lambda s: s["models"].update(h={"policy": "h2"}, h2={"path": "."}),
-                 "models.h.policy: 'h2' is not a model of this study with a `preset`", id="policy-of-a-checkpoint"),
-    pytest.param(lambda s: s["models"].update(p={"path": "/no/such/checkpoint"}), "models.p.path", id="no-path"),
-    pytest.param(lambda s: s["models"].update(h={"policy": "m", "warm_start_seed": 1}),
-                 "models.h.warm_start_seed: only a model with a `preset` is warm-started", id="seed-without-preset"),
-    pytest.param(lambda s: s["grid"][0].update(models=["m", "nope"]), r"grid\[0\].models: 'nope'",
-                 id="unknown-model"),
-    pytest.param(lambda s: s.update(warm_start={"band": [0.5, 0.2]}), "warm_start.band", id="band"),
-    pytest.param(lambda s: s["grid"][0].update(recipes=["gigpo"]), r"rl.estimator 'gigpo' needs rl.group_size >= 2",
-                 id="group-estimator-without-groups"),
-    pytest.param(lambda s: s.update(workdir="../../x"), r"workdir: '../../x' is outside the repository",
-                 id="workdir-up"),
-    pytest.param(lambda s: s.update(workdir="/tmp/x"), r"workdir: '/tmp/x' is outside the repository",
-                 id="workdir-absolute"),
-    # the trainer blocks, checked by the trainer's own dataclasses
-    pytest.param(lambda s: s.update(cell={"recipe": "full"}), r"cell.recipe: each cell's recipe comes from the grid",
-                 id="cell-recipe"),
-    pytest.param(lambda s: s.update(cell={"optim": {"name": "adam"}}), r"cell.optim.name: each cell sets it",
-                 id="cell-optimizer"),
-    pytest.param(lambda s: s.update(cell={"run": {"seed": 3}}), r"cell.run.seed: each cell sets it", id="cell-seed"),
-    pytest.param(lambda s: s.update(cell={"rl": {"agg": "token-mean"}}), r"cell.rl.agg: each cell sets it",
-                 id="cell-recipe-key"),
-    pytest.param(lambda s: s.update(cell={"rollout": {"top_p": 1.5}}), r"cell.rollout.top_p: must be <= 1, got 1.5",
-                 id="cell-range"),
-    pytest.param(lambda s: s.update(cell={"optim": {"betas": [0.9, 1.0]}}), r"cell.optim.betas: must be < 1, got 1.0",
-                 id="cell-tuple-range"),
-    pytest.param(lambda s: s.update(cell={"rollout": {"batch_size": 10 ** 9}}),
-                 r"cell.rollout.batch_size: 1,000,000,000 is above 65,536", id="cell-limit"),
-    pytest.param(lambda s: s.update(cell={"env": {"eval_taks": 3}}), r"unknown config key 'cell.env.eval_taks'",
-                 id="cell-typo"),
-    pytest.param(lambda s: s.update(warm_start={"nosie": 0.1}), r"unknown config key 'warm_start.nosie'",
-                 id="warm-start-typo"),
-    pytest.param(lambda s: s.update(warm_start={"vocab_size": 100}), r"warm_start.vocab_size: must be >= 261",
-                 id="warm-start-range"),
-    pytest.param(lambda s: s.update(warm_start={"threads": 2}), r"warm_start.threads: set per model",
-                 id="warm-threads"),
-    pytest.param(lambda s: s["models"]["m"].update(preset="gpt-tiny"), r"models.m.preset: 'gpt-tiny' is not a tiny",
-                 id="preset"),
-    pytest.param(lambda s: s["grid"][0].update(optimizer="sgd"), r"grid\[0\].optimizer: 'sgd' is not 'recipe'",
-                 id="optimizer"),
-    pytest.param(lambda s: s.update(analysis={"collapse": {"warmpu": 3}}), r"analysis.collapse: .*'warmpu'",
-                 id="collapse-typo"),
-    pytest.param(lambda s: s.update(cell={"rollout": {"engine": "vllm", "server": True}},
-                                    resources={"train": {"gpu": 8, "processes": 8}}),
-                 r"resources.train.gpu: 8 GPUs for 8 trainer process\(es\) and a vLLM rollout server .*ask for 9",
-                 id="server-gpu"),
-    pytest.param(lambda s: s.update(cell={"rollout": {"engine": "hf", "server": True}}),
-                 r"rollout.server: the hf engine runs in the trainer", id="server-hf"),
-    pytest.param(lambda s: s.update(analysis={"collapse": {"drop_fraction": 1.5}}),
-                 r"analysis.collapse: .*drop_fraction", id="collapse-range"),
-])
+@pytest.mark.parametrize(
+    "edit, named",
+    [
+        pytest.param(lambda s: s["models"]["m"].update(path="x"), "models.m: give exactly one", id="preset+path"),
+        pytest.param(lambda s: s["models"]["m"].pop("preset"), "models.m: give exactly one", id="neither"),
+        pytest.param(lambda s: s["models"]["m"].update(policy="m"), "models.m: give exactly one", id="preset+policy"),
+        pytest.param(
+            lambda s: s["models"].update(h={"policy": "nope"}),
+            "models.h.policy: 'nope' is not a model",
+            id="policy-unknown",
+        ),
+        pytest.param(
+            lambda s: s["models"].update(h={"policy": "h2"}, h2={"path": "."}),
+            "models.h.policy: 'h2' is not a model of this study with a `preset`",
+            id="policy-of-a-checkpoint",
+        ),
+        pytest.param(lambda s: s["models"].update(p={"path": "/no/such/checkpoint"}), "models.p.path", id="no-path"),
+        pytest.param(
+            lambda s: s["models"].update(h={"policy": "m", "warm_start_seed": 1}),
+            "models.h.warm_start_seed: only a model with a `preset` is warm-started",
+            id="seed-without-preset",
+        ),
+        pytest.param(
+            lambda s: s["grid"][0].update(models=["m", "nope"]), r"grid\[0\].models: 'nope'", id="unknown-model"
+        ),
+        pytest.param(lambda s: s.update(warm_start={"band": [0.5, 0.2]}), "warm_start.band", id="band"),
+        pytest.param(
+            lambda s: s["grid"][0].update(recipes=["gigpo"]),
+            r"rl.estimator 'gigpo' needs rl.group_size >= 2",
+            id="group-estimator-without-groups",
+        ),
+        pytest.param(
+            lambda s: s.update(workdir="../../x"), r"workdir: '../../x' is outside the repository", id="workdir-up"
+        ),
+        pytest.param(
+            lambda s: s.update(workdir="/tmp/x"), r"workdir: '/tmp/x' is outside the repository", id="workdir-absolute"
+        ),
+        # the trainer blocks, checked by the trainer's own dataclasses
+        pytest.param(
+            lambda s: s.update(cell={"recipe": "full"}),
+            r"cell.recipe: each cell's recipe comes from the grid",
+            id="cell-recipe",
+        ),
+        pytest.param(
+            lambda s: s.update(cell={"optim": {"name": "adam"}}),
+            r"cell.optim.name: each cell sets it",
+            id="cell-optimizer",
+        ),
+        pytest.param(
+            lambda s: s.update(cell={"run": {"seed": 3}}), r"cell.run.seed: each cell sets it", id="cell-seed"
+        ),
+        pytest.param(
+            lambda s: s.update(cell={"rl": {"agg": "token-mean"}}),
+            r"cell.rl.agg: each cell sets it",
+            id="cell-recipe-key",
+        ),
+        pytest.param(
+            lambda s: s.update(cell={"rollout": {"top_p": 1.5}}),
+            r"cell.rollout.top_p: must be <= 1, got 1.5",
+            id="cell-range",
+        ),
+        pytest.param(
+            lambda s: s.update(cell={"optim": {"betas": [0.9, 1.0]}}),
+            r"cell.optim.betas: must be < 1, got 1.0",
+            id="cell-tuple-range",
+        ),
+        pytest.param(
+            lambda s: s.update(cell={"rollout": {"batch_size": 10**9}}),
+            r"cell.rollout.batch_size: 1,000,000,000 is above 65,536",
+            id="cell-limit",
+        ),
+        pytest.param(
+            lambda s: s.update(cell={"env": {"eval_taks": 3}}),
+            r"unknown config key 'cell.env.eval_taks'",
+            id="cell-typo",
+        ),
+        pytest.param(
+            lambda s: s.update(warm_start={"nosie": 0.1}),
+            r"unknown config key 'warm_start.nosie'",
+            id="warm-start-typo",
+        ),
+        pytest.param(
+            lambda s: s.update(warm_start={"vocab_size": 100}),
+            r"warm_start.vocab_size: must be >= 261",
+            id="warm-start-range",
+        ),
+        pytest.param(
+            lambda s: s.update(warm_start={"threads": 2}), r"warm_start.threads: set per model", id="warm-threads"
+        ),
+        pytest.param(
+            lambda s: s["models"]["m"].update(preset="gpt-tiny"),
+            r"models.m.preset: 'gpt-tiny' is not a tiny",
+            id="preset",
+        ),
+        pytest.param(
+            lambda s: s["grid"][0].update(optimizer="sgd"),
+            r"grid\[0\].optimizer: 'sgd' is not 'recipe'",
+            id="optimizer",
+        ),
+        pytest.param(
+            lambda s: s.update(analysis={"collapse": {"warmpu": 3}}),
+            r"analysis.collapse: .*'warmpu'",
+            id="collapse-typo",
+        ),
+        pytest.param(
+            lambda s: s.update(
+                cell={"rollout": {"engine": "vllm", "server": True}}, resources={"train": {"gpu": 8, "processes": 8}}
+            ),
+            r"resources.train.gpu: 8 GPUs for 8 trainer process\(es\) and a vLLM rollout server .*ask for 9",
+            id="server-gpu",
+        ),
+        pytest.param(
+            lambda s: s.update(cell={"rollout": {"engine": "hf", "server": True}}),
+            r"rollout.server: the hf engine runs in the trainer",
+            id="server-hf",
+        ),
+        pytest.param(
+            lambda s: s.update(analysis={"collapse": {"drop_fraction": 1.5}}),
+            r"analysis.collapse: .*drop_fraction",
+            id="collapse-range",
+        ),
+    ],
+)
 def test_check_study_names_the_broken_key(edit, named):
     def check(study):  # what common.smk runs before any job
         cc.check_study(study)
@@ -200,8 +299,12 @@ def test_check_study_names_the_broken_key(edit, named):
 
 
 def test_an_external_workdir_is_allowed_when_the_study_says_so(tmp_path):
-    study = {"models": {"m": {"preset": "qwen-tiny"}}, "grid": [{"recipes": ["full"], "seeds": [0]}],
-             "workdir": "/tmp/elsewhere", "external_workdir": True}
+    study = {
+        "models": {"m": {"preset": "qwen-tiny"}},
+        "grid": [{"recipes": ["full"], "seeds": [0]}],
+        "workdir": "/tmp/elsewhere",
+        "external_workdir": True,
+    }
     cc.check_study(study)
     # a folder of the checkout that links to another disk is inside, as written
     (tmp_path / "disk").mkdir()
@@ -222,9 +325,11 @@ def test_rules_name_existing_conda_environments():
         names = {re.split(r"[ =<>]", d)[0] for d in deps + pip}
         assert env["channels"][0] == "conda-forge" and "python" in names, path
         assert {"pandas", "pyarrow", "numpy"} <= names, path
-        needed = {"envs/trainer-cpu.yaml": {"torch", "transformers", "tokenizers"},
-                  "envs/trainer-gpu.yaml": {"vllm", "transformers", "tokenizers"},  # vllm brings its CUDA torch
-                  "envs/analysis.yaml": {"matplotlib-base", "seaborn-base", "torch"}}[path]
+        needed = {
+            "envs/trainer-cpu.yaml": {"torch", "transformers", "tokenizers"},
+            "envs/trainer-gpu.yaml": {"vllm", "transformers", "tokenizers"},  # vllm brings its CUDA torch
+            "envs/analysis.yaml": {"matplotlib-base", "seaborn-base", "torch"},
+        }[path]
         assert needed <= names, path
     people = yaml.safe_load((REPO / "environment.yml").read_text())
     assert "-e ." in next(d["pip"] for d in people["dependencies"] if isinstance(d, dict))
@@ -232,12 +337,16 @@ def test_rules_name_existing_conda_environments():
 
 # -- the lr axis, per-optimizer lrs, per-model env options, offline statistics, base studies ----------------------
 def _tiny(**extra) -> dict:
-    return {"models": {"a": {"preset": "minicpm-tiny"}, "b": {"preset": "qwen-tiny"}},
-            "grid": [{"recipes": ["spo_adam", "spo_muon"], "seeds": [0]}], **extra}
+    return {
+        "models": {"a": {"preset": "minicpm-tiny"}, "b": {"preset": "qwen-tiny"}},
+        "grid": [{"recipes": ["spo_adam", "spo_muon"], "seeds": [0]}],
+        **extra,
+    }
 
 
 def test_a_grid_without_lrs_keeps_the_four_key_layout():
     from snakemake.utils import Paramspace
+
     grid = cc.grid_frame(_tiny())
     assert list(grid.columns) == cc.GRID_COLUMNS and not cc.has_lr_axis(_tiny())
     assert next(Paramspace(grid, param_sep="=").instance_patterns) == "model=a/recipe=spo_adam/optimizer=adam/seed=0"
@@ -245,6 +354,7 @@ def test_a_grid_without_lrs_keeps_the_four_key_layout():
 
 def test_a_grid_with_lrs_gets_an_lr_column_and_folder():
     from snakemake.utils import Paramspace
+
     study = _tiny(study="stability")
     study["grid"][0]["lrs"] = [1.0e-4, 3.0e-4, 0.0003]  # 3.0e-4 and 0.0003 are one lr: one cell
     grid = cc.grid_frame(study)
@@ -273,27 +383,54 @@ def test_per_optimizer_lrs_and_adam_high_lr():
         assert (cfg.optim.lr if optimizer != "adam_high_lr" else cfg.optim.muon_lr, cfg.optim.muon_lr) == (lr, muon_lr)
     # no table, no grid lr: the shared block's rates, untouched
     plain = _tiny(cell={"optim": {"lr": 5e-4, "muon_lr": 2e-3}})
-    assert cc.cell_config(plain, "a", "full", "muon", 0, "p", 1)["optim"] == {"lr": 5e-4, "muon_lr": 2e-3,
-                                                                              "name": "muon"}
+    assert cc.cell_config(plain, "a", "full", "muon", 0, "p", 1)["optim"] == {
+        "lr": 5e-4,
+        "muon_lr": 2e-3,
+        "name": "muon",
+    }
 
 
-@pytest.mark.parametrize("edit, named", [
-    pytest.param(lambda s: s["grid"][0].update(lrs=[1e-3, 0]), r"grid\[0\].lrs: learning rates must be numbers > 0",
-                 id="lrs-positive"),
-    pytest.param(lambda s: s.update(lr={"adam_high_lr": 1e-3}), r"lr.adam_high_lr: the lr table names", id="lr-key"),
-    pytest.param(lambda s: s.update(lr={"adam": -1}), r"lr.adam: a learning rate must be a number > 0",
-                 id="lr-positive"),
-    pytest.param(lambda s: s.update(study="main"), r"grid\[0\].lrs: only a `study: stability` has an lr axis",
-                 id="lrs-outside-stability"),
-    pytest.param(lambda s: s["grid"][0].pop("lrs"), "grid: a stability study sweeps learning rates",
-                 id="stability-without-lrs"),
-    pytest.param(lambda s: s["grid"].append({"recipes": ["full"], "seeds": [0]}), r"grid\[1\].lrs: missing",
-                 id="block-without-lrs"),
-    pytest.param(lambda s: s["grid"][0].update(optimizer="adam_high_lr"), r"grid\[0\].lrs: adam_high_lr runs",
-                 id="lrs-on-adam-high-lr"),
-    pytest.param(lambda s: s.update(cell={"optim": {"muon_lr": 2e-3}}), "cell.optim.muon_lr: the study sets",
-                 id="shared-muon-lr"),
-])
+@pytest.mark.parametrize(
+    "edit, named",
+    [
+        pytest.param(
+            lambda s: s["grid"][0].update(lrs=[1e-3, 0]),
+            r"grid\[0\].lrs: learning rates must be numbers > 0",
+            id="lrs-positive",
+        ),
+        pytest.param(
+            lambda s: s.update(lr={"adam_high_lr": 1e-3}), r"lr.adam_high_lr: the lr table names", id="lr-key"
+        ),
+        pytest.param(
+            lambda s: s.update(lr={"adam": -1}), r"lr.adam: a learning rate must be a number > 0", id="lr-positive"
+        ),
+        pytest.param(
+            lambda s: s.update(study="main"),
+            r"grid\[0\].lrs: only a `study: stability` has an lr axis",
+            id="lrs-outside-stability",
+        ),
+        pytest.param(
+            lambda s: s["grid"][0].pop("lrs"),
+            "grid: a stability study sweeps learning rates",
+            id="stability-without-lrs",
+        ),
+        pytest.param(
+            lambda s: s["grid"].append({"recipes": ["full"], "seeds": [0]}),
+            r"grid\[1\].lrs: missing",
+            id="block-without-lrs",
+        ),
+        pytest.param(
+            lambda s: s["grid"][0].update(optimizer="adam_high_lr"),
+            r"grid\[0\].lrs: adam_high_lr runs",
+            id="lrs-on-adam-high-lr",
+        ),
+        pytest.param(
+            lambda s: s.update(cell={"optim": {"muon_lr": 2e-3}}),
+            "cell.optim.muon_lr: the study sets",
+            id="shared-muon-lr",
+        ),
+    ],
+)
 def test_check_study_names_the_broken_lr_key(edit, named):
     study = _tiny(study="stability")
     study["grid"][0]["lrs"] = [1e-4, 1e-3]
@@ -306,15 +443,22 @@ def test_check_study_names_the_broken_lr_key(edit, named):
 
 
 def test_env_options_of_a_model_merge_into_its_cells_and_warm_start():
-    study = {"models": {"h1": {"preset": "qwen-tiny", "horizon": 1},
-                        "h4": {"preset": "qwen-tiny", "horizon": 4,
-                               "env_options": {"min_bugs": 4, "max_bugs": 4, "max_turns": 18}}},
-             "grid": [{"recipes": ["full"], "seeds": [0]}],
-             "cell": {"env": {"name": "minirepo", "options": {"max_depth": 0, "max_turns": 8, "min_files": 4},
-                              "eval_tasks": 4}}}
+    study = {
+        "models": {
+            "h1": {"preset": "qwen-tiny", "horizon": 1},
+            "h4": {"preset": "qwen-tiny", "horizon": 4, "env_options": {"min_bugs": 4, "max_bugs": 4, "max_turns": 18}},
+        },
+        "grid": [{"recipes": ["full"], "seeds": [0]}],
+        "cell": {
+            "env": {"name": "minirepo", "options": {"max_depth": 0, "max_turns": 8, "min_files": 4}, "eval_tasks": 4}
+        },
+    }
     h4 = cc.cell_config(study, "h4", "full", "muon", 0, "p", 1)["env"]
-    assert h4 == {"name": "minirepo", "options": {"max_depth": 0, "max_turns": 18, "min_files": 4, "min_bugs": 4,
-                                                  "max_bugs": 4}, "eval_tasks": 4}
+    assert h4 == {
+        "name": "minirepo",
+        "options": {"max_depth": 0, "max_turns": 18, "min_files": 4, "min_bugs": 4, "max_bugs": 4},
+        "eval_tasks": 4,
+    }
     assert cc.cell_config(study, "h1", "full", "muon", 0, "p", 1)["env"] == study["cell"]["env"]
     assert cc.warm_start_config(study, "h4", threads=1)["env"] == h4
     assert study["cell"]["env"]["options"]["max_turns"] == 8  # the study is not modified
@@ -327,11 +471,15 @@ def test_env_options_of_a_model_merge_into_its_cells_and_warm_start():
 def test_models_can_share_a_warm_started_policy():
     """`policy: base`: the cells of h2 start from base's warm-started policy on h2's own tasks; only base is
     warm-started, and h2's cells get no offline statistics (base's offline pass played other tasks)."""
-    study = {"models": {"base": {"preset": "qwen-tiny", "env_options": {"min_bugs": 1, "max_bugs": 2}},
-                        "h2": {"policy": "base", "env_options": {"min_bugs": 2, "max_bugs": 2}}},
-             "grid": [{"models": ["h2"], "recipes": ["full"], "seeds": [0, 1]}],
-             "cell": {"env": {"name": "minirepo", "options": {"max_depth": 0}}},
-             "warm_start": {"offline_samples": 2}}
+    study = {
+        "models": {
+            "base": {"preset": "qwen-tiny", "env_options": {"min_bugs": 1, "max_bugs": 2}},
+            "h2": {"policy": "base", "env_options": {"min_bugs": 2, "max_bugs": 2}},
+        },
+        "grid": [{"models": ["h2"], "recipes": ["full"], "seeds": [0, 1]}],
+        "cell": {"env": {"name": "minirepo", "options": {"max_depth": 0}}},
+        "warm_start": {"offline_samples": 2},
+    }
     cc.check_study(study)
     grid = cc.grid_frame(study)
     assert cc.warm_started_models(study, grid) == ["base"] and cc.policy_model(study, "h2") == "base"
@@ -342,10 +490,15 @@ def test_models_can_share_a_warm_started_policy():
 
 
 def test_a_horizon_study_labels_every_model_of_its_grid():
-    study = {"study": "horizon", "models": {"h1": {"preset": "qwen-tiny", "horizon": 1, "paper_name": "Q"},
-                                            "h2": {"preset": "qwen-tiny", "horizon": 2, "paper_name": "Q"},
-                                            "unused": {"preset": "qwen-tiny"}},
-             "grid": [{"models": ["h1", "h2"], "recipes": ["spo_adam"], "seeds": [0]}]}
+    study = {
+        "study": "horizon",
+        "models": {
+            "h1": {"preset": "qwen-tiny", "horizon": 1, "paper_name": "Q"},
+            "h2": {"preset": "qwen-tiny", "horizon": 2, "paper_name": "Q"},
+            "unused": {"preset": "qwen-tiny"},
+        },
+        "grid": [{"models": ["h1", "h2"], "recipes": ["spo_adam"], "seeds": [0]}],
+    }
     cc.check_study(study)  # a model the grid leaves out needs no label
     assert cc.horizons(study) == {"h1": 1, "h2": 2}
     study["grid"][0]["models"].append("unused")
@@ -369,14 +522,24 @@ def test_offline_stats_path_in_the_cells_of_warm_started_models(tmp_path):
 
 
 def test_deep_merge_merges_mappings_and_replaces_lists_and_scalars():
-    base = {"models": {"a": {"preset": "x"}}, "grid": [{"recipes": ["full"]}], "cell": {"env": {"name": "m",
-            "options": {"seed": 0, "max_turns": 8}}, "run": {"updates": 100}}, "workdir": "."}
-    over = {"models": {"b": {"preset": "y"}}, "grid": [{"recipes": ["spo_adam"]}],
-            "cell": {"env": {"options": {"max_turns": 6}}}, "workdir": "studies/x"}
+    base = {
+        "models": {"a": {"preset": "x"}},
+        "grid": [{"recipes": ["full"]}],
+        "cell": {"env": {"name": "m", "options": {"seed": 0, "max_turns": 8}}, "run": {"updates": 100}},
+        "workdir": ".",
+    }
+    over = {
+        "models": {"b": {"preset": "y"}},
+        "grid": [{"recipes": ["spo_adam"]}],
+        "cell": {"env": {"options": {"max_turns": 6}}},
+        "workdir": "studies/x",
+    }
     assert cc.deep_merge(base, over) == {
-        "models": {"a": {"preset": "x"}, "b": {"preset": "y"}}, "grid": [{"recipes": ["spo_adam"]}],
+        "models": {"a": {"preset": "x"}, "b": {"preset": "y"}},
+        "grid": [{"recipes": ["spo_adam"]}],
         "cell": {"env": {"name": "m", "options": {"seed": 0, "max_turns": 6}}, "run": {"updates": 100}},
-        "workdir": "studies/x"}
+        "workdir": "studies/x",
+    }
     assert base["cell"]["env"]["options"]["max_turns"] == 8  # a copy
 
 
@@ -386,8 +549,11 @@ def test_a_study_file_may_name_a_base_study(tmp_path):
     (tmp_path / "configs" / "mid.yaml").write_text("base: root.yaml\ncell: {run: {updates: 3}}\nworkdir: mid\n")
     study = {"base": "configs/mid.yaml", "workdir": "top", "grid": [{"recipes": ["full"], "seeds": [0]}]}
     assert cc.resolve_base(study, tmp_path, tmp_path / "top.yaml") == {
-        "models": {"a": {"preset": "qwen-tiny"}}, "cell": {"run": {"updates": 3, "eval_every": 5}}, "workdir": "top",
-        "grid": [{"recipes": ["full"], "seeds": [0]}]}
+        "models": {"a": {"preset": "qwen-tiny"}},
+        "cell": {"run": {"updates": 3, "eval_every": 5}},
+        "workdir": "top",
+        "grid": [{"recipes": ["full"], "seeds": [0]}],
+    }
     assert cc.resolve_base({"workdir": "x"}, tmp_path) == {"workdir": "x"}  # no base: the study as is
     with pytest.raises(cc.StudyError, match=r"top.yaml: base: 'configs/nope.yaml' is not a study file"):
         cc.resolve_base({"base": "configs/nope.yaml"}, tmp_path, "top.yaml")
@@ -406,18 +572,19 @@ def test_a_study_file_may_name_a_base_study(tmp_path):
         cc.resolve_base({"base": "x.yaml"}, tmp_path, tmp_path / "top.yaml")
 
 
-@pytest.mark.parametrize("study_file", ["configs/stability.yaml", "configs/stability-smoke.yaml",
-                                        "configs/horizon.yaml", "configs/horizon-smoke.yaml"])
+@pytest.mark.parametrize(
+    "study_file",
+    ["configs/stability.yaml", "configs/stability-smoke.yaml", "configs/horizon.yaml", "configs/horizon-smoke.yaml"],
+)
 def test_the_new_studies_hold_only_their_differences_and_pass_every_check(study_file):
     raw = yaml.safe_load((REPO / study_file).read_text())
     assert raw["base"] in ("config.yaml", "configs/smoke.yaml") and "resources" not in raw
     # an analysis key only where it differs: the horizon study's collapse rule, calibrated for its batch size
     assert set(raw.get("analysis", {})) <= {"collapse"} and set(raw.get("analysis", {}).get("collapse", {})) <= {
-        "drop_fraction"}
+        "drop_fraction"
+    }
     study = read_study(study_file)
     cc.check_study(study, root=REPO)
     cc.check_env_options(study, root=REPO)
     cc.check_cells(study, cc.grid_frame(study), root=REPO)
     assert study["workdir"] == "studies/" + Path(study_file).stem
-
-

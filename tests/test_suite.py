@@ -1,4 +1,5 @@
 """make_suite: every environment family the trainer can train on, and its option errors named with their path."""
+
 import importlib.util
 
 import pytest
@@ -10,9 +11,18 @@ from trainer.environments.swe.tasks import shipped_tasks_path
 
 
 def test_swe_suite_builds_nested_sections_and_reads_the_task_file():
-    suite = make_suite(EnvConfig(name="swe", options={
-        "backend": "local", "max_turns": 3, "tasks_file": str(shipped_tasks_path()),
-        "tools": {"command_timeout_s": 5.0}, "docker": {"memory": "1g"}}))
+    suite = make_suite(
+        EnvConfig(
+            name="swe",
+            options={
+                "backend": "local",
+                "max_turns": 3,
+                "tasks_file": str(shipped_tasks_path()),
+                "tools": {"command_timeout_s": 5.0},
+                "docker": {"memory": "1g"},
+            },
+        )
+    )
     env = suite.make_env()
     assert isinstance(env, SWEEnv) and env.max_turns == 3
     assert env.config.tools.command_timeout_s == 5.0 and env.config.docker.memory == "1g"
@@ -20,12 +30,15 @@ def test_swe_suite_builds_nested_sections_and_reads_the_task_file():
     assert all(isinstance(text, str) and text for text in suite.sample_texts())
 
 
-@pytest.mark.parametrize("options, named", [
-    ({"backend": "local", "max_trun": 3}, r"unknown config key 'env.options.max_trun' .*\(swe\)"),
-    ({"tools": {"command_timeout": 5}}, r"unknown config key 'env.options.tools.command_timeout' .*\(swe\)"),
-    ({"docker": {"memory": 2}}, r"env.options.docker.memory: expected a string, got 2 \(swe\)"),
-    ({"tools": {"blocked_commands": "pip"}}, r"env.options.tools.blocked_commands: expected a list, got 'pip'"),
-])
+@pytest.mark.parametrize(
+    "options, named",
+    [
+        ({"backend": "local", "max_trun": 3}, r"unknown config key 'env.options.max_trun' .*\(swe\)"),
+        ({"tools": {"command_timeout": 5}}, r"unknown config key 'env.options.tools.command_timeout' .*\(swe\)"),
+        ({"docker": {"memory": 2}}, r"env.options.docker.memory: expected a string, got 2 \(swe\)"),
+        ({"tools": {"blocked_commands": "pip"}}, r"env.options.tools.blocked_commands: expected a list, got 'pip'"),
+    ],
+)
 def test_swe_option_typos_are_named_with_their_path(options, named):
     with pytest.raises(ValueError, match=named):
         make_suite(EnvConfig(name="swe", options=options))
@@ -34,9 +47,11 @@ def test_swe_option_typos_are_named_with_their_path(options, named):
 def test_alfworld_without_its_package_says_how_to_get_it(monkeypatch):
     from trainer.environments import alfworld_adapter
     from trainer.environments.alfworld_adapter import AlfworldUnavailable
+
     real_find_spec = importlib.util.find_spec  # hide the package, installed or not
-    monkeypatch.setattr(alfworld_adapter.importlib.util, "find_spec",
-                        lambda name: None if name == "alfworld" else real_find_spec(name))
+    monkeypatch.setattr(
+        alfworld_adapter.importlib.util, "find_spec", lambda name: None if name == "alfworld" else real_find_spec(name)
+    )
     with pytest.raises(AlfworldUnavailable, match="pip install alfworld"):
         make_suite(EnvConfig(name="alfworld", options={"data_dir": "/nonexistent"}))
 

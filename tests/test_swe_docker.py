@@ -8,6 +8,7 @@ command) next to a second, untouched episode, and checks after every attack that
 no stray process is left in the container, and at the end that the neighbour and the host are unaffected and
 that no container is left behind.
 """
+
 import os
 import re
 import shlex
@@ -20,9 +21,20 @@ from pathlib import Path
 import pytest
 from swe_forgeries import FORGERIES, forge_actions
 
-from trainer.environments.swe import (DockerConfig, SandboxError, SWEConfig, SWEEnv, SWETask, SWETasks, ToolSettings,
-                                      cleanup_stale_containers, format_action, noop_actions, oracle_actions,
-                                      patch_actions)
+from trainer.environments.swe import (
+    DockerConfig,
+    SandboxError,
+    SWEConfig,
+    SWEEnv,
+    SWETask,
+    SWETasks,
+    ToolSettings,
+    cleanup_stale_containers,
+    format_action,
+    noop_actions,
+    oracle_actions,
+    patch_actions,
+)
 from trainer.environments.swe.containers import LABEL, docker_client
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]  # containers take seconds each: outside the fast tier
@@ -69,8 +81,9 @@ def owned(client, pid=None):
 
 
 def make_env(client, **overrides):
-    config = dict(backend="docker", tools=ToolSettings(command_timeout_s=30),
-                  docker=DockerConfig(memory="512m", pids=128))
+    config = dict(
+        backend="docker", tools=ToolSettings(command_timeout_s=30), docker=DockerConfig(memory="512m", pids=128)
+    )
     config.update(overrides)
     return SWEEnv(SWEConfig(**config), docker_client=client)
 
@@ -112,12 +125,18 @@ def test_fix_that_breaks_a_p2p_test_gets_0(client, task):
     assert broken and set(broken) <= set(task.pass_to_pass)
 
 
-@pytest.mark.parametrize("pull, message", [("never", "is not present locally and docker.pull is 'never'"),
-                                           ("missing", "is absent and pulling it failed")])
+@pytest.mark.parametrize(
+    "pull, message",
+    [("never", "is not present locally and docker.pull is 'never'"), ("missing", "is absent and pulling it failed")],
+)
 def test_missing_image_is_a_clear_error(client, pull, message):
     """No registry is reachable here: pulling fails, named; `never` does not try."""
-    task = SWETask(task_id="ghost", docker_image="swe-harness/does-not-exist:latest", problem_statement="p",
-                   expected={"t.py::a": "PASSED"})
+    task = SWETask(
+        task_id="ghost",
+        docker_image="swe-harness/does-not-exist:latest",
+        problem_statement="p",
+        expected={"t.py::a": "PASSED"},
+    )
     env = make_env(client, docker=DockerConfig(memory="512m", pids=128, pull=pull))
     with pytest.raises(SandboxError, match=message):
         env.reset(task)
@@ -142,24 +161,24 @@ SYSTEM_SITE = 'd=$(python3 -c "import site; print(site.getsitepackages()[0])") &
 PLANT = f"cat > gamer.py <<'EOF'\n{GAMER}EOF\n"
 CHANNELS = {
     "user site .pth sets PYTEST_ADDOPTS": f"{USER_SITE} && {PLANT}"
-        "echo 'import os; os.environ[\"PYTEST_ADDOPTS\"] = \"-p gamer\"' > gamer.pth",
+    'echo \'import os; os.environ["PYTEST_ADDOPTS"] = "-p gamer"\' > gamer.pth',
     "user site usercustomize sets PYTEST_PLUGINS": f"{USER_SITE} && {PLANT}"
-        "echo 'import os; os.environ[\"PYTEST_PLUGINS\"] = \"gamer\"' > usercustomize.py",
+    'echo \'import os; os.environ["PYTEST_PLUGINS"] = "gamer"\' > usercustomize.py',
     "system site .pth (root agent)": f"{SYSTEM_SITE} && {PLANT}"
-        "echo 'import os; os.environ[\"PYTEST_ADDOPTS\"] = \"-p gamer\"' > gamer.pth",
+    'echo \'import os; os.environ["PYTEST_ADDOPTS"] = "-p gamer"\' > gamer.pth',
     "system site sitecustomize (root agent)": f"{SYSTEM_SITE} && {PLANT}"
-        "echo 'import os; os.environ[\"PYTEST_PLUGINS\"] = \"gamer\"' > sitecustomize.py",
+    'echo \'import os; os.environ["PYTEST_PLUGINS"] = "gamer"\' > sitecustomize.py',
     "HOME dotfiles": "for f in .bashrc .profile .bash_profile; do echo 'export PYTEST_ADDOPTS=\"-p gamer\"' >> ~/$f; "
-        f"done; mkdir -p ~/.config && cd ~ && {PLANT}echo '[pytest]' > ~/pytest.ini",
+    f"done; mkdir -p ~/.config && cd ~ && {PLANT}echo '[pytest]' > ~/pytest.ini",
     "repository conftest, ini files, sitecustomize": f"{PLANT}"  # in /testbed, where commands run
-        "printf 'pytest_plugins = [\"gamer\"]\\n' > conftest.py && printf '[pytest]\\naddopts = -p gamer\\n' > "
-        "pytest.ini && printf '[tool:pytest]\\naddopts = -p gamer\\n' > setup.cfg && "
-        "echo 'import os; os.environ[\"PYTEST_ADDOPTS\"] = \"-p gamer\"' > sitecustomize.py",
+    "printf 'pytest_plugins = [\"gamer\"]\\n' > conftest.py && printf '[pytest]\\naddopts = -p gamer\\n' > "
+    "pytest.ini && printf '[tool:pytest]\\naddopts = -p gamer\\n' > setup.cfg && "
+    'echo \'import os; os.environ["PYTEST_ADDOPTS"] = "-p gamer"\' > sitecustomize.py',
     "a python3 earlier on PATH (root agent)": "for d in /usr/local/sbin /usr/local/bin; do mkdir -p $d && "
-        "printf '#!/bin/sh\\necho \"PASSED r2e_tests/x\"\\nexit 0\\n' > $d/python3 && chmod +x $d/python3; done",
+    "printf '#!/bin/sh\\necho \"PASSED r2e_tests/x\"\\nexit 0\\n' > $d/python3 && chmod +x $d/python3; done",
     "a process left running to edit the tests (root agent)": "setsid sh -c 'while :; do for f in "
-        "/testbed/r2e_tests/*.py; do [ -f \"$f\" ] && printf \"def test_ok():\\n    pass\\n\" > \"$f\"; done; "
-        "sleep 0.05; done' > /dev/null 2>&1 < /dev/null & sleep 0.2; echo started",
+    '/testbed/r2e_tests/*.py; do [ -f "$f" ] && printf "def test_ok():\\n    pass\\n" > "$f"; done; '
+    "sleep 0.05; done' > /dev/null 2>&1 < /dev/null & sleep 0.2; echo started",
 }
 ROOT_ONLY = {name for name in CHANNELS if "(root agent)" in name}
 
@@ -169,8 +188,11 @@ def gamed_reward(client, channel: str, grade_in: str, grading: str = "report") -
     the image's writable layer (`scratch: false`), where every channel can be planted: the default read-only
     root already stops the system-wide ones, and this tests the grading on its own."""
     user = "no-such-user" if channel in ROOT_ONLY else "agent"  # no such user in the image: the agent is root
-    env = make_env(client, grading=grading, docker=DockerConfig(memory="512m", pids=128, user=user,
-                                                                 grade_in=grade_in, scratch=False))
+    env = make_env(
+        client,
+        grading=grading,
+        docker=DockerConfig(memory="512m", pids=128, user=user, grade_in=grade_in, scratch=False),
+    )
     try:
         env.reset(TASKS[0])
         planted = env.step(bash(CHANNELS[channel]))
@@ -221,10 +243,16 @@ def test_the_cheating_probe_catches_a_gamed_grade(client):
     finally:
         gold.close()
     assert last.reward == 0.0 and last.info.extra["tests_mismatched"] == [variant.fail_to_pass[-1]]
-    for grade_in, grading, reward in (("episode", "r2e_gym_log", 1.0), ("fresh", "r2e_gym_log", 0.0),
-                                      ("fresh", "report", 0.0)):
-        env = make_env(client, grading=grading, docker=DockerConfig(memory="512m", pids=128, user="no-such-user",
-                                                                    grade_in=grade_in, scratch=False))
+    for grade_in, grading, reward in (
+        ("episode", "r2e_gym_log", 1.0),
+        ("fresh", "r2e_gym_log", 0.0),
+        ("fresh", "report", 0.0),
+    ):
+        env = make_env(
+            client,
+            grading=grading,
+            docker=DockerConfig(memory="512m", pids=128, user="no-such-user", grade_in=grade_in, scratch=False),
+        )
         try:
             env.reset(variant)
             env.step(bash(CHANNELS["system site .pth (root agent)"]))
@@ -257,15 +285,19 @@ def test_a_stale_bytecode_cache_cannot_forge_the_grade(client, grade_in):
     env = make_env(client, docker=DockerConfig(memory="512m", pids=128, grade_in=grade_in))
     try:
         env.reset(task)
-        saved = env.step(bash(" && ".join(f"mkdir -p $(dirname /tmp/original/{n}) && cp -p {n} /tmp/original/{n}"
-                                          for n in names)))
+        saved = env.step(
+            bash(" && ".join(f"mkdir -p $(dirname /tmp/original/{n}) && cp -p {n} /tmp/original/{n}" for n in names))
+        )
         assert saved.observation.startswith("Exit code: 0"), saved.observation
         for action in patch_actions(task.gold_patch, env.repo_dir, check_command=None)[:-1]:  # all but `finish`
             env.step(action)
-        forged = env.step(bash(f"sh -c {shlex.quote(FORGE_PYC)} _ {' '.join(names)} && cmp {names[0]} "
-                               f"/tmp/original/{names[0]} && echo same source"))
-        assert forged.observation.startswith("Exit code: 0") and "same source" in forged.observation, \
-            forged.observation
+        forged = env.step(
+            bash(
+                f"sh -c {shlex.quote(FORGE_PYC)} _ {' '.join(names)} && cmp {names[0]} "
+                f"/tmp/original/{names[0]} && echo same source"
+            )
+        )
+        assert forged.observation.startswith("Exit code: 0") and "same source" in forged.observation, forged.observation
         last = env.step(format_action("finish", {"command": "submit"}))
     finally:
         env.close()
@@ -298,8 +330,12 @@ def graded_with_junk(client, megabytes: int, reward_timeout_s: float = 300.0, **
     env = make_env(client, docker=DockerConfig(memory="1g", pids=128, **docker), reward_timeout_s=reward_timeout_s)
     try:
         env.reset(TASKS[0])
-        fill = env.step(bash(f"for i in $(seq {megabytes // 8}); do head -c 8388608 /dev/urandom > junk$i.bin; done; "
-                             "du -sm /testbed | cut -f1"))
+        fill = env.step(
+            bash(
+                f"for i in $(seq {megabytes // 8}); do head -c 8388608 /dev/urandom > junk$i.bin; done; "
+                "du -sm /testbed | cut -f1"
+            )
+        )
         assert fill.observation.startswith("Exit code: 0"), fill.observation
         start = time.monotonic()
         last = env.step(format_action("finish", {"command": "submit"}))
@@ -338,11 +374,21 @@ INODES = 5000
 @pytest.fixture(scope="module")
 def arena(client):
     """One episode under attack and a neighbour episode that must not notice."""
-    limits = DockerConfig(memory="256m", pids=64, file_size_bytes=8 * 1024**2, max_output_bytes=16 * 1024**2,
-                          scratch_bytes=SCRATCH, scratch_inodes=INODES)
-    env = make_env(client, max_turns=500, docker=limits, steps_remaining=False,  # observations as the tool gives them
-                   tools=ToolSettings(command_timeout_s=TIMEOUT_S, max_observation_chars=MAX_CHARS,
-                                      clean_control_characters=True))
+    limits = DockerConfig(
+        memory="256m",
+        pids=64,
+        file_size_bytes=8 * 1024**2,
+        max_output_bytes=16 * 1024**2,
+        scratch_bytes=SCRATCH,
+        scratch_inodes=INODES,
+    )
+    env = make_env(
+        client,
+        max_turns=500,
+        docker=limits,
+        steps_remaining=False,  # observations as the tool gives them
+        tools=ToolSettings(command_timeout_s=TIMEOUT_S, max_observation_chars=MAX_CHARS, clean_control_characters=True),
+    )
     neighbour = make_env(client)
     env.reset(TASKS[0])
     neighbour.reset(TASKS[1])
@@ -382,8 +428,12 @@ def test_sandbox_layout(arena):
     assert host_config["Memory"] == 256 * 1024**2 and host_config["MemorySwap"] == 256 * 1024**2
     assert host_config["CapDrop"] == ["ALL"] and "no-new-privileges:true" in host_config["SecurityOpt"]
     assert container.labels[f"{LABEL}.owner_pid"] == str(os.getpid())
-    probe = env.step(format_action("execute_bash", {
-        "cmd": "id -un; ls -A /testbed; ls /r2e_tests /testbed/r2e_tests /testbed/run_tests.sh /root 2>&1; true"}))
+    probe = env.step(
+        format_action(
+            "execute_bash",
+            {"cmd": "id -un; ls -A /testbed; ls /r2e_tests /testbed/r2e_tests /testbed/run_tests.sh /root 2>&1; true"},
+        )
+    )
     out = probe.observation
     assert "[STDOUT]\n\nagent\nREADME.md\nroman.py\ntests\n" in out
     assert "ls: cannot open directory '/r2e_tests': Permission denied" in out  # an empty mask; the files are in /root
@@ -391,11 +441,16 @@ def test_sandbox_layout(arena):
     assert "ls: cannot access '/testbed/run_tests.sh': No such file or directory" in out
     assert "ls: cannot open directory '/root': Permission denied" in out
     # the root filesystem is read-only; the writable places are bounded tmpfs mounts
-    places = env.step(bash("touch /usr/x /etc/x /x 2>&1; df --output=fstype,size,itotal,target /testbed /tmp /var/tmp "
-                           "/home | tail -n +2"))
+    places = env.step(
+        bash(
+            "touch /usr/x /etc/x /x 2>&1; df --output=fstype,size,itotal,target /testbed /tmp /var/tmp "
+            "/home | tail -n +2"
+        )
+    )
     assert places.observation.count("Read-only file system") == 3
-    rows = [line.split() for line in places.observation.split("[STDOUT]\n\n")[1].splitlines()
-            if line.startswith("tmpfs")]
+    rows = [
+        line.split() for line in places.observation.split("[STDOUT]\n\n")[1].splitlines() if line.startswith("tmpfs")
+    ]
     assert [row[3] for row in rows] == ["/testbed", "/tmp", "/var/tmp", "/home"]
     assert {(row[1], row[2]) for row in rows} == {(f"{SCRATCH // 1024}", str(INODES))}  # df sizes: 1K blocks
 
@@ -421,9 +476,13 @@ def test_attack_memory_hog(arena, client):
     # Its own episode, under the arena's limits but with a command timeout far above the arena's 3 s: under cgroup v1
     # the kernel reclaims for 0.4-3.3 s (measured) before its OOM killer fires, and the test is that the memory
     # limit, not the timeout, stops the hog. The arena's neighbour runs beside it (test_neighbour_and_host_unaffected).
-    env = make_env(client, max_turns=50, docker=arena[0].config.docker, steps_remaining=False,
-                   tools=ToolSettings(command_timeout_s=60, max_observation_chars=MAX_CHARS,
-                                      clean_control_characters=True))
+    env = make_env(
+        client,
+        max_turns=50,
+        docker=arena[0].config.docker,
+        steps_remaining=False,
+        tools=ToolSettings(command_timeout_s=60, max_observation_chars=MAX_CHARS, clean_control_characters=True),
+    )
     env.reset(TASKS[0])
     try:
         result = attack(env, bash("python3 -c 'x = b\"a\" * (2 * 1024**3)'"), 60)
@@ -435,8 +494,9 @@ def test_attack_memory_hog(arena, client):
 
 def test_attack_infinite_loop(arena):
     result = attack(arena[0], bash("while true; do :; done"), TIMEOUT_S + 8)
-    assert result.observation == ("Exit code: -1\nExecution output of [execute_bash]:\n"
-                                  f"The command took too long to execute (>{TIMEOUT_S}s)")
+    assert result.observation == (
+        f"Exit code: -1\nExecution output of [execute_bash]:\nThe command took too long to execute (>{TIMEOUT_S}s)"
+    )
     assert result.info.timed_out and result.info.exec_error
 
 
@@ -451,8 +511,9 @@ def test_attack_background_job_holding_the_output(arena):
 
 
 def test_attack_network_tcp(arena):
-    result = attack(arena[0], bash(
-        "python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 80), timeout=3)'"), 15)
+    result = attack(
+        arena[0], bash("python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 80), timeout=3)'"), 15
+    )
     assert "Network is unreachable" in result.observation
 
 
@@ -464,8 +525,14 @@ def test_attack_network_interfaces_and_dns(arena):
 def test_attack_write_outside_the_repository_with_bash(arena):
     env = arena[0]
     before = env.backend._exec(["sh", "-c", "md5sum /etc/passwd /usr/bin/python3"], 10, user="root").stdout
-    result = attack(env, bash("echo pwned > /etc/passwd; echo x > /usr/bin/python3; touch /root/x; "
-                              "touch /r2e_tests; mkdir /opt/evil; echo done"), 15)
+    result = attack(
+        env,
+        bash(
+            "echo pwned > /etc/passwd; echo x > /usr/bin/python3; touch /root/x; "
+            "touch /r2e_tests; mkdir /opt/evil; echo done"
+        ),
+        15,
+    )
     # refused by permissions, or first by the read-only root filesystem
     assert result.observation.count("Permission denied") + result.observation.count("Read-only file system") >= 5
     after = env.backend._exec(["sh", "-c", "md5sum /etc/passwd /usr/bin/python3"], 10, user="root").stdout
@@ -473,18 +540,21 @@ def test_attack_write_outside_the_repository_with_bash(arena):
 
 
 def test_attack_write_outside_the_repository_with_file_editor(arena):
-    result = attack(arena[0], format_action("file_editor", {"command": "create", "path": "/etc/cron.daily/evil",
-                                                            "file_text": "rm -rf /"}), 15)
+    result = attack(
+        arena[0],
+        format_action("file_editor", {"command": "create", "path": "/etc/cron.daily/evil", "file_text": "rm -rf /"}),
+        15,
+    )
     assert result.info.exec_error and "/etc/cron.daily/evil: Read-only file system" in result.observation
-    home = attack(arena[0], format_action("file_editor", {"command": "create", "path": "/root/evil",
-                                                          "file_text": "x"}), 15)
+    home = attack(
+        arena[0], format_action("file_editor", {"command": "create", "path": "/root/evil", "file_text": "x"}), 15
+    )
     assert home.info.exec_error and "/root/evil: Permission denied" in home.observation
 
 
 def test_attack_read_the_hidden_tests(arena):
     env = arena[0]
-    viewed = attack(env, format_action("file_editor", {"command": "view", "path": "/root/r2e_tests/test_roman.py"}),
-                    15)
+    viewed = attack(env, format_action("file_editor", {"command": "view", "path": "/root/r2e_tests/test_roman.py"}), 15)
     assert viewed.info.exec_error and "test_four" not in viewed.observation
     catted = attack(env, bash("cat /root/r2e_tests/test_roman.py /root/run_tests.sh"), 15)
     assert catted.observation.count("Permission denied") == 2 and "def test_" not in catted.observation
@@ -521,8 +591,10 @@ def _host_free(client) -> tuple[int, int]:
 
 def test_attack_disk_fill(arena, client):
     before = _host_free(client)
-    fill = ("for d in /testbed /tmp /var/tmp ~; do for i in 1 2 3 4 5; do head -c 6000000 /dev/zero > $d/fill$i; "
-            "done; done; du -sk /testbed /tmp /var/tmp ~ | cut -f1")
+    fill = (
+        "for d in /testbed /tmp /var/tmp ~; do for i in 1 2 3 4 5; do head -c 6000000 /dev/zero > $d/fill$i; "
+        "done; done; du -sk /testbed /tmp /var/tmp ~ | cut -f1"
+    )
     result = attack(arena[0], bash(fill), 20)
     assert "No space left on device" in result.observation
     sizes = [int(v) for v in result.observation.split("[STDOUT]\n\n")[1].split("\n\n")[0].split()]
@@ -539,25 +611,32 @@ def test_attack_one_big_file(arena):
 
 def test_attack_inode_fill(arena, client):
     before = _host_free(client)
-    fill = ("python3 -c \"import os\nfor d in ('/tmp', '/testbed'):\n    os.makedirs(d + '/many', exist_ok=True)\n"
-            "    n = 0\n    try:\n        while n < 50000:\n            open(f'{d}/many/{n}', 'w').close(); n += 1\n"
-            "    except OSError as e:\n        print(d, n, e.strerror)\n\"")
+    fill = (
+        "python3 -c \"import os\nfor d in ('/tmp', '/testbed'):\n    os.makedirs(d + '/many', exist_ok=True)\n"
+        "    n = 0\n    try:\n        while n < 50000:\n            open(f'{d}/many/{n}', 'w').close(); n += 1\n"
+        '    except OSError as e:\n        print(d, n, e.strerror)\n"'
+    )
     result = attack(arena[0], bash(fill), 20)
     made = [line.rstrip().split(maxsplit=2) for line in result.observation.splitlines() if line.startswith("/")]
-    assert [(d, why) for d, _, why in made] == [("/tmp", "No space left on device"),
-                                                ("/testbed", "No space left on device")], result.observation
+    assert [(d, why) for d, _, why in made] == [
+        ("/tmp", "No space left on device"),
+        ("/testbed", "No space left on device"),
+    ], result.observation
     assert all(int(n) < INODES for _, n, _ in made)
     assert before[1] - _host_free(client)[1] < 500  # the host's inodes untouched
     attack(arena[0], bash("rm -rf /tmp/many /testbed/many"), 10)
 
 
-@pytest.mark.parametrize("text", [
-    "<function=execute_bash><parameter=cmd>ls</function>",
-    format_action("execute_bash", {"cmd": "ls", "timeout": "5"}),
-    "<function=!!!>",
-    "I refuse to use tools.",
-    format_action("file_editor", {"command": "view"}),
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<function=execute_bash><parameter=cmd>ls</function>",
+        format_action("execute_bash", {"cmd": "ls", "timeout": "5"}),
+        "<function=!!!>",
+        "I refuse to use tools.",
+        format_action("file_editor", {"command": "view"}),
+    ],
+)
 def test_attack_malformed_calls(arena, text):
     result = attack(arena[0], text, 5)
     assert result.info.invalid_action
@@ -597,8 +676,13 @@ time.sleep(120)  # killed with SIGKILL meanwhile: nothing runs, the container st
 
 
 def spawn(mode):
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, mode], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, mode],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+    )
     return proc, proc.stdout.readline().strip()
 
 
@@ -621,8 +705,13 @@ def test_stale_containers_of_a_crashed_trainer_are_removed(client):
 @pytest.mark.skipif(os.geteuid() != 0, reason="the setup script installs packages and needs root")
 def test_setup_script_is_idempotent(client):
     started = time.monotonic()
-    run = subprocess.run(["bash", str(REPO_ROOT / ".ci" / "docker-setup.sh")], capture_output=True, text=True,
-                         timeout=300, env=dict(os.environ, PYTHON=sys.executable))
+    run = subprocess.run(
+        ["bash", str(REPO_ROOT / ".ci" / "docker-setup.sh")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHON=sys.executable),
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "dockerd is running" in run.stderr
     # the base image, every task image and the cheating probe's variants

@@ -1,4 +1,5 @@
 """swe grading (pytest log -> statuses -> reward), task loading, the shipped tasks, and patch parsing."""
+
 import json
 from pathlib import Path
 
@@ -32,8 +33,14 @@ XPASS r2e_tests/test_a.py::test_lucky
 ERROR r2e_tests/test_b.py - ImportError: cannot import name 'x'
 ========= 1 failed, 4 passed, 1 skipped, 1 xfailed, 1 xpassed, 1 error in 0.10s =========
 """
-PARSED = {"test_one": "PASSED", "HTTPHeadersTest.test_copy": "PASSED", "CookieTest.test_copy": "PASSED",
-          "TestStatistic.test_zero_length[mean]": "PASSED", "test_two": "FAILED", "": "ERROR"}
+PARSED = {
+    "test_one": "PASSED",
+    "HTTPHeadersTest.test_copy": "PASSED",
+    "CookieTest.test_copy": "PASSED",
+    "TestStatistic.test_zero_length[mean]": "PASSED",
+    "test_two": "FAILED",
+    "": "ERROR",
+}
 """By R2E-Gym's rules, by hand: everything after the file joined with dots, so the two test_copy methods stay
 apart; the message after " - " cut; SKIPPED, XFAIL and XPASS dropped; the collection error named ""."""
 
@@ -47,29 +54,41 @@ def test_parse_report_without_summary_is_empty():
     assert parse_pytest_report("") == {}
 
 
-@pytest.mark.parametrize("line, key", [
-    ("PASSED tests/deep/test_x.py::test_y", "test_y"),
-    ("FAILED test_x.py::C::test_y[1] - boom", "C.test_y[1]"),
-    ("PASSED \x1b[31mtest_x.py::Outer::Inner::test_z\x1b[0m", "Outer.Inner.test_z"),
-    ("ERROR r2e_tests/test_b.py - ImportError", ""),
-])
+@pytest.mark.parametrize(
+    "line, key",
+    [
+        ("PASSED tests/deep/test_x.py::test_y", "test_y"),
+        ("FAILED test_x.py::C::test_y[1] - boom", "C.test_y[1]"),
+        ("PASSED \x1b[31mtest_x.py::Outer::Inner::test_z\x1b[0m", "Outer.Inner.test_z"),
+        ("ERROR r2e_tests/test_b.py - ImportError", ""),
+    ],
+)
 def test_report_key(line, key):
     assert report_key(line) == key
 
 
-@pytest.mark.parametrize("expected, reward", [
-    # R2E-Gym's map for this log (the gold patch's): 6 entries, the empty one skipped in the comparison
-    ({**{k: v for k, v in PARSED.items() if k}, "test_other": "PASSED"}, 1.0),
-    # the same without the sixth entry: 5 expected vs 6 parsed, the count differs
-    ({k: v for k, v in PARSED.items() if k}, 0.0),
-    # one status differs
-    ({**{k: v for k, v in PARSED.items() if k}, "test_two": "PASSED", "test_other": "PASSED"}, 0.0),
-    # an XFAIL entry is never compared (the parser drops that line); it only counts, here against the empty name
-    ({**{k: v for k, v in PARSED.items() if k}, "test_known": "XFAIL"}, 1.0),
-    # expected keys lose a " - message" tail and colour codes before comparing
-    ({**{k: v for k, v in PARSED.items() if k and k != "test_two"}, "test_two - assert 1 == 2": "FAILED",
-      "\x1b[1mtest_other\x1b[0m": "PASSED"}, 1.0),
-])
+@pytest.mark.parametrize(
+    "expected, reward",
+    [
+        # R2E-Gym's map for this log (the gold patch's): 6 entries, the empty one skipped in the comparison
+        ({**{k: v for k, v in PARSED.items() if k}, "test_other": "PASSED"}, 1.0),
+        # the same without the sixth entry: 5 expected vs 6 parsed, the count differs
+        ({k: v for k, v in PARSED.items() if k}, 0.0),
+        # one status differs
+        ({**{k: v for k, v in PARSED.items() if k}, "test_two": "PASSED", "test_other": "PASSED"}, 0.0),
+        # an XFAIL entry is never compared (the parser drops that line); it only counts, here against the empty name
+        ({**{k: v for k, v in PARSED.items() if k}, "test_known": "XFAIL"}, 1.0),
+        # expected keys lose a " - message" tail and colour codes before comparing
+        (
+            {
+                **{k: v for k, v in PARSED.items() if k and k != "test_two"},
+                "test_two - assert 1 == 2": "FAILED",
+                "\x1b[1mtest_other\x1b[0m": "PASSED",
+            },
+            1.0,
+        ),
+    ],
+)
 def test_grade_by_r2e_gyms_rule_on_a_hand_example(expected, reward):
     assert grade(parse_pytest_report(LOG), parse_expected(expected)).reward == reward
 
@@ -97,8 +116,12 @@ def test_a_passed_line_whose_message_says_failed_reads_as_r2e_gym_reads_it():
     assert parse_pytest_report(log) == {"test_a": "PASSED"}
 
 
-_maps = st.dictionaries(st.from_regex(r"[A-Z][a-z]{0,3}\.test_[a-z]{1,6}", fullmatch=True),
-                        st.sampled_from(["PASSED", "FAILED", "ERROR"]), min_size=1, max_size=8)
+_maps = st.dictionaries(
+    st.from_regex(r"[A-Z][a-z]{0,3}\.test_[a-z]{1,6}", fullmatch=True),
+    st.sampled_from(["PASSED", "FAILED", "ERROR"]),
+    min_size=1,
+    max_size=8,
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -112,12 +135,15 @@ def test_grade_property(expected, data):
     assert grade(dropped, expected).reward == 0.0
 
 
-@pytest.mark.parametrize("value, message", [
-    ("{not json", "not valid JSON"),
-    ("[1, 2]", "non-empty JSON object"),
-    ("{}", "non-empty JSON object"),
-    ('{"test_a": "OK"}', "is not one of"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "non-empty JSON object"),
+        ("{}", "non-empty JSON object"),
+        ('{"test_a": "OK"}', "is not one of"),
+    ],
+)
 def test_parse_expected_errors(value, message):
     with pytest.raises(ValueError, match=message):
         parse_expected(value)
@@ -127,9 +153,14 @@ def test_parse_expected_errors(value, message):
 # task files
 # ----------------------------------------------------------------------------------------------------------------
 
-RECORD = {"task_id": "x-1", "docker_image": "img:latest", "repo_name": "x",
-          "problem_statement": "intro [ISSUE]\nThe bug.\n[/ISSUE] outro",
-          "expected_output_json": json.dumps({"TestX.test_a": "PASSED"}), "repo_path": "repos/x"}
+RECORD = {
+    "task_id": "x-1",
+    "docker_image": "img:latest",
+    "repo_name": "x",
+    "problem_statement": "intro [ISSUE]\nThe bug.\n[/ISSUE] outro",
+    "expected_output_json": json.dumps({"TestX.test_a": "PASSED"}),
+    "repo_path": "repos/x",
+}
 
 
 def test_task_from_record_fields(tmp_path):
@@ -142,13 +173,16 @@ def test_task_from_record_fields(tmp_path):
     assert no_tags.issue == "Plain text."
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"docker_image": None}, "missing field 'docker_image'"),
-    ({"problem_statement": None}, "missing field 'problem_statement'"),
-    ({"split": "test"}, "field 'split' is 'test'"),
-    ({"expected_output_json": "{}"}, "field 'expected_output_json'"),
-    ({"problem_statement": 3}, "must be a string"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"docker_image": None}, "missing field 'docker_image'"),
+        ({"problem_statement": None}, "missing field 'problem_statement'"),
+        ({"split": "test"}, "field 'split' is 'test'"),
+        ({"expected_output_json": "{}"}, "field 'expected_output_json'"),
+        ({"problem_statement": 3}, "must be a string"),
+    ],
+)
 def test_task_record_errors_name_the_field(change, message):
     record = {k: v for k, v in dict(RECORD, **change).items() if v is not None}
     with pytest.raises(ValueError, match=message):
@@ -163,8 +197,9 @@ def test_load_jsonl_and_parquet_agree(tmp_path):
     pd.DataFrame(records).to_parquet(parquet)
     from_jsonl, from_parquet = load_tasks(jsonl), load_tasks(parquet)
     assert [t.task_id for t in from_jsonl] == ["x-1", "x-2"]
-    assert [(t.task_id, t.split, t.expected, t.repo_path) for t in from_jsonl] == \
-           [(t.task_id, t.split, t.expected, t.repo_path) for t in from_parquet]
+    assert [(t.task_id, t.split, t.expected, t.repo_path) for t in from_jsonl] == [
+        (t.task_id, t.split, t.expected, t.repo_path) for t in from_parquet
+    ]
 
 
 def test_load_errors(tmp_path):
@@ -182,15 +217,23 @@ def test_load_errors(tmp_path):
         load_tasks(tmp_path / "missing.jsonl")
 
 
-@pytest.mark.parametrize("field, value", [
-    ("repo_path", "/etc"), ("repo_path", "../../../etc"), ("hidden_tests_path", "tests/../../secret"),
-    ("hidden_tests_path", "/"),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("repo_path", "/etc"),
+        ("repo_path", "../../../etc"),
+        ("hidden_tests_path", "tests/../../secret"),
+        ("hidden_tests_path", "/"),
+    ],
+)
 def test_task_paths_stay_in_the_task_files_folder(tmp_path, field, value):
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps(dict(RECORD, **{field: value})) + "\n")
-    with pytest.raises(ValueError, match=rf"tasks.jsonl entry 0 \(x-1\): field '{field}' is '{value}'.*"
-                                         r"no absolute path, no '\.\.'"):
+    with pytest.raises(
+        ValueError,
+        match=rf"tasks.jsonl entry 0 \(x-1\): field '{field}' is '{value}'.*"
+        r"no absolute path, no '\.\.'",
+    ):
         load_tasks(tasks)
 
 
@@ -207,7 +250,9 @@ def test_a_task_path_through_a_symlink_out_of_the_folder_is_refused(tmp_path):
 
 def test_an_oversized_issue_is_rejected_with_its_row(tmp_path):
     tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text(json.dumps(RECORD) + "\n" + json.dumps(dict(RECORD, task_id="big", problem_statement="x" * 100_001)) + "\n")
+    tasks.write_text(
+        json.dumps(RECORD) + "\n" + json.dumps(dict(RECORD, task_id="big", problem_statement="x" * 100_001)) + "\n"
+    )
     with pytest.raises(ValueError, match=r"entry 1 \(big\): field 'problem_statement' has 100,001 characters"):
         load_tasks(tasks)
 
@@ -218,7 +263,7 @@ def test_malformed_task_files_name_the_file_and_line(tmp_path):
     with pytest.raises(ValueError, match=r"listed.jsonl:2: expected a JSON object \(one task per line\), got list"):
         load_tasks(listed)
     latin = tmp_path / "latin.jsonl"
-    latin.write_bytes(json.dumps(RECORD).encode() + b"\n{\"task_id\": \"caf\xe9\"}\n")
+    latin.write_bytes(json.dumps(RECORD).encode() + b'\n{"task_id": "caf\xe9"}\n')
     with pytest.raises(ValueError, match=r"latin.jsonl.*not UTF-8"):
         load_tasks(latin)
 
@@ -278,12 +323,15 @@ def test_patch_edits_hand_example():
     ]
 
 
-@pytest.mark.parametrize("text, message", [
-    ("", "no hunks"),
-    ("hello\n", "unexpected text"),
-    ("@@ -1 +1 @@\n-a\n+b\n", "hunk before any"),
-    ("--- a/x\n+++ /dev/null\n@@ -1 +0,0 @@\n-a\n", "deletions"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("", "no hunks"),
+        ("hello\n", "unexpected text"),
+        ("@@ -1 +1 @@\n-a\n+b\n", "hunk before any"),
+        ("--- a/x\n+++ /dev/null\n@@ -1 +0,0 @@\n-a\n", "deletions"),
+    ],
+)
 def test_patch_edits_errors(text, message):
     with pytest.raises(ValueError, match=message):
         patch_edits(text)
@@ -292,6 +340,9 @@ def test_patch_edits_errors(text, message):
 def test_patch_actions_are_parseable_tool_calls():
     actions = [parse_action(a) for a in patch_actions(PATCH, "/testbed")]
     assert [a.name for a in actions] == ["file_editor", "file_editor", "execute_bash", "finish"]
-    assert actions[0].params == {"command": "str_replace", "path": "/testbed/pkg/mod.py",
-                                 "old_str": "def f(x):\n    return x + 1\n\ny = 1",  # stripped by the parser
-                                 "new_str": "def f(x):\n    return x + 2\n\ny = 1"}
+    assert actions[0].params == {
+        "command": "str_replace",
+        "path": "/testbed/pkg/mod.py",
+        "old_str": "def f(x):\n    return x + 1\n\ny = 1",  # stripped by the parser
+        "new_str": "def f(x):\n    return x + 2\n\ny = 1",
+    }

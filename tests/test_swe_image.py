@@ -1,10 +1,10 @@
 """What goes into a task image (no engine needed): R2E-Gym's layout, ownership, and the content-hash tag."""
+
 import io
 import shutil
 import tarfile
 
-from trainer.environments.swe.image import (AGENT_UID, RUN_TESTS_SH, _split_name, base_tag, task_archive,
-                                            task_image_tag)
+from trainer.environments.swe.image import AGENT_UID, RUN_TESTS_SH, _split_name, base_tag, task_archive, task_image_tag
 from trainer.environments.swe.tasks import SWETasks
 
 TASK = SWETasks().all[0]
@@ -12,8 +12,10 @@ TASK = SWETasks().all[0]
 
 def members(task):
     with tarfile.open(fileobj=io.BytesIO(task_archive(task))) as tar:
-        return {m.name: (m.uid, m.mode, m.isdir(), tar.extractfile(m).read() if m.isfile() else None)
-                for m in tar.getmembers()}
+        return {
+            m.name: (m.uid, m.mode, m.isdir(), tar.extractfile(m).read() if m.isfile() else None)
+            for m in tar.getmembers()
+        }
 
 
 def test_archive_layout_and_ownership():
@@ -25,7 +27,7 @@ def test_archive_layout_and_ownership():
     assert entries["r2e_tests"][:3] == (0, 0o700, True)  # hidden tests: root only, moved to /root at start
     assert entries["r2e_tests/test_roman.py"][0] == 0
     assert not [name for name in entries if name.startswith("testbed/") and "test_roman.py" in name]
-    assert not any(b"(4, \"IV\")" in (data or b"") for *_, data in entries.values())  # no gold patch inside
+    assert not any(b'(4, "IV")' in (data or b"") for *_, data in entries.values())  # no gold patch inside
     assert "cd /testbed/r2e_tests && " in RUN_TESTS_SH and "--noconftest" in RUN_TESTS_SH
 
 

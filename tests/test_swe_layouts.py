@@ -11,6 +11,7 @@ shipped `roman` task, graded as R2E-Gym grades each kind.
 Needs the Docker engine and the base image (`bash .ci/docker-setup.sh`); skips with the reason otherwise, fails
 under CI=true.
 """
+
 import hashlib
 import io
 import os
@@ -56,21 +57,33 @@ def _tar(files: dict[str, tuple[bytes, int]]) -> bytes:
 
 def _repo_files(prefix: str = "testbed/") -> dict[str, tuple[bytes, int]]:
     root = Path(ROMAN.repo_path)
-    return {prefix + p.relative_to(root).as_posix(): (p.read_bytes(), 0o644) for p in sorted(root.rglob("*"))
-            if p.is_file() and "__pycache__" not in p.parts}
+    return {
+        prefix + p.relative_to(root).as_posix(): (p.read_bytes(), 0o644)
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
 
 
 def _build(client, name: str, venv: str, files: dict[str, tuple[bytes, int]]) -> str:
-    dockerfile = (f"FROM {base_tag()}\nRUN userdel -r agent && mkdir -p {os.path.dirname(venv)} && "
-                  f"python3 -m venv --without-pip --system-site-packages {venv}\nADD files.tar /\nWORKDIR /testbed\n")
+    dockerfile = (
+        f"FROM {base_tag()}\nRUN userdel -r agent && mkdir -p {os.path.dirname(venv)} && "
+        f"python3 -m venv --without-pip --system-site-packages {venv}\nADD files.tar /\nWORKDIR /testbed\n"
+    )
     payload = _tar(files)
     tag = f"swe-harness-test/{name}:{hashlib.sha256(dockerfile.encode() + payload).hexdigest()[:12]}"
     try:
         client.images.get(tag)
     except Exception:
         context = _tar({"Dockerfile": (dockerfile.encode(), 0o644), "files.tar": (payload, 0o644)})
-        client.images.build(fileobj=io.BytesIO(context), custom_context=True, tag=tag, rm=True, forcerm=True,
-                            network_mode="none", pull=False)
+        client.images.build(
+            fileobj=io.BytesIO(context),
+            custom_context=True,
+            tag=tag,
+            rm=True,
+            forcerm=True,
+            network_mode="none",
+            pull=False,
+        )
     return tag
 
 
@@ -85,22 +98,41 @@ def images():
             pytest.fail(f"CI=true, so the docker tests must run, but: {message}")
         pytest.skip(message)
     hidden = {f"r2e_tests/{p.name}": (p.read_bytes(), 0o644) for p in Path(ROMAN.hidden_tests_path).glob("*.py")}
-    r2e = _build(client, "r2e-layout", "/testbed/.venv",
-                 {**_repo_files(), **hidden, "testbed/run_tests.sh": (R2E_RUN_TESTS.encode(), 0o755)})
+    r2e = _build(
+        client,
+        "r2e-layout",
+        "/testbed/.venv",
+        {**_repo_files(), **hidden, "testbed/run_tests.sh": (R2E_RUN_TESTS.encode(), 0o755)},
+    )
     tests = (Path(ROMAN.hidden_tests_path) / "test_roman.py").read_text()
-    swebench = _build(client, "swebench-layout", "/opt/miniconda3/envs/testbed",
-                      {**_repo_files(), "run_tests.sh": (SWEBENCH_RUN_TESTS.format(tests=tests).encode(), 0o755)})
+    swebench = _build(
+        client,
+        "swebench-layout",
+        "/opt/miniconda3/envs/testbed",
+        {**_repo_files(), "run_tests.sh": (SWEBENCH_RUN_TESTS.format(tests=tests).encode(), 0o755)},
+    )
     r2e_task = replace(ROMAN, task_id="r2e-layout-roman", docker_image=r2e)
-    swebench_task = replace(ROMAN, task_id="swebench-layout-roman", docker_image=swebench, kind="swebench",
-                            repo_name="pytest-dev/pytest", version="8.0", expected={},
-                            fail_to_pass=tuple(f"tests/test_hidden.py::{t}" for t in ROMAN.fail_to_pass),
-                            pass_to_pass=tuple(f"tests/test_hidden.py::{t}" for t in ROMAN.pass_to_pass))
+    swebench_task = replace(
+        ROMAN,
+        task_id="swebench-layout-roman",
+        docker_image=swebench,
+        kind="swebench",
+        repo_name="pytest-dev/pytest",
+        version="8.0",
+        expected={},
+        fail_to_pass=tuple(f"tests/test_hidden.py::{t}" for t in ROMAN.fail_to_pass),
+        pass_to_pass=tuple(f"tests/test_hidden.py::{t}" for t in ROMAN.pass_to_pass),
+    )
     return client, {"r2e": r2e_task, "swebench": swebench_task}
 
 
 def _env(client, **docker):
-    return SWEEnv(SWEConfig(backend="docker", tools=ToolSettings(command_timeout_s=60),
-                            docker=DockerConfig(memory="1g", **docker)), docker_client=client)
+    return SWEEnv(
+        SWEConfig(
+            backend="docker", tools=ToolSettings(command_timeout_s=60), docker=DockerConfig(memory="1g", **docker)
+        ),
+        docker_client=client,
+    )
 
 
 def _bash(env, cmd: str) -> str:
@@ -177,17 +209,41 @@ def test_the_pull_command_lists_the_tasks_whose_image_is_absent(images, tmp_path
     import sys
 
     absent = tmp_path / "absent.tsv"
-    run = subprocess.run([sys.executable, "-m", "trainer.environments.swe.pull", "--tasks",
-                          str(_task_file(tmp_path, ghost=True)), "--pull", policy, "--absent", str(absent)],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.environments.swe.pull",
+            "--tasks",
+            str(_task_file(tmp_path, ghost=True)),
+            "--pull",
+            policy,
+            "--absent",
+            str(absent),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 1, run.stderr
     lines = absent.read_text().splitlines()
     assert [line.split("\t")[:2] for line in lines] == [["ghost", "swe-harness/does-not-exist:latest"]]
     assert ("docker.pull is 'never'" if policy == "never" else "pulling it failed") in lines[0]
     assert "6 of 7 tasks have their image; 1 absent" in run.stderr
-    complete = subprocess.run([sys.executable, "-m", "trainer.environments.swe.pull", "--tasks",
-                               str(_task_file(tmp_path, ghost=False)), "--pull", "never"],
-                              capture_output=True, text=True, timeout=300)
+    complete = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer.environments.swe.pull",
+            "--tasks",
+            str(_task_file(tmp_path, ghost=False)),
+            "--pull",
+            "never",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert complete.returncode == 0 and complete.stdout == "", complete.stderr
 
 
@@ -195,8 +251,19 @@ def test_a_cell_leaves_out_a_task_whose_image_is_absent(images, tmp_path, capfd)
     from trainer.config import EnvConfig
     from trainer.environments.suite import make_suite
 
-    suite = make_suite(EnvConfig(name="swe", options={"tasks_file": str(_task_file(tmp_path, ghost=True)),
-                                                      "backend": "docker", "docker": {"pull": "never"}}))
+    suite = make_suite(
+        EnvConfig(
+            name="swe",
+            options={
+                "tasks_file": str(_task_file(tmp_path, ghost=True)),
+                "backend": "docker",
+                "docker": {"pull": "never"},
+            },
+        )
+    )
     assert "ghost" not in {t.task_id for t in suite.tasks.tasks("train")}
     assert len(suite.tasks.tasks("train")) == 4 and list(suite.tasks.skipped) == ["ghost"]
-    assert "[swe] task 'ghost' left out: image 'swe-harness/does-not-exist:latest' is not present" in capfd.readouterr().err
+    assert (
+        "[swe] task 'ghost' left out: image 'swe-harness/does-not-exist:latest' is not present"
+        in capfd.readouterr().err
+    )

@@ -1,4 +1,5 @@
 """SWEEnv on the local backend: the shipped tasks graded by their real pytest tests, flags, limits, lifecycle."""
+
 import os
 import time
 from pathlib import Path
@@ -7,8 +8,19 @@ import pytest
 from swe_forgeries import FORGERIES, forge_actions
 
 from trainer.environments.protocol import Environment
-from trainer.environments.swe import (LocalConfig, SandboxError, SWEConfig, SWEEnv, SWETask, SWETasks,
-                                      ToolSettings, format_action, noop_actions, oracle_actions, patch_actions)
+from trainer.environments.swe import (
+    LocalConfig,
+    SandboxError,
+    SWEConfig,
+    SWEEnv,
+    SWETask,
+    SWETasks,
+    ToolSettings,
+    format_action,
+    noop_actions,
+    oracle_actions,
+    patch_actions,
+)
 
 TASKS = SWETasks().all
 IDS = [t.task_id for t in TASKS]
@@ -120,8 +132,19 @@ def test_an_episode_cut_at_the_token_budget_is_graded_as_it_stands():
         if fixed:
             env.step(patch_actions(task.gold_patch, env.repo_dir, check_command=None)[0])
         episode = Episode(task_id=task.task_id)
-        ended = end_action(episode, [5], [0.0], fmt=Format(), env=env, state="", version=0, turn=1, execute=False,
-                           stopped=False, max_episode_tokens=8)
+        ended = end_action(
+            episode,
+            [5],
+            [0.0],
+            fmt=Format(),
+            env=env,
+            state="",
+            version=0,
+            turn=1,
+            execute=False,
+            stopped=False,
+            max_episode_tokens=8,
+        )
         assert ended is None and episode.truncated and not episode.done
         assert episode.reward == reward and env.done  # graded once, sandbox released
         env.close()
@@ -143,8 +166,13 @@ def test_step_info_flags(env):
 
 
 def test_timeouts_and_output_floods_are_contained():
-    env = SWEEnv(SWEConfig(backend="local", tools=ToolSettings(command_timeout_s=1),
-                           local=LocalConfig(max_output_bytes=1_000_000, capture_bytes=64_000)))
+    env = SWEEnv(
+        SWEConfig(
+            backend="local",
+            tools=ToolSettings(command_timeout_s=1),
+            local=LocalConfig(max_output_bytes=1_000_000, capture_bytes=64_000),
+        )
+    )
     env.reset(TASKS[0])
     started = time.monotonic()
     slow = env.step(format_action("execute_bash", {"cmd": "trap '' TERM; sleep 30"}))
@@ -169,17 +197,21 @@ def test_lifecycle_errors_and_cleanup(env):
     assert root.is_dir()
     env.close()
     assert not root.exists()  # the temporary directory is gone
-    no_fixture = SWETask(task_id="r2e", docker_image="namanjain12/x:1", problem_statement="p",
-                         expected={"t.py::a": "PASSED"})
+    no_fixture = SWETask(
+        task_id="r2e", docker_image="namanjain12/x:1", problem_statement="p", expected={"t.py::a": "PASSED"}
+    )
     with pytest.raises(SandboxError, match="needs a repository fixture"):
         env.reset(no_fixture)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"backend": "kubernetes"}, "backend"),
-    ({"max_turns": 0}, "max_turns"),
-    ({"reward_timeout_s": 0}, "reward_timeout_s"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"backend": "kubernetes"}, "backend"),
+        ({"max_turns": 0}, "max_turns"),
+        ({"reward_timeout_s": 0}, "reward_timeout_s"),
+    ],
+)
 def test_config_validation(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SWEConfig(**kwargs)

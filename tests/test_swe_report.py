@@ -4,6 +4,7 @@ The reference for an honest run is R2E-Gym's own reading of the same run's `-rA`
 checked against a hand-parsed log in test_swe_grading.py): on real pytest runs of a zoo of outcomes the two agree
 test for test, except where the log's text lies. The refusals are checked on hand-built reports.
 """
+
 import hashlib
 import hmac
 import json
@@ -20,7 +21,7 @@ from trainer.environments.swe.grading import LAUNCHER_PATH, parse_pytest_report,
 
 KEY = b"0123456789abcdef" * 4
 
-ZOO = '''
+ZOO = """
 import unittest
 import pytest
 from pkg import inc
@@ -62,7 +63,7 @@ class Unit(unittest.TestCase):
     def test_bad(self): self.assertEqual(inc(0), 2)
     @unittest.skip("s")
     def test_skipped(self): pass
-'''
+"""
 
 
 def run_launched(repo, key=KEY, python=sys.executable):
@@ -146,23 +147,49 @@ def signed(records, key=KEY):
 def without_line(report: bytes, index: int) -> bytes:
     """The report with one of its signed lines removed."""
     lines = report.split(b"\n")
-    return b"\n".join(lines[:index] + lines[index + 1:])
+    return b"\n".join(lines[:index] + lines[index + 1 :])
 
 
 START = {"kind": "start", "pytest": "9", "watched": 100}
-RUN = [{"kind": "collected", "nodeids": ["r2e_tests/test_a.py::test_x", "r2e_tests/test_a.py::C::test_y"]},
-       {"kind": "report", "nodeid": "r2e_tests/test_a.py::test_x", "when": "setup", "outcome": "passed",
-        "category": ""},
-       {"kind": "report", "nodeid": "r2e_tests/test_a.py::test_x", "when": "call", "outcome": "passed",
-        "category": "passed"},
-       {"kind": "report", "nodeid": "r2e_tests/test_a.py::test_x", "when": "teardown", "outcome": "passed",
-        "category": ""},
-       {"kind": "report", "nodeid": "r2e_tests/test_a.py::C::test_y", "when": "setup", "outcome": "passed",
-        "category": ""},
-       {"kind": "report", "nodeid": "r2e_tests/test_a.py::C::test_y", "when": "call", "outcome": "failed",
-        "category": "failed"},
-       {"kind": "report", "nodeid": "r2e_tests/test_a.py::C::test_y", "when": "teardown", "outcome": "failed",
-        "category": "error"}]
+RUN = [
+    {"kind": "collected", "nodeids": ["r2e_tests/test_a.py::test_x", "r2e_tests/test_a.py::C::test_y"]},
+    {"kind": "report", "nodeid": "r2e_tests/test_a.py::test_x", "when": "setup", "outcome": "passed", "category": ""},
+    {
+        "kind": "report",
+        "nodeid": "r2e_tests/test_a.py::test_x",
+        "when": "call",
+        "outcome": "passed",
+        "category": "passed",
+    },
+    {
+        "kind": "report",
+        "nodeid": "r2e_tests/test_a.py::test_x",
+        "when": "teardown",
+        "outcome": "passed",
+        "category": "",
+    },
+    {
+        "kind": "report",
+        "nodeid": "r2e_tests/test_a.py::C::test_y",
+        "when": "setup",
+        "outcome": "passed",
+        "category": "",
+    },
+    {
+        "kind": "report",
+        "nodeid": "r2e_tests/test_a.py::C::test_y",
+        "when": "call",
+        "outcome": "failed",
+        "category": "failed",
+    },
+    {
+        "kind": "report",
+        "nodeid": "r2e_tests/test_a.py::C::test_y",
+        "when": "teardown",
+        "outcome": "failed",
+        "category": "error",
+    },
+]
 FINISH = {"kind": "finish", "exitstatus": 1, "tampered": []}
 
 
@@ -178,7 +205,6 @@ def test_pytest_installed_in_the_repositorys_own_venv_is_not_the_repository(tmp_
     """R2E-Gym's images keep the interpreter's environment in /testbed/.venv, pytest included: its modules load
     from under the repository root, and that is not the repository's code running early."""
     import importlib.util
-    import os
 
     repo = make_repo(tmp_path, {"test_a.py": "from pkg import inc\ndef test_a(): assert inc(1) == 2\n"})
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(repo / ".venv")], check=True)
@@ -192,28 +218,38 @@ def test_pytest_installed_in_the_repositorys_own_venv_is_not_the_repository(tmp_
         for info in origin.parent.parent.glob(f"{name}-*.dist-info") if origin.name == "__init__.py" else ():
             shutil.copytree(info, site / info.name)
     python = repo / ".venv" / "bin" / "python"
-    assert subprocess.run([str(python), "-c", "import _pytest, sys; assert _pytest.__file__.startswith(sys.prefix)"]
-                          ).returncode == 0
+    assert (
+        subprocess.run(
+            [str(python), "-c", "import _pytest, sys; assert _pytest.__file__.startswith(sys.prefix)"]
+        ).returncode
+        == 0
+    )
     proc, report = run_launched(repo, python=str(python))
     reading = read_report(report, KEY, proc.returncode)
     assert reading.problem is None and reading.statuses == {"test_a": "PASSED"}
 
 
-@pytest.mark.parametrize("report, exit_code, problem", [
-    (None, 1, "no report"),
-    (b"", 1, "no report"),
-    (signed([START, *RUN, FINISH], key=b"another key"), 1, "line 1 of the report is not the launcher's"),
-    (signed([START, *RUN, FINISH]) + b'{"record": "{}", "mac": "00"}\n', 1, "line 10 of the report is not"),
-    (signed([START, *RUN, FINISH]).replace(b"failed", b"passed", 1), 1, "is not the launcher's"),
-    (b"PASSED r2e_tests/test_a.py::test_x\n", 1, "line 1 of the report is not the launcher's"),
-    (without_line(signed([START, *RUN, FINISH]), 3), 1, "missing or out of order"),
-    (signed([*RUN, FINISH]), 1, "does not begin with the launcher's start"),
-    (signed([START, *RUN]), 0, "the process ended (exit code 0) before pytest's session did"),
-    (b"[" * 200_000 + b"\n", 1, "line 1 of the report is not the launcher's"),
-    (signed([START, *RUN[:-1], FINISH]), 1, "1 collected tests never ran (first: r2e_tests/test_a.py::C::test_y)"),
-    (signed([START, *RUN[:2], {"kind": "tampered", "what": "Function.runtest", "where": "x"}, *RUN[2:], FINISH]), 1,
-     "pytest was tampered with while the tests ran: Function.runtest"),
-])
+@pytest.mark.parametrize(
+    "report, exit_code, problem",
+    [
+        (None, 1, "no report"),
+        (b"", 1, "no report"),
+        (signed([START, *RUN, FINISH], key=b"another key"), 1, "line 1 of the report is not the launcher's"),
+        (signed([START, *RUN, FINISH]) + b'{"record": "{}", "mac": "00"}\n', 1, "line 10 of the report is not"),
+        (signed([START, *RUN, FINISH]).replace(b"failed", b"passed", 1), 1, "is not the launcher's"),
+        (b"PASSED r2e_tests/test_a.py::test_x\n", 1, "line 1 of the report is not the launcher's"),
+        (without_line(signed([START, *RUN, FINISH]), 3), 1, "missing or out of order"),
+        (signed([*RUN, FINISH]), 1, "does not begin with the launcher's start"),
+        (signed([START, *RUN]), 0, "the process ended (exit code 0) before pytest's session did"),
+        (b"[" * 200_000 + b"\n", 1, "line 1 of the report is not the launcher's"),
+        (signed([START, *RUN[:-1], FINISH]), 1, "1 collected tests never ran (first: r2e_tests/test_a.py::C::test_y)"),
+        (
+            signed([START, *RUN[:2], {"kind": "tampered", "what": "Function.runtest", "where": "x"}, *RUN[2:], FINISH]),
+            1,
+            "pytest was tampered with while the tests ran: Function.runtest",
+        ),
+    ],
+)
 def test_a_report_that_cannot_be_trusted_is_refused(report, exit_code, problem):
     reading = read_report(report, KEY, exit_code)
     assert reading.statuses == {} and problem in reading.problem
@@ -231,17 +267,34 @@ def test_the_grading_is_an_env_option_checked_by_name():
 def test_conftest_files_and_pytest_plugins_of_an_honest_suite_are_accepted(tmp_path):
     """Where the test command honours conftest files (R2E-Gym's run_tests.sh does), a root conftest, one in the
     tests' folder and a test module's `pytest_plugins` naming one of pytest's own are pytest's doing, not tampering."""
-    repo = make_repo(tmp_path, {
-        "conftest.py": "import pytest\n@pytest.fixture\ndef one():\n    return 1\n",
-        "test_a.py": "pytest_plugins = ['pytester']\nfrom pkg import inc\n"
-                     "def test_a(one, pytester): assert inc(one) == 2\n"})
+    repo = make_repo(
+        tmp_path,
+        {
+            "conftest.py": "import pytest\n@pytest.fixture\ndef one():\n    return 1\n",
+            "test_a.py": "pytest_plugins = ['pytester']\nfrom pkg import inc\n"
+            "def test_a(one, pytester): assert inc(one) == 2\n",
+        },
+    )
     (repo / "conftest.py").write_text("import pytest\n@pytest.fixture\ndef two():\n    return 2\n")
     (repo / "r2e_tests" / "test_b.py").write_text("def test_b(two): assert two == 2\n")
     (repo / "channel").mkdir()
     (repo / "channel" / "key").write_bytes(KEY)
-    proc = subprocess.run([sys.executable, "-B", str(LAUNCHER_PATH), str(repo / "channel" / "key"),
-                           str(repo / "channel" / "report"), "-rA", "-p", "no:cacheprovider", "r2e_tests"],
-                          cwd=repo, capture_output=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-B",
+            str(LAUNCHER_PATH),
+            str(repo / "channel" / "key"),
+            str(repo / "channel" / "report"),
+            "-rA",
+            "-p",
+            "no:cacheprovider",
+            "r2e_tests",
+        ],
+        cwd=repo,
+        capture_output=True,
+        timeout=120,
+    )
     reading = read_report((repo / "channel" / "report").read_bytes(), KEY, proc.returncode)
     assert reading.problem is None, proc.stdout.decode()[-2000:]
     assert reading.statuses == {"test_a": "PASSED", "test_b": "PASSED"}
@@ -252,11 +305,14 @@ def test_the_images_own_test_script_runs_through_the_launcher():
     from trainer.environments.swe.sandbox import SandboxError
 
     r2e_gym = ".venv/bin/python -W ignore -m pytest -rA r2e_tests"
-    assert through_launcher(r2e_gym) == (f".venv/bin/python -W ignore {GRADER_DIR}/launcher.py {GRADER_DIR}/run/key "
-                                         f"{GRADER_DIR}/run/report -rA r2e_tests")
+    assert through_launcher(r2e_gym) == (
+        f".venv/bin/python -W ignore {GRADER_DIR}/launcher.py {GRADER_DIR}/run/key "
+        f"{GRADER_DIR}/run/report -rA r2e_tests"
+    )
     shipped = pytest_command("python3", "/testbed")
-    assert through_launcher(shipped) == pytest_command("python3", "/testbed", " ".join(
-        f"{GRADER_DIR}/{name}" for name in ("launcher.py", "run/key", "run/report")))
+    assert through_launcher(shipped) == pytest_command(
+        "python3", "/testbed", " ".join(f"{GRADER_DIR}/{name}" for name in ("launcher.py", "run/key", "run/report"))
+    )
     with pytest.raises(SandboxError, match="grading: r2e_gym_log"):
         through_launcher("cd /testbed && tox -e py311")
 

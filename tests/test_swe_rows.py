@@ -8,6 +8,7 @@ command counts; a failure marker (">>>>> Tests Errored", ...) voids the log; a F
 succeeds when PASSED or XFAIL, fails when FAILED, ERROR or absent, and a skipped one counts neither way; the reward
 is 1 only when every counted test succeeded.
 """
+
 import json
 
 import pytest
@@ -18,12 +19,21 @@ from trainer.environments.swe.env import SWEConfig, SWEEnv
 from trainer.environments.swe.grading import grade_swebench, parse_swebench_log, swebench_test_command
 from trainer.environments.swe.tasks import SWETasks, load_tasks, row_kind, task_from_record
 
-R2E_ROW = {"repo_name": "tornado", "docker_image": "namanjain12/tornado_final:abc", "problem_statement": "[ISSUE]x[/ISSUE]",
-           "expected_output_json": json.dumps({"HTTPHeadersTest.test_copy": "PASSED"})}
-SWEBENCH_ROW = {"instance_id": "pytest-dev__pytest-5103", "repo": "pytest-dev/pytest", "version": "8.0",
-                "docker_image": "namanjain12/swebench_pytest:5103", "problem_statement": "assert all(...)",
-                "FAIL_TO_PASS": json.dumps(["testing/test_x.py::test_fixed"]),
-                "PASS_TO_PASS": json.dumps(["testing/test_x.py::TestOld::test_kept[1-2]"])}
+R2E_ROW = {
+    "repo_name": "tornado",
+    "docker_image": "namanjain12/tornado_final:abc",
+    "problem_statement": "[ISSUE]x[/ISSUE]",
+    "expected_output_json": json.dumps({"HTTPHeadersTest.test_copy": "PASSED"}),
+}
+SWEBENCH_ROW = {
+    "instance_id": "pytest-dev__pytest-5103",
+    "repo": "pytest-dev/pytest",
+    "version": "8.0",
+    "docker_image": "namanjain12/swebench_pytest:5103",
+    "problem_statement": "assert all(...)",
+    "FAIL_TO_PASS": json.dumps(["testing/test_x.py::test_fixed"]),
+    "PASS_TO_PASS": json.dumps(["testing/test_x.py::TestOld::test_kept[1-2]"]),
+}
 
 # /run_tests.sh output of a SWE-bench image (stdout and stderr interleaved; `set -x` echoes each command).
 LOG = """+ git checkout 10ca84ffc testing/test_x.py
@@ -46,9 +56,14 @@ ERROR testing/test_x.py::test_setup - fixture 'db' not found
 ============= 1 failed, 2 passed, 1 skipped, 1 xfailed, 1 error in 0.12s =============
 + git checkout 10ca84ffc testing/test_x.py
 """
-PARSED = {"testing/test_x.py::test_fixed": "PASSED", "testing/test_x.py::TestOld::test_kept[1-2]": "PASSED",
-          "testing/test_x.py::test_broken": "FAILED", "[1]": "SKIPPED", "testing/test_x.py::test_known": "XFAIL",
-          "testing/test_x.py::test_setup": "ERROR"}
+PARSED = {
+    "testing/test_x.py::test_fixed": "PASSED",
+    "testing/test_x.py::TestOld::test_kept[1-2]": "PASSED",
+    "testing/test_x.py::test_broken": "FAILED",
+    "[1]": "SKIPPED",
+    "testing/test_x.py::test_known": "XFAIL",
+    "testing/test_x.py::test_setup": "ERROR",
+}
 """By hand: the PASSED line printed before `+ pytest -rA` is cut away; the skip's key is its second word."""
 
 DJANGO_LOG = """+ ./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1 forms_tests.tests
@@ -70,7 +85,11 @@ def test_the_row_kind_comes_from_the_fields():
 def test_a_swebench_row_loads_with_its_lists_and_version():
     task = task_from_record(SWEBENCH_ROW)
     assert (task.kind, task.task_id, task.repo_name, task.version) == (
-        "swebench", "pytest-dev__pytest-5103", "pytest-dev/pytest", "8.0")
+        "swebench",
+        "pytest-dev__pytest-5103",
+        "pytest-dev/pytest",
+        "8.0",
+    )
     assert task.fail_to_pass == ("testing/test_x.py::test_fixed",)
     assert task.pass_to_pass == ("testing/test_x.py::TestOld::test_kept[1-2]",)
     assert task.expected == {}
@@ -78,15 +97,18 @@ def test_a_swebench_row_loads_with_its_lists_and_version():
     assert (as_lists.fail_to_pass, as_lists.pass_to_pass) == (("a::b",), ())
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"repo": "someone/unknown"}, "field 'repo' is 'someone/unknown', which swebench has no log parser for"),
-    ({"version": "0.1"}, "field 'version' is '0.1', not a version swebench knows for pytest-dev/pytest"),
-    ({"version": None}, "missing field 'version'"),
-    ({"repo": None}, "missing field 'repo'"),
-    ({"FAIL_TO_PASS": "[not json"}, "field 'FAIL_TO_PASS' must be a list of strings"),
-    ({"PASS_TO_PASS": json.dumps([1, 2])}, "field 'PASS_TO_PASS' must be a list of strings"),
-    ({"FAIL_TO_PASS": "[]"}, "field 'FAIL_TO_PASS' is empty"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"repo": "someone/unknown"}, "field 'repo' is 'someone/unknown', which swebench has no log parser for"),
+        ({"version": "0.1"}, "field 'version' is '0.1', not a version swebench knows for pytest-dev/pytest"),
+        ({"version": None}, "missing field 'version'"),
+        ({"repo": None}, "missing field 'repo'"),
+        ({"FAIL_TO_PASS": "[not json"}, "field 'FAIL_TO_PASS' must be a list of strings"),
+        ({"PASS_TO_PASS": json.dumps([1, 2])}, "field 'PASS_TO_PASS' must be a list of strings"),
+        ({"FAIL_TO_PASS": "[]"}, "field 'FAIL_TO_PASS' is empty"),
+    ],
+)
 def test_a_bad_swebench_row_is_refused_naming_the_field(change, message):
     row = {k: v for k, v in {**SWEBENCH_ROW, **change}.items() if v is not None}
     with pytest.raises(ValueError, match=f"entry 0 \\(pytest-dev__pytest-5103\\): .*{message[:40]}"):
@@ -111,20 +133,25 @@ def test_the_swebench_log_is_cut_at_the_test_command_and_parsed_as_swebench_does
     voided = LOG.replace("+ git checkout 10ca84ffc testing/test_x.py\n", ">>>>> Tests Errored\n", 1)
     assert parse_swebench_log(voided, "pytest-dev/pytest", "8.0") == {}
     django = parse_swebench_log(DJANGO_LOG, "django/django", "4.0")
-    assert django == {"test_clean (forms_tests.tests.FormsTests)": "PASSED",
-                      "test_render (forms_tests.tests.FormsTests)": "FAILED",
-                      "test_slow (forms_tests.tests.FormsTests)": "SKIPPED",
-                      "test_broken (forms_tests.tests.FormsTests)": "ERROR"}
+    assert django == {
+        "test_clean (forms_tests.tests.FormsTests)": "PASSED",
+        "test_render (forms_tests.tests.FormsTests)": "FAILED",
+        "test_slow (forms_tests.tests.FormsTests)": "SKIPPED",
+        "test_broken (forms_tests.tests.FormsTests)": "ERROR",
+    }
 
 
-@pytest.mark.parametrize("f2p, p2p, reward", [
-    (["testing/test_x.py::test_fixed"], ["testing/test_x.py::TestOld::test_kept[1-2]"], 1.0),
-    (["testing/test_x.py::test_fixed"], ["testing/test_x.py::test_known"], 1.0),   # XFAIL counts as passing
-    (["testing/test_x.py::test_fixed", "testing/test_x.py::test_broken"], [], 0.0),  # FAILED
-    (["testing/test_x.py::test_fixed"], ["testing/test_x.py::test_setup"], 0.0),  # ERROR
-    (["testing/test_x.py::test_fixed"], ["testing/test_x.py::test_gone"], 0.0),  # absent from the log
-    (["[1]"], [], 1.0),  # a skipped F2P test counts neither way: 0 of 0 counted (swebench 3.0.2, as R2E-Gym has it)
-])
+@pytest.mark.parametrize(
+    "f2p, p2p, reward",
+    [
+        (["testing/test_x.py::test_fixed"], ["testing/test_x.py::TestOld::test_kept[1-2]"], 1.0),
+        (["testing/test_x.py::test_fixed"], ["testing/test_x.py::test_known"], 1.0),  # XFAIL counts as passing
+        (["testing/test_x.py::test_fixed", "testing/test_x.py::test_broken"], [], 0.0),  # FAILED
+        (["testing/test_x.py::test_fixed"], ["testing/test_x.py::test_setup"], 0.0),  # ERROR
+        (["testing/test_x.py::test_fixed"], ["testing/test_x.py::test_gone"], 0.0),  # absent from the log
+        (["[1]"], [], 1.0),  # a skipped F2P test counts neither way: 0 of 0 counted (swebench 3.0.2, as R2E-Gym has it)
+    ],
+)
 def test_the_swebench_reward_by_hand(f2p, p2p, reward):
     got = grade_swebench(PARSED, "pytest-dev/pytest", f2p, p2p)
     assert got.reward == reward
@@ -135,8 +162,15 @@ def test_the_swebench_reward_by_hand(f2p, p2p, reward):
 
 def test_the_django_reward_by_hand():
     parsed = parse_swebench_log(DJANGO_LOG, "django/django", "4.0")
-    assert grade_swebench(parsed, "django/django", ["test_clean (forms_tests.tests.FormsTests)"],
-                          ["test_slow (forms_tests.tests.FormsTests)"]).reward == 1.0
+    assert (
+        grade_swebench(
+            parsed,
+            "django/django",
+            ["test_clean (forms_tests.tests.FormsTests)"],
+            ["test_slow (forms_tests.tests.FormsTests)"],
+        ).reward
+        == 1.0
+    )
     assert grade_swebench(parsed, "django/django", ["test_render (forms_tests.tests.FormsTests)"], []).reward == 0.0
 
 
@@ -211,7 +245,8 @@ def test_the_countdown_follows_r2e_gyms_agent_loop():
     assert env.reset(SWETasks().all[0]).endswith("You have at most 3 turns.\nSteps Remaining: 2")
     assert env.step(look).observation.endswith(" \n\n[STDERR]\n\n\n\nSteps Remaining: 1")
     assert env.step(look).observation.endswith(
-        "\n\nYou have reached the maximum number of steps. Please submit your answer NOW.")
+        "\n\nYou have reached the maximum number of steps. Please submit your answer NOW."
+    )
     last = env.step(look)
     assert last.done and last.observation.endswith("[STDERR]\n\n\n")
     quiet = SWEEnv(SWEConfig(backend="local", steps_remaining=False))

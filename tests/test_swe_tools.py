@@ -7,6 +7,7 @@ scripts `src/r2egym/agenthub/tools/*.py`, Agent.parse_response, RepoEnv.step, Do
 `python tests/data/r2e_tools/record.py R2E_GYM_CHECKOUT` under Python 3.11 and dash as /bin/sh). The same actions
 replayed on the local backend with the default ToolSettings must give the same strings, byte for byte.
 """
+
 import json
 import os
 import time
@@ -19,9 +20,19 @@ from hypothesis import strategies as st
 from trainer.environments.swe.local_backend import LocalBackend
 from trainer.environments.swe.sandbox import OutputCapture
 from trainer.environments.swe.tasks import SWETask
-from trainer.environments.swe.tools import (FINISHED, NO_CALL_MESSAGE, UNKNOWN_TOOL_MESSAGE, ActionParseError,
-                                            ToolSettings, Tools, clip_chars, format_action, parse_action, sanitize,
-                                            truncate_lines)
+from trainer.environments.swe.tools import (
+    FINISHED,
+    NO_CALL_MESSAGE,
+    UNKNOWN_TOOL_MESSAGE,
+    ActionParseError,
+    Tools,
+    ToolSettings,
+    clip_chars,
+    format_action,
+    parse_action,
+    sanitize,
+    truncate_lines,
+)
 
 REFERENCE = json.loads((Path(__file__).parent / "data" / "r2e_tools" / "observations.json").read_text())
 CASES = REFERENCE["cases"]
@@ -32,9 +43,11 @@ CASES = REFERENCE["cases"]
 
 
 def test_parse_multiline_values_are_stripped():
-    text = ("Let me fix it.\n<function=file_editor>\n  <parameter=command>str_replace</parameter>\n"
-            "  <parameter=path>/testbed/a.py</parameter>\n  <parameter=old_str>\n    x = 1\n</parameter>\n"
-            "  <parameter=new_str>\n    x = 2\n</parameter>\n</function>")
+    text = (
+        "Let me fix it.\n<function=file_editor>\n  <parameter=command>str_replace</parameter>\n"
+        "  <parameter=path>/testbed/a.py</parameter>\n  <parameter=old_str>\n    x = 1\n</parameter>\n"
+        "  <parameter=new_str>\n    x = 2\n</parameter>\n</function>"
+    )
     action = parse_action(text)
     assert action.name == "file_editor"
     # R2E-Gym strips every value: the leading indentation of old_str/new_str goes on both sides.
@@ -62,11 +75,14 @@ def test_parse_value_may_contain_tags_that_are_not_parameters():
     assert action.params == {"file_text": "<div>x</div> a<b"}
 
 
-@pytest.mark.parametrize("text, params", [
-    ("<function=execute_bash><parameter=cmd>ls</function>", {}),  # an unclosed parameter is no parameter
-    ("<function=execute_bash><parameter=cmd>a</parameter><parameter=cmd>b</parameter></function>", {"cmd": "b"}),
-    ("<function= x y ><parameter= k >v</parameter></function>", {"k": "v"}),
-])
+@pytest.mark.parametrize(
+    "text, params",
+    [
+        ("<function=execute_bash><parameter=cmd>ls</function>", {}),  # an unclosed parameter is no parameter
+        ("<function=execute_bash><parameter=cmd>a</parameter><parameter=cmd>b</parameter></function>", {"cmd": "b"}),
+        ("<function= x y ><parameter= k >v</parameter></function>", {"k": "v"}),
+    ],
+)
 def test_parse_is_lenient_as_r2e_gym(text, params):
     assert parse_action(text).params == params
 
@@ -108,9 +124,12 @@ def test_truncate_lines_hand_example():
 
 
 @settings(max_examples=200, deadline=None)
-@given(lines=st.lists(st.text(st.characters(blacklist_characters="\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"),
-                              max_size=5), max_size=60),
-       keep=st.integers(1, 10))
+@given(
+    lines=st.lists(
+        st.text(st.characters(blacklist_characters="\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"), max_size=5), max_size=60
+    ),
+    keep=st.integers(1, 10),
+)
 def test_truncate_lines_keeps_head_and_tail(lines, keep):
     text = "\n".join(lines)
     out = truncate_lines(text, keep)
@@ -167,8 +186,14 @@ def _start(tmp_path, files: dict[str, str]) -> LocalBackend:
         (repo / rel).parent.mkdir(parents=True, exist_ok=True)
         (repo / rel).write_bytes(text.encode())
     tests.mkdir()
-    task = SWETask(task_id="t", docker_image="none", problem_statement="p", expected={"t": "PASSED"},
-                   repo_path=repo, hidden_tests_path=tests)
+    task = SWETask(
+        task_id="t",
+        docker_image="none",
+        problem_statement="p",
+        expected={"t": "PASSED"},
+        repo_path=repo,
+        hidden_tests_path=tests,
+    )
     backend = LocalBackend()
     backend.start(task)
     return backend
@@ -195,9 +220,18 @@ def test_reference_covers_every_tool_and_refusal():
     assert REFERENCE["source"]["commit"] == "69bc953542b428d1e4c8a59ce3ea1a32e50ef0f0"
     assert len(CASES) >= 20 and len({case["id"] for case in CASES}) == len(CASES)
     texts = " ".join(case["observation"] for case in CASES)
-    for needle in ("[execute_bash]", "[file_editor]", "[search]", FINISHED, NO_CALL_MESSAGE, UNKNOWN_TOOL_MESSAGE,
-                   "Bash command 'cd' is not allowed", "Viewing non-Python files is disallowed",
-                   "took too long to execute", "<Observation truncated in middle for saving context>"):
+    for needle in (
+        "[execute_bash]",
+        "[file_editor]",
+        "[search]",
+        FINISHED,
+        NO_CALL_MESSAGE,
+        UNKNOWN_TOOL_MESSAGE,
+        "Bash command 'cd' is not allowed",
+        "Viewing non-Python files is disallowed",
+        "took too long to execute",
+        "<Observation truncated in middle for saving context>",
+    ):
         assert needle in texts
 
 
@@ -214,8 +248,15 @@ def test_observation_is_r2e_gyms(replayed, case_id):
 
 @pytest.fixture
 def sandbox(tmp_path):
-    backend = _start(tmp_path, {"a.py": "x = 1\ny = 2\nz = 3\n", "pkg/b.py": "def foo():\n    return 'foo'\n",
-                                "notes.txt": "foo in a text file\n", ".hidden.py": "foo = 'hidden'\n"})
+    backend = _start(
+        tmp_path,
+        {
+            "a.py": "x = 1\ny = 2\nz = 3\n",
+            "pkg/b.py": "def foo():\n    return 'foo'\n",
+            "notes.txt": "foo in a text file\n",
+            ".hidden.py": "foo = 'hidden'\n",
+        },
+    )
     yield backend
     backend.close()
 
@@ -224,25 +265,28 @@ def run(backend, name, settings=None, **params):
     return Tools(backend, settings).run(format_action(name, params))
 
 
-@pytest.mark.parametrize("text, flags", [
-    ("no call", dict(invalid=True, tool="")),
-    (format_action("delete_repo", {"path": "/"}), dict(invalid=True, tool="delete_repo")),
-    (format_action("execute_bash"), dict(invalid=True, exit_code=2)),
-    (format_action("execute_bash", {"cmd": "cd pkg"}), dict(invalid=True, exit_code=1)),
-    (format_action("execute_bash", {"cmd": ""}), dict(invalid=True, exit_code=1)),
-    (format_action("execute_bash", {"cmd": "exit 3"}), dict(nonzero_exit=True, exit_code=3)),
-    (format_action("execute_bash", {"cmd": "echo hi"}), dict(exit_code=0)),
-    (format_action("file_editor", {"command": "view"}), dict(invalid=True)),
-    (format_action("file_editor", {"command": "delete", "path": "a.py"}), dict(invalid=True)),
-    (format_action("file_editor", {"command": "insert", "path": "a.py", "new_str": "q"}), dict(invalid=True)),
-    (format_action("file_editor", {"command": "view", "path": "a.py", "colour": "red"}), dict(invalid=True)),
-    (format_action("file_editor", {"command": "view", "path": "notes.txt"}), dict(error=True)),
-    (format_action("file_editor", {"command": "view", "path": "nope.py"}), dict(error=True)),
-    (format_action("file_editor", {"command": "str_replace", "path": "a.py", "old_str": "q"}), dict(error=True)),
-    (format_action("search", {"path": "pkg"}), dict(invalid=True)),
-    (format_action("search", {"search_term": "x", "path": "nowhere"}), dict(error=True)),
-    (format_action("finish", {"command": "submit"}), dict(done=True, tool="finish")),
-])
+@pytest.mark.parametrize(
+    "text, flags",
+    [
+        ("no call", dict(invalid=True, tool="")),
+        (format_action("delete_repo", {"path": "/"}), dict(invalid=True, tool="delete_repo")),
+        (format_action("execute_bash"), dict(invalid=True, exit_code=2)),
+        (format_action("execute_bash", {"cmd": "cd pkg"}), dict(invalid=True, exit_code=1)),
+        (format_action("execute_bash", {"cmd": ""}), dict(invalid=True, exit_code=1)),
+        (format_action("execute_bash", {"cmd": "exit 3"}), dict(nonzero_exit=True, exit_code=3)),
+        (format_action("execute_bash", {"cmd": "echo hi"}), dict(exit_code=0)),
+        (format_action("file_editor", {"command": "view"}), dict(invalid=True)),
+        (format_action("file_editor", {"command": "delete", "path": "a.py"}), dict(invalid=True)),
+        (format_action("file_editor", {"command": "insert", "path": "a.py", "new_str": "q"}), dict(invalid=True)),
+        (format_action("file_editor", {"command": "view", "path": "a.py", "colour": "red"}), dict(invalid=True)),
+        (format_action("file_editor", {"command": "view", "path": "notes.txt"}), dict(error=True)),
+        (format_action("file_editor", {"command": "view", "path": "nope.py"}), dict(error=True)),
+        (format_action("file_editor", {"command": "str_replace", "path": "a.py", "old_str": "q"}), dict(error=True)),
+        (format_action("search", {"path": "pkg"}), dict(invalid=True)),
+        (format_action("search", {"search_term": "x", "path": "nowhere"}), dict(error=True)),
+        (format_action("finish", {"command": "submit"}), dict(done=True, tool="finish")),
+    ],
+)
 def test_result_flags(sandbox, text, flags):
     result = Tools(sandbox).run(text)
     expected = dict(invalid=False, error=False, nonzero_exit=False, timed_out=False, done=False)
@@ -254,8 +298,9 @@ def test_execute_bash_timeout_kills_the_command(sandbox):
     started = time.monotonic()
     result = run(sandbox, "execute_bash", ToolSettings(command_timeout_s=1), cmd="sleep 30; echo never")
     assert time.monotonic() - started < 5
-    assert result.observation == ("Exit code: -1\nExecution output of [execute_bash]:\n"
-                                  "The command took too long to execute (>1s)")
+    assert result.observation == (
+        "Exit code: -1\nExecution output of [execute_bash]:\nThe command took too long to execute (>1s)"
+    )
     assert result.timed_out and result.error and result.exit_code == -1
 
 
@@ -277,11 +322,14 @@ def test_option_view_non_python(sandbox):
     wide = ToolSettings(view_non_python=True)
     root = sandbox.repo_dir
     viewed = run(sandbox, "file_editor", wide, command="view", path="notes.txt")
-    assert viewed.observation == ("Execution output of [file_editor]:\nHere's the result of running `cat -n` on the "
-                                  "file: notes.txt:\n     1 foo in a text file\n")
+    assert viewed.observation == (
+        "Execution output of [file_editor]:\nHere's the result of running `cat -n` on the "
+        "file: notes.txt:\n     1 foo in a text file\n"
+    )
     listing = run(sandbox, "file_editor", wide, command="view", path=root).observation
-    assert listing.endswith(f"excluding hidden:\n{root}\n{root}/a.py\n{root}/notes.txt\n{root}/pkg\n"
-                            f"{root}/pkg/b.py\n\n")
+    assert listing.endswith(
+        f"excluding hidden:\n{root}\n{root}/a.py\n{root}/notes.txt\n{root}/pkg\n{root}/pkg/b.py\n\n"
+    )
     assert "notes.txt" not in run(sandbox, "file_editor", command="view", path=root).observation
 
 
@@ -294,8 +342,10 @@ def test_option_require_function_close(sandbox):
 
 def test_option_explain_unknown_tool(sandbox):
     result = run(sandbox, "submit", ToolSettings(explain_unknown_tool=True), command="submit")
-    assert result.observation == ("Invalid Action: input action must be one of allowed actions \n Allowed actions: "
-                                  "['file_editor', 'search', 'execute_bash', 'finish'] \n Input action: submit\t")
+    assert result.observation == (
+        "Invalid Action: input action must be one of allowed actions \n Allowed actions: "
+        "['file_editor', 'search', 'execute_bash', 'finish'] \n Input action: submit\t"
+    )
     assert result.invalid and not result.done
 
 
@@ -324,8 +374,9 @@ def test_blocked_commands_and_search_limit_are_settings(sandbox):
 
 def test_undo_history_is_per_path_as_spelled(sandbox):
     tools = Tools(sandbox)
-    tools.run(format_action("file_editor", {"command": "str_replace", "path": "a.py", "old_str": "y = 2",
-                                            "new_str": "y = 3"}))
+    tools.run(
+        format_action("file_editor", {"command": "str_replace", "path": "a.py", "old_str": "y = 2", "new_str": "y = 3"})
+    )
     other = tools.run(format_action("file_editor", {"command": "undo_edit", "path": f"{sandbox.repo_dir}/a.py"}))
     assert other.observation.endswith(f"ERROR: No previous edits found for {sandbox.repo_dir}/a.py to undo.\n")
     same = tools.run(format_action("file_editor", {"command": "undo_edit", "path": "./a.py"}))
@@ -337,8 +388,10 @@ def test_undo_history_is_per_path_as_spelled(sandbox):
 def test_file_editor_without_path_keeps_r2e_gyms_last_line(sandbox):
     # R2E-Gym prints a traceback through the image's pathlib first; that part depends on the image
     result = run(sandbox, "file_editor", command="view")
-    assert result.observation == ("Execution output of [file_editor]:\nERROR: Unhandled exception: expected str, "
-                                  "bytes or os.PathLike object, not NoneType\n")
+    assert result.observation == (
+        "Execution output of [file_editor]:\nERROR: Unhandled exception: expected str, "
+        "bytes or os.PathLike object, not NoneType\n"
+    )
 
 
 def test_local_file_editor_is_confined_to_the_episode(sandbox):
@@ -347,8 +400,8 @@ def test_local_file_editor_is_confined_to_the_episode(sandbox):
 
 
 def test_a_symlink_out_of_the_repository_never_reaches_the_sandbox(tmp_path):
-    from trainer.environments.swe.sandbox import SandboxError
     from trainer.environments.swe.image import task_archive
+    from trainer.environments.swe.sandbox import SandboxError
 
     secret = tmp_path / "secret.txt"
     secret.write_text("host secret\n")
@@ -357,8 +410,14 @@ def test_a_symlink_out_of_the_repository_never_reaches_the_sandbox(tmp_path):
     tests.mkdir()
     (repo / "a.py").write_text("x = 1\n")
     (repo / "inside.py").symlink_to("a.py")  # a link within the repository is kept, as a link
-    task = SWETask(task_id="t", docker_image="none", problem_statement="p", expected={"t.py::t": "PASSED"},
-                   repo_path=repo, hidden_tests_path=tests)
+    task = SWETask(
+        task_id="t",
+        docker_image="none",
+        problem_statement="p",
+        expected={"t.py::t": "PASSED"},
+        repo_path=repo,
+        hidden_tests_path=tests,
+    )
     backend = LocalBackend()
     try:
         backend.start(task)

@@ -4,6 +4,7 @@ selection rule, the figures, and the workflow scripts' dispatch to them.
 Logs come from `synthetic.stability_grid` / `synthetic.horizon_grid` (known best lrs, known collapses), written in
 the workflow's Hive layout, and from small runs built by hand where a number is worked out in a comment.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,16 +18,34 @@ import pytest
 import yaml
 
 from trainer.analysis import load_metrics, summarize, summarize_companion
-from trainer.analysis.horizon import (figure_horizon, horizon_run_table, horizon_summary_table, plot_horizon,
-                                      summarize_horizon)
+from trainer.analysis.horizon import (
+    figure_horizon,
+    horizon_run_table,
+    horizon_summary_table,
+    plot_horizon,
+    summarize_horizon,
+)
 from trainer.analysis.logs import LR_RUN_KEYS, RUN_KEYS
+from trainer.analysis.stability import (
+    STABILITY_COLUMNS,
+    figure_stability,
+    plot_stability,
+    select_lrs,
+    select_pooled_lrs,
+    selected_lr_yaml,
+    stability_summary_table,
+    summarize_stability,
+    sweep_run_table,
+)
+from trainer.analysis.synthetic import (
+    STABILITY_BEST_LR,
+    cell_path,
+    horizon_grid,
+    stability_grid,
+    synthetic_metrics,
+    write_metrics,
+)
 from trainer.study import lr_label
-from trainer.analysis.stability import (STABILITY_COLUMNS, figure_stability, plot_stability, select_lrs,
-                                        select_pooled_lrs,
-                                        selected_lr_yaml, stability_summary_table, summarize_stability,
-                                        sweep_run_table)
-from trainer.analysis.synthetic import (STABILITY_BEST_LR, cell_path, horizon_grid, stability_grid,
-                                        synthetic_metrics, write_metrics)
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = {"minicpm-tiny": "MiniCPM5-2B", "qwen-tiny": "Qwen3.5-4B"}
@@ -36,16 +55,28 @@ HORIZONS = {f"qwen-h{k}": k for k in (1, 2, 4, 8)}
 
 
 # -- the lr key of the logs --------------------------------------------------------------------------------
-@pytest.mark.parametrize("lr, label", [(1e-4, "1e-04"), (3e-4, "3e-04"), (2.5e-4, "2.5e-04"), (1e-2, "1e-02"),
-                                       (0.1, "1e-01"), (1.0, "1e+00"), (1.234567e-5, "1.234567e-05")])
+@pytest.mark.parametrize(
+    "lr, label",
+    [
+        (1e-4, "1e-04"),
+        (3e-4, "3e-04"),
+        (2.5e-4, "2.5e-04"),
+        (1e-2, "1e-02"),
+        (0.1, "1e-01"),
+        (1.0, "1e+00"),
+        (1.234567e-5, "1.234567e-05"),
+    ],
+)
 def test_lr_label_is_short_scientific_and_reads_back_exactly(lr, label):
     assert lr_label(lr) == label and float(label) == lr
 
 
 def test_load_metrics_reads_the_lr_folder_as_a_float_key(tmp_path):
     rng = np.random.default_rng(0)
-    paths = [write_metrics(cell_path(tmp_path, "m", "spo_adam", "adam", 0, lr=lr), synthetic_metrics(4, 0.5, rng))
-             for lr in (3e-4, 1e-3)]
+    paths = [
+        write_metrics(cell_path(tmp_path, "m", "spo_adam", "adam", 0, lr=lr), synthetic_metrics(4, 0.5, rng))
+        for lr in (3e-4, 1e-3)
+    ]
     assert "/lr=3e-04/seed=0/" in paths[0].as_posix()
     frame = load_metrics(paths, tmp_path, STABILITY_COLUMNS)
     assert frame["lr"].dtype == np.float64 and sorted(set(frame["lr"])) == [3e-4, 1e-3]
@@ -103,8 +134,10 @@ def test_stability_summary_selects_the_best_auc_and_the_stable_range(sweep):
         assert row.selected_lr == STABILITY_BEST_LR[row.optimizer]
         assert row.stable_lrs == [lr for lr in LRS if lr < 10 * STABILITY_BEST_LR[row.optimizer] * (1 - 1e-9)]
     text = selected_lr_yaml(selection, select_pooled_lrs(summary))
-    assert yaml.safe_load(text) == {**{m: {"adam": 3e-4, "muon": 1e-3} for m in MODELS},
-                                    "lr": {"adam": 3e-4, "muon": 1e-3}}
+    assert yaml.safe_load(text) == {
+        **{m: {"adam": 3e-4, "muon": 1e-3} for m in MODELS},
+        "lr": {"adam": 3e-4, "muon": 1e-3},
+    }
 
 
 def test_pooled_selection_averages_the_families():
@@ -119,8 +152,16 @@ def test_pooled_selection_averages_the_families():
 
 def test_selection_breaks_ties_to_the_smaller_lr_and_skips_unevaluated_lrs():
     def row(lr, auc, collapsed=0, recipe="spo_adam"):
-        return {"model": "m", "paper_model": "M", "recipe": recipe, "optimizer": "adam", "lr": lr,
-                "auc_pct_mean": auc, "n_collapsed": collapsed}
+        return {
+            "model": "m",
+            "paper_model": "M",
+            "recipe": recipe,
+            "optimizer": "adam",
+            "lr": lr,
+            "auc_pct_mean": auc,
+            "n_collapsed": collapsed,
+        }
+
     summary = pd.DataFrame([row(1e-3, 40.0), row(3e-4, 40.0), row(1e-4, math.nan), row(3e-3, 10.0, collapsed=2)])
     picked = select_lrs(summary).iloc[0]
     assert picked["selected_lr"] == 3e-4 and picked["auc_pct"] == 40.0
@@ -135,8 +176,9 @@ def test_selection_breaks_ties_to_the_smaller_lr_and_skips_unevaluated_lrs():
 def test_summarize_and_plot_stability_write_every_output(sweep, tmp_path):
     paths, base, _, _ = sweep
     out = {name: tmp_path / name for name in ("s.csv", "s.md", "runs.parquet", "selected_lr.yaml")}
-    notes = summarize_stability(paths, base, out["s.csv"], out["s.md"], out["runs.parquet"],
-                                out["selected_lr.yaml"], models=MODELS)
+    notes = summarize_stability(
+        paths, base, out["s.csv"], out["s.md"], out["runs.parquet"], out["selected_lr.yaml"], models=MODELS
+    )
     assert notes[0] == "40 metrics files, 40 runs, 20 cells" and "qwen-tiny/muon: 1e-03" in notes[3]
     markdown = out["s.md"].read_text()
     assert "## Selected learning rates" in markdown and "| qwen-tiny | Qwen3.5-4B | adam | 3e-04 |" in markdown
@@ -157,8 +199,10 @@ def test_stability_figure_marks_collapsed_seeds_and_the_selection(sweep):
     fig = figure_stability(runs, summary, select_lrs(summary), MODELS)
     axes = fig.axes
     assert len(axes) == 4 and all(ax.get_xscale() == "log" for ax in axes)
-    assert [ax.get_title() for ax in axes[:2]] == ["MiniCPM5-2B stand-in (minicpm-tiny)",
-                                                   "Qwen3.5-4B stand-in (qwen-tiny)"]
+    assert [ax.get_title() for ax in axes[:2]] == [
+        "MiniCPM5-2B stand-in (minicpm-tiny)",
+        "Qwen3.5-4B stand-in (qwen-tiny)",
+    ]
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert labels[:2] == ["Muon", "AdamW"] and "collapsed seed" in labels
     assert "selected lr (best held-out AUC)" in labels
@@ -179,8 +223,11 @@ def test_horizon_tables_follow_the_synthetic_shape(horizon):
     assert len(runs) == 4 * 3 * 3 and set(runs["horizon"]) == {1.0, 2.0, 4.0, 8.0}
     # learning: the last fifth of the updates (12 of 60) minus the first fifth, by hand from the logs
     for row in runs.sample(5, random_state=0).itertuples():
-        mine = metrics[(metrics["model"] == row.model) & (metrics["recipe"] == row.recipe)
-                       & (metrics["seed"] == row.seed)].sort_values("update")["success_rate"].to_numpy()
+        mine = (
+            metrics[(metrics["model"] == row.model) & (metrics["recipe"] == row.recipe) & (metrics["seed"] == row.seed)]
+            .sort_values("update")["success_rate"]
+            .to_numpy()
+        )
         assert len(mine) == 60 and row.gain == pytest.approx(mine[-12:].mean() - mine[:12].mean())
     summary = horizon_summary_table(runs, models=models)
     assert len(summary) == 12 and list(summary["horizon"][:4]) == [1.0, 2.0, 4.0, 8.0]  # sorted by horizon in a line
@@ -204,10 +251,16 @@ def test_summarize_and_plot_horizon(horizon, tmp_path):
     figure = tmp_path / "horizon.pdf"
     assert plot_horizon(paths, base, out[2], [figure], models=models) == [f"wrote {figure}"]
     fig = figure_horizon(horizon_summary_table(pd.read_parquet(out[2]), models=models), models)
-    assert len(fig.axes) == 2 and fig.axes[0].get_xscale() == "log" and fig.axes[1].get_ylabel() == \
-        "Collapsed seeds (of 3)"
-    assert [t.get_text() for t in fig.legends[0].get_texts()][:3] == ["SPO + Adam", "SPO + Muon",
-                                                                      "Full recipe (SPO++ + Muon)"]
+    assert (
+        len(fig.axes) == 2
+        and fig.axes[0].get_xscale() == "log"
+        and fig.axes[1].get_ylabel() == "Collapsed seeds (of 3)"
+    )
+    assert [t.get_text() for t in fig.legends[0].get_texts()][:3] == [
+        "SPO + Adam",
+        "SPO + Muon",
+        "Full recipe (SPO++ + Muon)",
+    ]
 
 
 # -- the workflow scripts ----------------------------------------------------------------------------------
@@ -217,29 +270,66 @@ def _run_script(name: str, **smk) -> None:
 
 def test_the_workflow_scripts_dispatch_the_stability_and_horizon_studies(tmp_path):
     stability = stability_grid(tmp_path / "s" / "cells", ["qwen-tiny"], RECIPES, [1e-4, 1e-3], [0], n_updates=20)
-    out = SimpleNamespace(csv=tmp_path / "s" / "summary.csv", md=tmp_path / "s" / "summary.md",
-                          runs=tmp_path / "s" / "runs.parquet", selected=tmp_path / "s" / "selected_lr.yaml")
-    params = SimpleNamespace(study="stability", base_dir=tmp_path / "s" / "cells", collapse={}, models=MODELS,
-                             window_fraction=0.1, bootstrap_seed=0)
-    _run_script("summarize.py", input=SimpleNamespace(metrics=stability), output=out, params=params,
-                log=[tmp_path / "s" / "summarize.log"])
+    out = SimpleNamespace(
+        csv=tmp_path / "s" / "summary.csv",
+        md=tmp_path / "s" / "summary.md",
+        runs=tmp_path / "s" / "runs.parquet",
+        selected=tmp_path / "s" / "selected_lr.yaml",
+    )
+    params = SimpleNamespace(
+        study="stability",
+        base_dir=tmp_path / "s" / "cells",
+        collapse={},
+        models=MODELS,
+        window_fraction=0.1,
+        bootstrap_seed=0,
+    )
+    _run_script(
+        "summarize.py",
+        input=SimpleNamespace(metrics=stability),
+        output=out,
+        params=params,
+        log=[tmp_path / "s" / "summarize.log"],
+    )
     assert set(yaml.safe_load(out.selected.read_text())["qwen-tiny"]) == {"adam", "muon"}
     figures = [tmp_path / "s" / "stability.png"]
-    _run_script("plot_figures.py", input=SimpleNamespace(metrics=stability, runs=out.runs), output=figures,
-                params=params, log=[tmp_path / "s" / "figures.log"])
+    _run_script(
+        "plot_figures.py",
+        input=SimpleNamespace(metrics=stability, runs=out.runs),
+        output=figures,
+        params=params,
+        log=[tmp_path / "s" / "figures.log"],
+    )
     assert figures[0].stat().st_size > 0
 
     horizon = horizon_grid(tmp_path / "h" / "cells", "qwen", [1, 2], ["spo_adam"], [0], n_updates=20)
-    out = SimpleNamespace(csv=tmp_path / "h" / "summary.csv", md=tmp_path / "h" / "summary.md",
-                          runs=tmp_path / "h" / "runs.parquet")
-    params = SimpleNamespace(study="horizon", base_dir=tmp_path / "h" / "cells", collapse={},
-                             models={"qwen-h1": "Q", "qwen-h2": "Q"}, window_fraction=0.1, bootstrap_seed=0,
-                             horizons={"qwen-h1": 1, "qwen-h2": 2})
-    _run_script("summarize.py", input=SimpleNamespace(metrics=horizon), output=out, params=params,
-                log=[tmp_path / "h" / "summarize.log"])
+    out = SimpleNamespace(
+        csv=tmp_path / "h" / "summary.csv", md=tmp_path / "h" / "summary.md", runs=tmp_path / "h" / "runs.parquet"
+    )
+    params = SimpleNamespace(
+        study="horizon",
+        base_dir=tmp_path / "h" / "cells",
+        collapse={},
+        models={"qwen-h1": "Q", "qwen-h2": "Q"},
+        window_fraction=0.1,
+        bootstrap_seed=0,
+        horizons={"qwen-h1": 1, "qwen-h2": 2},
+    )
+    _run_script(
+        "summarize.py",
+        input=SimpleNamespace(metrics=horizon),
+        output=out,
+        params=params,
+        log=[tmp_path / "h" / "summarize.log"],
+    )
     assert len(pd.read_csv(out.csv)) == 2 and "Collapse = " in out.md.read_text()
     figures = [tmp_path / "h" / "horizon.png"]
-    _run_script("plot_figures.py", input=SimpleNamespace(metrics=horizon, runs=out.runs), output=figures,
-                params=params, log=[tmp_path / "h" / "figures.log"])
+    _run_script(
+        "plot_figures.py",
+        input=SimpleNamespace(metrics=horizon, runs=out.runs),
+        output=figures,
+        params=params,
+        log=[tmp_path / "h" / "figures.log"],
+    )
     assert figures[0].stat().st_size > 0
     assert set(RUN_KEYS) <= set(pd.read_parquet(out.runs).columns)

@@ -1,4 +1,5 @@
 """Tests of the ALFWorld-style text game: grammar and feedback, admissible lists, goals, limits, splits, expert."""
+
 from __future__ import annotations
 
 import copy
@@ -11,24 +12,44 @@ from hypothesis import strategies as st
 
 from trainer.environments.protocol import Environment, TaskSource
 from trainer.environments.textgame import (
-    NOTHING, TASK_TYPES, OBJECT_TYPES, TextGameConfig, TextGameEnv, TextGameTask, TextGameTasks, WORD_PATTERN,
-    expert_action, goal_reached, planned_action, play_expert, sample_texts, vocabulary,
+    NOTHING,
+    OBJECT_TYPES,
+    TASK_TYPES,
+    WORD_PATTERN,
+    TextGameConfig,
+    TextGameEnv,
+    TextGameTask,
+    TextGameTasks,
+    expert_action,
+    goal_reached,
+    planned_action,
+    play_expert,
+    sample_texts,
+    vocabulary,
 )
 
 ROOM = ("cabinet 1", "desk 1", "fridge 1", "microwave 1", "shelf 1", "shelf 2", "sinkbasin 1")
 GOALS = {
-    "pick_and_place": "put a mug in shelf.", "pick_clean_then_place": "put a clean mug in shelf.",
-    "pick_heat_then_place": "put a hot mug in shelf.", "pick_cool_then_place": "put a cool mug in shelf.",
-    "pick_two_obj": "put two mug in shelf.", "look_at_obj_in_light": "look at mug under the desklamp.",
+    "pick_and_place": "put a mug in shelf.",
+    "pick_clean_then_place": "put a clean mug in shelf.",
+    "pick_heat_then_place": "put a hot mug in shelf.",
+    "pick_cool_then_place": "put a cool mug in shelf.",
+    "pick_two_obj": "put two mug in shelf.",
+    "look_at_obj_in_light": "look at mug under the desklamp.",
 }
 
 
 def hand_task(task_type: str = "pick_clean_then_place") -> TextGameTask:
     """A room written by hand: mug 1 in the closed cabinet, mug 2 on the desk with the lamp, an apple in the fridge."""
     return TextGameTask(
-        task_id=f"hand-{task_type}", task_type=task_type, goal=GOALS[task_type], object_type="mug",
-        receptacle_type="" if task_type == "look_at_obj_in_light" else "shelf", receptacles=ROOM,
-        placement=(("apple 1", "fridge 1"), ("mug 1", "cabinet 1"), ("mug 2", "desk 1")), lamp="desk 1",
+        task_id=f"hand-{task_type}",
+        task_type=task_type,
+        goal=GOALS[task_type],
+        object_type="mug",
+        receptacle_type="" if task_type == "look_at_obj_in_light" else "shelf",
+        receptacles=ROOM,
+        placement=(("apple 1", "fridge 1"), ("mug 1", "cabinet 1"), ("mug 2", "desk 1")),
+        lamp="desk 1",
     )
 
 
@@ -50,11 +71,24 @@ def listed(result) -> list[str]:
 
 # ----------------------------------------------------------------------------------------- config
 
-@pytest.mark.parametrize("field, value", [
-    ("n_receptacles", 0), ("n_objects", 0), ("n_distractors", -1), ("max_steps", 0), ("n_train_tasks", -1),
-    ("n_heldout_tasks", -2), ("n_receptacles", 2.5), ("max_steps", True), ("seed", "0"), ("task_types", ()),
-    ("task_types", ("pick_and_place", "fly")), ("task_types", ("pick_and_place", "pick_and_place")),
-])
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("n_receptacles", 0),
+        ("n_objects", 0),
+        ("n_distractors", -1),
+        ("max_steps", 0),
+        ("n_train_tasks", -1),
+        ("n_heldout_tasks", -2),
+        ("n_receptacles", 2.5),
+        ("max_steps", True),
+        ("seed", "0"),
+        ("task_types", ()),
+        ("task_types", ("pick_and_place", "fly")),
+        ("task_types", ("pick_and_place", "pick_and_place")),
+    ],
+)
 def test_config_rejects_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         TextGameConfig(**{field: value})
@@ -68,10 +102,13 @@ def test_config_needs_two_objects_for_pick_two():
 
 def test_config_accepts_yaml_lists():
     assert TextGameConfig(task_types=["pick_and_place", "pick_two_obj"]).task_types == (
-        "pick_and_place", "pick_two_obj")
+        "pick_and_place",
+        "pick_two_obj",
+    )
 
 
 # ----------------------------------------------------------------------------------------- protocol and commands
+
 
 def test_follows_the_protocol():
     env, source = TextGameEnv(), TextGameTasks(TextGameConfig(n_train_tasks=3, n_heldout_tasks=2))
@@ -87,15 +124,20 @@ def test_first_observation_is_room_goal_and_actions():
         "a microwave 1, a shelf 1, a shelf 2, and a sinkbasin 1.\n"
         "Your task is to: put a clean mug in shelf.\n"
         "Admissible actions: go to cabinet 1 | go to desk 1 | go to fridge 1 | go to microwave 1 | go to shelf 1 | "
-        "go to shelf 2 | go to sinkbasin 1 | inventory | look")
+        "go to shelf 2 | go to sinkbasin 1 | inventory | look"
+    )
 
 
 def test_every_command_type_gives_alfworld_feedback():
     env = TextGameEnv()
     env.reset(hand_task())
     expected = [
-        ("look", "You are in the middle of a room. Looking quickly around you, you see a cabinet 1, a desk 1, "
-                 "a fridge 1, a microwave 1, a shelf 1, a shelf 2, and a sinkbasin 1.", "look"),
+        (
+            "look",
+            "You are in the middle of a room. Looking quickly around you, you see a cabinet 1, a desk 1, "
+            "a fridge 1, a microwave 1, a shelf 1, a shelf 2, and a sinkbasin 1.",
+            "look",
+        ),
         ("inventory", "You are not carrying anything.", "inventory"),
         ("go to cabinet 1", "You arrive at cabinet 1. The cabinet 1 is closed.", "go"),
         ("examine cabinet 1", "The cabinet 1 is closed.", "examine"),
@@ -130,40 +172,70 @@ def test_every_command_type_gives_alfworld_feedback():
 def test_admissible_list_at_hand_checked_states():
     env = TextGameEnv()
     env.reset(hand_task())
-    gos = ["go to cabinet 1", "go to desk 1", "go to fridge 1", "go to microwave 1", "go to shelf 1", "go to shelf 2",
-           "go to sinkbasin 1"]
+    gos = [
+        "go to cabinet 1",
+        "go to desk 1",
+        "go to fridge 1",
+        "go to microwave 1",
+        "go to shelf 1",
+        "go to shelf 2",
+        "go to sinkbasin 1",
+    ]
     r = env.step("go to fridge 1")  # closed: no take; can open
     assert listed(r) == ["examine fridge 1"] + [g for g in gos if g != "go to fridge 1"] + [
-        "inventory", "look", "open fridge 1"]
+        "inventory",
+        "look",
+        "open fridge 1",
+    ]
     r = env.step("open fridge 1")  # open, hands empty: take what is inside, close
     assert listed(r) == ["close fridge 1", "examine fridge 1"] + [g for g in gos if g != "go to fridge 1"] + [
-        "inventory", "look", "take apple 1 from fridge 1"]
+        "inventory",
+        "look",
+        "take apple 1 from fridge 1",
+    ]
     r = env.step("take apple 1 from fridge 1")  # holding: cool, put back, examine it; no more take
     assert listed(r) == ["close fridge 1", "cool apple 1 with fridge 1", "examine apple 1", "examine fridge 1"] + [
-        g for g in gos if g != "go to fridge 1"] + ["inventory", "look", "put apple 1 in/on fridge 1"]
+        g for g in gos if g != "go to fridge 1"
+    ] + ["inventory", "look", "put apple 1 in/on fridge 1"]
     r = env.step("go to desk 1")  # holding at the lamp: put, use the lamp; the lamp cannot be taken
     assert listed(r) == ["examine apple 1", "examine desk 1"] + [g for g in gos if g != "go to desk 1"] + [
-        "inventory", "look", "put apple 1 in/on desk 1", "use desklamp 1"]
+        "inventory",
+        "look",
+        "put apple 1 in/on desk 1",
+        "use desklamp 1",
+    ]
 
 
 def test_admissible_list_uses_natural_order():
-    task = TextGameTask(task_id="t", task_type="pick_and_place", goal="put a mug in shelf.", object_type="mug",
-                        receptacle_type="shelf", receptacles=tuple(f"shelf {i}" for i in range(1, 12)) + ("desk 1",),
-                        placement=(("mug 1", "desk 1"),), lamp="desk 1")
+    task = TextGameTask(
+        task_id="t",
+        task_type="pick_and_place",
+        goal="put a mug in shelf.",
+        object_type="mug",
+        receptacle_type="shelf",
+        receptacles=tuple(f"shelf {i}" for i in range(1, 12)) + ("desk 1",),
+        placement=(("mug 1", "desk 1"),),
+        lamp="desk 1",
+    )
     env = TextGameEnv()
     env.reset(task)
     gos = [c for c in env.admissible_actions() if c.startswith("go to shelf")]
     assert gos == [f"go to shelf {i}" for i in range(1, 12)]  # "shelf 2" before "shelf 10"
 
 
-@pytest.mark.parametrize("action, tool", [
-    ("take mug 1 from cabinet 1", "take"),   # cabinet is closed and we are not there
-    ("go to sofa 1", "go"),                  # no such receptacle
-    ("put mug 1 in/on shelf 1", "put"),      # not holding anything
-    ("use desklamp 1", "use"),               # not at the desk
-    ("dance", ""), ("", ""), ("go to", ""),  # not a command at all
-    ("move mug 1 to shelf 1", ""),           # ALFWorld 0.4's spelling is not this game's grammar
-])
+@pytest.mark.parametrize(
+    "action, tool",
+    [
+        ("take mug 1 from cabinet 1", "take"),  # cabinet is closed and we are not there
+        ("go to sofa 1", "go"),  # no such receptacle
+        ("put mug 1 in/on shelf 1", "put"),  # not holding anything
+        ("use desklamp 1", "use"),  # not at the desk
+        ("dance", ""),
+        ("", ""),
+        ("go to", ""),  # not a command at all
+        ("move mug 1 to shelf 1", ""),  # ALFWorld 0.4's spelling is not this game's grammar
+    ],
+)
 def test_inadmissible_action_says_nothing_happens_and_changes_nothing(action, tool):
     env = TextGameEnv()
     first = env.reset(hand_task())
@@ -198,6 +270,7 @@ def test_bad_calls_raise_clear_errors():
 
 # ----------------------------------------------------------------------------------------- goals and limits
 
+
 def test_clean_goal_needs_the_clean_object_in_the_target():
     env = TextGameEnv()
     env.reset(hand_task("pick_clean_then_place"))
@@ -211,13 +284,21 @@ def test_clean_goal_needs_the_clean_object_in_the_target():
         env.step("look")
 
 
-@pytest.mark.parametrize("task_type, verb, appliance", [
-    ("pick_heat_then_place", "heat", "microwave 1"), ("pick_cool_then_place", "cool", "fridge 1")])
+@pytest.mark.parametrize(
+    "task_type, verb, appliance",
+    [("pick_heat_then_place", "heat", "microwave 1"), ("pick_cool_then_place", "cool", "fridge 1")],
+)
 def test_heat_and_cool_goals(task_type, verb, appliance):
     env = TextGameEnv()
     env.reset(hand_task(task_type))
-    r = run(env, "go to desk 1", "take mug 2 from desk 1", f"go to {appliance}", f"{verb} mug 2 with {appliance}",
-            "go to shelf 1")
+    r = run(
+        env,
+        "go to desk 1",
+        "take mug 2 from desk 1",
+        f"go to {appliance}",
+        f"{verb} mug 2 with {appliance}",
+        "go to shelf 1",
+    )
     assert not r.done
     r = env.step("put mug 2 in/on shelf 1")
     assert r.done and r.reward == 1.0
@@ -226,8 +307,17 @@ def test_heat_and_cool_goals(task_type, verb, appliance):
 def test_heating_a_cooled_object_spoils_the_cool_goal():
     env = TextGameEnv()
     env.reset(hand_task("pick_cool_then_place"))
-    r = run(env, "go to desk 1", "take mug 2 from desk 1", "go to fridge 1", "cool mug 2 with fridge 1",
-            "go to microwave 1", "heat mug 2 with microwave 1", "go to shelf 1", "put mug 2 in/on shelf 1")
+    r = run(
+        env,
+        "go to desk 1",
+        "take mug 2 from desk 1",
+        "go to fridge 1",
+        "cool mug 2 with fridge 1",
+        "go to microwave 1",
+        "heat mug 2 with microwave 1",
+        "go to shelf 1",
+        "put mug 2 in/on shelf 1",
+    )
     assert not r.done and r.reward == 0.0
 
 
@@ -243,9 +333,18 @@ def test_pick_and_place_goal():
 def test_pick_two_needs_both_in_the_same_receptacle():
     env = TextGameEnv()
     env.reset(hand_task("pick_two_obj"))
-    r = run(env, "go to desk 1", "take mug 2 from desk 1", "go to shelf 1", "put mug 2 in/on shelf 1",
-            "go to cabinet 1", "open cabinet 1", "take mug 1 from cabinet 1", "go to shelf 2",
-            "put mug 1 in/on shelf 2")
+    r = run(
+        env,
+        "go to desk 1",
+        "take mug 2 from desk 1",
+        "go to shelf 1",
+        "put mug 2 in/on shelf 1",
+        "go to cabinet 1",
+        "open cabinet 1",
+        "take mug 1 from cabinet 1",
+        "go to shelf 2",
+        "put mug 1 in/on shelf 2",
+    )
     assert not r.done  # one mug in each shelf
     r = run(env, "take mug 1 from shelf 2", "go to shelf 1")
     assert not r.done
@@ -263,8 +362,15 @@ def test_look_in_light_needs_the_object_in_hand_at_the_lit_lamp():
     assert env.step("use desklamp 1").done
     # Lamp already on, the mug fetched from elsewhere: done on arrival at the lamp.
     env.reset(hand_task("look_at_obj_in_light"))
-    r = run(env, "go to desk 1", "use desklamp 1", "go to fridge 1", "open fridge 1", "take apple 1 from fridge 1",
-            "go to desk 1")
+    r = run(
+        env,
+        "go to desk 1",
+        "use desklamp 1",
+        "go to fridge 1",
+        "open fridge 1",
+        "take apple 1 from fridge 1",
+        "go to desk 1",
+    )
     assert not r.done  # an apple is not a mug
     r = run(env, "put apple 1 in/on desk 1", "go to cabinet 1", "open cabinet 1", "take mug 1 from cabinet 1")
     assert not r.done  # mug in hand, away from the lamp
@@ -279,8 +385,7 @@ def test_episode_ends_unrewarded_at_the_step_limit():
         result = env.step("look" if step % 2 else "fly away")
         assert not result.done
     result = env.step("look")
-    assert result.done and result.reward == 0.0 and result.info.extra == {"won": False, "truncated": True,
-                                                                           "steps": 50}
+    assert result.done and result.reward == 0.0 and result.info.extra == {"won": False, "truncated": True, "steps": 50}
     with pytest.raises(RuntimeError):
         env.step("look")
     short = TextGameEnv(TextGameConfig(max_steps=3))
@@ -375,6 +480,7 @@ def test_same_task_same_actions_same_observations_in_two_instances(picks, task_i
 
 # ----------------------------------------------------------------------------------------- tasks and splits
 
+
 def test_splits_are_disjoint_deterministic_and_sized():
     config = TextGameConfig()
     train, heldout = TextGameTasks(config).tasks("train"), TextGameTasks(config).tasks("heldout")
@@ -398,8 +504,11 @@ def test_task_source_rejects_bad_requests():
     with pytest.raises(ValueError, match="n must be"):
         source.tasks("heldout", 11)
     with pytest.raises(ValueError, match="too few distinct tasks"):
-        TextGameTasks(TextGameConfig(n_receptacles=1, n_objects=1, n_distractors=0, n_heldout_tasks=0,
-                                     task_types=("look_at_obj_in_light",))).tasks("train")
+        TextGameTasks(
+            TextGameConfig(
+                n_receptacles=1, n_objects=1, n_distractors=0, n_heldout_tasks=0, task_types=("look_at_obj_in_light",)
+            )
+        ).tasks("train")
 
 
 def test_generated_tasks_are_well_formed():
@@ -425,6 +534,7 @@ def test_task_types_subset_is_respected():
 
 
 # ----------------------------------------------------------------------------------------- expert
+
 
 @pytest.mark.parametrize("split", ["train", "heldout"])
 def test_expert_solves_every_task_without_noise(split):
@@ -465,6 +575,7 @@ def test_expert_with_full_noise_is_seeded():
 
 
 # ----------------------------------------------------------------------------------------- transcripts and words
+
 
 def test_transcripts_and_vocabulary_cover_each_other():
     config = TextGameConfig(n_receptacles=8, n_objects=3, n_distractors=6, n_train_tasks=60)

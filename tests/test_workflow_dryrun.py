@@ -2,6 +2,7 @@
 `--lint`, and every kind of bad config failing before any job starts, with the key named. Outside CI these skip
 when Snakemake is missing; with CI=true that is a failure.
 """
+
 from __future__ import annotations
 
 import os
@@ -11,10 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from workflow_runner import copy_repo, job_counts, read_study, require_snakemake, snakemake
 
 import trainer.study as cc
-
-from workflow_runner import copy_repo, job_counts, read_study, require_snakemake, snakemake
 
 SMOKE = ["--configfile", "configs/smoke.yaml"]
 SMOKE_DIR = Path("studies/smoke")  # configs/smoke.yaml's workdir: targets and outputs are relative to it
@@ -31,8 +31,15 @@ def test_dry_run_of_the_default_study_has_one_train_job_per_cell(scratch_repo):
     r = snakemake(scratch_repo, "-n", "--cores", "all")
     assert r.returncode == 0, r.stderr[-3000:]
     counts = job_counts(r.stdout + r.stderr)
-    assert counts == {"warm_start_config": 2, "warm_start": 2, "cell_config": 60, "train": 60, "summarize": 1,
-                      "figures": 1, "all": 1}
+    assert counts == {
+        "warm_start_config": 2,
+        "warm_start": 2,
+        "cell_config": 60,
+        "train": 60,
+        "summarize": 1,
+        "figures": 1,
+        "all": 1,
+    }
     out = r.stdout + r.stderr
     assert "results/cells/model=qwen-tiny/recipe=no_length_seqmean_no_tis/optimizer=adam/seed=0/metrics.parquet" in out
     assert "results/cells/model=minicpm-tiny/recipe=spo_adam/optimizer=adam/seed=2/metrics.parquet" in out
@@ -66,11 +73,17 @@ def test_paper_study_uses_checkpoints_instead_of_a_warm_start(scratch_repo):
 
 
 def test_paths_are_rebased_from_the_repository_root_to_the_studys_workdir(tmp_path):
-    study = {"models": {"a": {"path": "checkpoints/A"}, "b": {"path": "/abs/B"}, "t": {"preset": "qwen-tiny"}},
-             "grid": [], "cell": {"env": {"name": "alfworld", "options": {"data_dir": "data/alf", "x": "data/y"}}}}
+    study = {
+        "models": {"a": {"path": "checkpoints/A"}, "b": {"path": "/abs/B"}, "t": {"preset": "qwen-tiny"}},
+        "grid": [],
+        "cell": {"env": {"name": "alfworld", "options": {"data_dir": "data/alf", "x": "data/y"}}},
+    }
     got = cc.paths_from_workdir(study, "/repo", "/repo/studies/p")
-    assert got["models"] == {"a": {"path": "../../checkpoints/A"}, "b": {"path": "/abs/B"},
-                             "t": {"preset": "qwen-tiny"}}
+    assert got["models"] == {
+        "a": {"path": "../../checkpoints/A"},
+        "b": {"path": "/abs/B"},
+        "t": {"preset": "qwen-tiny"},
+    }
     assert got["cell"]["env"]["options"] == {"data_dir": "../../data/alf", "x": "data/y"}  # only path keys
     assert study["models"]["a"]["path"] == "checkpoints/A"  # a copy
     assert cc.paths_from_workdir(study, "/repo", "/repo")["models"]["a"]["path"] == "checkpoints/A"
@@ -111,8 +124,15 @@ def test_dry_run_of_the_companion_study(scratch_repo):
     r = snakemake(scratch_repo, "-n", "--cores", "all", "--configfile", "configs/companion.yaml")
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout + r.stderr
-    assert job_counts(out) == {"warm_start_config": 1, "warm_start": 1, "cell_config": 27, "train": 27,
-                               "summarize": 1, "figures": 1, "all": 1}
+    assert job_counts(out) == {
+        "warm_start_config": 1,
+        "warm_start": 1,
+        "cell_config": 27,
+        "train": 27,
+        "summarize": 1,
+        "figures": 1,
+        "all": 1,
+    }
     assert "model=qwen2.5-tiny/recipe=graphgpo/optimizer=adam_high_lr/seed=2/metrics.parquet" in out
     assert "figures/companion_bars.pdf" in out and "fig2" not in out
 
@@ -123,16 +143,30 @@ def test_dry_run_of_the_stability_and_horizon_studies(scratch_repo):
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout + r.stderr
     # 2 models x 2 optimizers x 5 lrs x 2 seeds; config.yaml's models, warm starts and settings (its `base`)
-    assert job_counts(out) == {"warm_start_config": 2, "warm_start": 2, "cell_config": 40, "train": 40,
-                               "summarize": 1, "figures": 1, "all": 1}
+    assert job_counts(out) == {
+        "warm_start_config": 2,
+        "warm_start": 2,
+        "cell_config": 40,
+        "train": 40,
+        "summarize": 1,
+        "figures": 1,
+        "all": 1,
+    }
     assert "results/cells/model=qwen-tiny/recipe=spo_muon/optimizer=muon/lr=3e-03/seed=1/metrics.parquet" in out
     assert "results/selected_lr.yaml" in out and "figures/stability.pdf" in out and "fig2" not in out
     r = snakemake(scratch_repo, "-n", "--cores", "all", "--configfile", "configs/horizon.yaml")
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout + r.stderr
     # 4 horizons (sharing one warm-started policy) x 3 recipes x 3 seeds; config.yaml's own models are not run
-    assert job_counts(out) == {"warm_start_config": 1, "warm_start": 1, "cell_config": 36, "train": 36,
-                               "summarize": 1, "figures": 1, "all": 1}
+    assert job_counts(out) == {
+        "warm_start_config": 1,
+        "warm_start": 1,
+        "cell_config": 36,
+        "train": 36,
+        "summarize": 1,
+        "figures": 1,
+        "all": 1,
+    }
     assert "results/cells/model=qwen-h4/recipe=full/optimizer=muon/seed=2/metrics.parquet" in out
     assert "results/policies/qwen-base" in out
     assert "figures/horizon.png" in out and "lr=" not in out and "minicpm-tiny" not in out
@@ -151,43 +185,99 @@ def _bad_study(edit) -> dict:
     return study
 
 
-@pytest.mark.parametrize("edit, named", [
-    pytest.param(lambda s: s["grid"][0]["recipes"].append("fulll"), "grid[0].recipes: 'fulll' is not a recipe",
-                 id="recipe", marks=pytest.mark.slow),
-    pytest.param(lambda s: s["grid"][1].update(seeds=[0, -1]), "-1 is less than the minimum of 0", id="seed",
-                 marks=pytest.mark.slow),
-    pytest.param(lambda s: s["models"].update(big={"path": "checkpoints/nowhere"}),
-                 "models.big.path: 'checkpoints/nowhere'", id="model-path", marks=pytest.mark.slow),
-    pytest.param(lambda s: s["cell"]["rl"].update(clip_hihg=0.3), "unknown config key 'cell.rl.clip_hihg'", id="typo",
-                 marks=pytest.mark.slow),
-    pytest.param(lambda s: s.update(grdi=[]), "'grdi' was unexpected", id="top-level-typo", marks=pytest.mark.slow),
-    pytest.param(lambda s: s["cell"]["run"].update(updates="ten"), "cell.run.updates: expected an integer, got 'ten'",
-                 id="type", marks=pytest.mark.slow),
-    pytest.param(lambda s: s["cell"]["run"].update(updates=0), "cell.run.updates: must be >= 1, got 0", id="range",
-                 marks=pytest.mark.slow),
-    pytest.param(lambda s: s["cell"]["rl"].update(tis_cap=3.0), "cell.rl.tis_cap: each cell sets it", id="recipe-key",
-                 marks=pytest.mark.slow),
-    pytest.param(lambda s: s["cell"]["env"]["options"].update(max_turnz=6),
-                 "cell.env.options: unknown config key 'env.options.max_turnz'", id="env-option-typo",
-                 marks=pytest.mark.slow),
-    pytest.param(lambda s: s["cell"]["env"]["options"].update(max_turns="six"),
-                 "cell.env.options: env.options.max_turns: expected an integer, got 'six'", id="env-option-value",
-                 marks=pytest.mark.slow),
-    pytest.param(lambda s: s["cell"]["rl"].update(group_size=3),
-                 "rollout.batch_size 4 is not a multiple of rl.group_size 3", id="trainer-cross-key",
-                 marks=pytest.mark.slow),
-    pytest.param(lambda s: s.update(study="companion"), "recipes ['full', 'no_length',", id="companion-recipes",
-                 marks=pytest.mark.slow),
-    pytest.param(lambda s: s.update(base="configs/nope.yaml"), "base: 'configs/nope.yaml' is not a study file",
-                 id="missing-base", marks=pytest.mark.slow),
-    pytest.param(lambda s: s.update(lr={"adma": 1e-3}), "'adma' was unexpected", id="lr-table-typo",
-                 marks=pytest.mark.slow),
-    pytest.param(lambda s: s["grid"][0].update(lrs=[1e-3]), "grid[0].lrs: only a `study: stability` has an lr axis",
-                 id="lr-axis-in-main", marks=pytest.mark.slow),
-    pytest.param(lambda s: s["models"]["qwen-tiny"].update(env_options={"max_bugs": 9}),
-                 "cell.env.options with models.qwen-tiny.env_options: MiniRepoConfig", id="model-env-options",
-                 marks=pytest.mark.slow),
-])
+@pytest.mark.parametrize(
+    "edit, named",
+    [
+        pytest.param(
+            lambda s: s["grid"][0]["recipes"].append("fulll"),
+            "grid[0].recipes: 'fulll' is not a recipe",
+            id="recipe",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            lambda s: s["grid"][1].update(seeds=[0, -1]),
+            "-1 is less than the minimum of 0",
+            id="seed",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            lambda s: s["models"].update(big={"path": "checkpoints/nowhere"}),
+            "models.big.path: 'checkpoints/nowhere'",
+            id="model-path",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            lambda s: s["cell"]["rl"].update(clip_hihg=0.3),
+            "unknown config key 'cell.rl.clip_hihg'",
+            id="typo",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(lambda s: s.update(grdi=[]), "'grdi' was unexpected", id="top-level-typo", marks=pytest.mark.slow),
+        pytest.param(
+            lambda s: s["cell"]["run"].update(updates="ten"),
+            "cell.run.updates: expected an integer, got 'ten'",
+            id="type",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            lambda s: s["cell"]["run"].update(updates=0),
+            "cell.run.updates: must be >= 1, got 0",
+            id="range",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            lambda s: s["cell"]["rl"].update(tis_cap=3.0),
+            "cell.rl.tis_cap: each cell sets it",
+            id="recipe-key",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            lambda s: s["cell"]["env"]["options"].update(max_turnz=6),
+            "cell.env.options: unknown config key 'env.options.max_turnz'",
+            id="env-option-typo",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            lambda s: s["cell"]["env"]["options"].update(max_turns="six"),
+            "cell.env.options: env.options.max_turns: expected an integer, got 'six'",
+            id="env-option-value",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            lambda s: s["cell"]["rl"].update(group_size=3),
+            "rollout.batch_size 4 is not a multiple of rl.group_size 3",
+            id="trainer-cross-key",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            lambda s: s.update(study="companion"),
+            "recipes ['full', 'no_length',",
+            id="companion-recipes",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            lambda s: s.update(base="configs/nope.yaml"),
+            "base: 'configs/nope.yaml' is not a study file",
+            id="missing-base",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            lambda s: s.update(lr={"adma": 1e-3}), "'adma' was unexpected", id="lr-table-typo", marks=pytest.mark.slow
+        ),
+        pytest.param(
+            lambda s: s["grid"][0].update(lrs=[1e-3]),
+            "grid[0].lrs: only a `study: stability` has an lr axis",
+            id="lr-axis-in-main",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            lambda s: s["models"]["qwen-tiny"].update(env_options={"max_bugs": 9}),
+            "cell.env.options with models.qwen-tiny.env_options: MiniRepoConfig",
+            id="model-env-options",
+            marks=pytest.mark.slow,
+        ),
+    ],
+)
 def test_bad_config_fails_before_any_job_with_the_key_named(scratch_repo, edit, named):
     study = scratch_repo / f"bad_{os.getpid()}_{time.monotonic_ns()}.yaml"
     study.write_text(yaml.safe_dump(_bad_study(edit), sort_keys=False))
@@ -198,5 +288,3 @@ def test_bad_config_fails_before_any_job_with_the_key_named(scratch_repo, edit, 
     assert r.returncode != 0
     assert named in r.stdout + r.stderr
     assert not (scratch_repo / SMOKE_DIR / "results").exists() and not (scratch_repo / "results").exists()
-
-

@@ -3,6 +3,7 @@ rerunning one cell and then its figures, regenerating only the figures, the trai
 killed cell, and a SIGKILLed workflow recovering with --rerun-incomplete without touching finished cells.
 Outside CI these skip when Snakemake is missing; with CI=true that is a failure.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -18,11 +19,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from workflow_runner import copy_repo, job_counts, read_study, require_snakemake, snakemake
 
 import trainer
 import trainer.study as cc
-
-from workflow_runner import copy_repo, job_counts, read_study, require_snakemake, snakemake
 
 SMOKE = ["--configfile", "configs/smoke.yaml"]
 SMOKE_DIR = Path("studies/smoke")  # configs/smoke.yaml's workdir: targets and outputs are relative to it
@@ -40,7 +40,8 @@ def test_companion_smoke_study_writes_its_table_and_figures_in_its_own_folder(tm
     study = repo / "studies" / "companion-smoke"
     cells = sorted((study / "results" / "cells").glob("model=*/recipe=*/optimizer=*/seed=*/metrics.parquet"))
     assert {tuple(p.parent.relative_to(study / "results" / "cells").parts[1:3]) for p in cells} == {
-        (f"recipe={r}", f"optimizer={o}") for r in ("grpo", "gigpo", "graphgpo") for o in cc.OPTIMIZERS}
+        (f"recipe={r}", f"optimizer={o}") for r in ("grpo", "gigpo", "graphgpo") for o in cc.OPTIMIZERS
+    }
     for path in cells:
         metrics = pd.read_parquet(path)
         assert metrics["eval_success"].notna().all() and "grad_snr" in metrics  # eval_every 1
@@ -136,19 +137,29 @@ def test_smoke_study_trains_every_cell(smoke_run):
     cells = _cells(repo)
     assert len(cells) == 28, (r.stdout + r.stderr)[-3000:]
     from trainer.logs.parquet_log import read_log
+
     for path in cells:
         keys = dict(part.split("=") for part in path.parent.relative_to(repo / SMOKE_DIR / "results" / "cells").parts)
         df, provenance = read_log(path)
         assert df["update"].tolist() == [0, 1]  # configs/smoke.yaml: run.updates 2
         cfg = provenance["config"]
         assert (cfg["recipe"], cfg["optim"]["name"], cfg["run"]["seed"]) == (
-            keys["recipe"], keys["optimizer"], int(keys["seed"]))
+            keys["recipe"],
+            keys["optimizer"],
+            int(keys["seed"]),
+        )
         assert cfg["model"]["path"] == f"results/policies/{keys['model']}"
         # the shell rule wrote exactly the pure helper's config (quoting through the shell lost nothing)
         study = read_study("configs/smoke.yaml")
         assert yaml.safe_load((path.parent / "cell.yaml").read_text()) == cc.cell_config(
-            study, keys["model"], keys["recipe"], keys["optimizer"],
-            int(keys["seed"]), f"results/policies/{keys['model']}", threads=1)
+            study,
+            keys["model"],
+            keys["recipe"],
+            keys["optimizer"],
+            int(keys["seed"]),
+            f"results/policies/{keys['model']}",
+            threads=1,
+        )
         assert (path.parent / "episodes.parquet").is_file() and (path.parent / "train.log").is_file()
         assert not (path.parent / "checkpoints").exists()  # a finished cell keeps no checkpoints
     for model in ("minicpm-tiny", "qwen-tiny"):
@@ -183,8 +194,7 @@ def test_trainer_version_bump_marks_every_cell_and_warm_start_out_of_date(smoke_
     assert r.returncode == 0, "the smoke study did not finish"
     init = repo / "trainer" / "__init__.py"
     original = init.read_text()
-    init.write_text(original.replace(f'TRAINER_VERSION = "{trainer.TRAINER_VERSION}"',
-                                     'TRAINER_VERSION = "bumped"'))
+    init.write_text(original.replace(f'TRAINER_VERSION = "{trainer.TRAINER_VERSION}"', 'TRAINER_VERSION = "bumped"'))
     try:
         dry = snakemake(repo, "-n", "--cores", "all", *SMOKE)
     finally:
@@ -277,21 +287,28 @@ def test_a_replaced_or_missing_cell_log_is_never_summarised_silently(smoke_run):
     repo, r, _ = smoke_run
     assert r.returncode == 0, "the smoke study did not finish"
     cell = repo / SMOKE_DIR / "results/cells/model=qwen-tiny/recipe=no_tool/optimizer=adam/seed=0"
-    saved = {name: ((cell / name).read_bytes(), (cell / name).stat()) for name in ("metrics.parquet",
-                                                                                  "episodes.parquet")}
+    saved = {
+        name: ((cell / name).read_bytes(), (cell / name).stat()) for name in ("metrics.parquet", "episodes.parquet")
+    }
 
     def restore():
         for name, (data, stat) in saved.items():
             (cell / name).write_bytes(data)
             os.utime(cell / name, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
     try:
         # a valid log with no rows: the summary fails naming it (it used to drop the cell from summary.csv)
         import pyarrow.parquet as pq
+
         pq.write_table(pq.read_table(cell / "metrics.parquet").slice(0, 0), cell / "metrics.parquet")
         failed = snakemake(repo, "--cores", "1", *SMOKE, "--forcerun", "summarize")
         log = (repo / SMOKE_DIR / "results" / "logs" / "summarize.log").read_text()
-        assert failed.returncode != 0 and "model=qwen-tiny/recipe=no_tool/optimizer=adam/seed=0/metrics.parquet' " \
-            "has 0 row(s) (updates none) but its cell ran 2 update(s)" in log, log
+        assert (
+            failed.returncode != 0
+            and "model=qwen-tiny/recipe=no_tool/optimizer=adam/seed=0/metrics.parquet' "
+            "has 0 row(s) (updates none) but its cell ran 2 update(s)"
+            in log
+        ), log
         restore()
         # a deleted episode log is a missing input of the summary: its cell reruns
         (cell / "episodes.parquet").unlink()
@@ -301,15 +318,21 @@ def test_a_replaced_or_missing_cell_log_is_never_summarised_silently(smoke_run):
         restore()
 
 
-KILL_GRID = {"grid": [{"name": "kill_test", "models": ["minicpm-tiny"], "recipes": ["spo_adam", "spo_muon", "full"],
-                       "seeds": [0]}],
-             "cell": {"run": {"updates": 4}}}  # merged into smoke.yaml: more time between checkpoint and finish
+KILL_GRID = {
+    "grid": [
+        {"name": "kill_test", "models": ["minicpm-tiny"], "recipes": ["spo_adam", "spo_muon", "full"], "seeds": [0]}
+    ],
+    "cell": {"run": {"updates": 4}},
+}  # merged into smoke.yaml: more time between checkpoint and finish
 
 
 def _finished_train_outputs(log: str) -> set[str]:
     """metrics.parquet of the train jobs snakemake reported finished (jobid -> output from the job blocks)."""
-    block = re.compile(r"^(?:local)?rule train:\n(?:    .*\n)*?    output: (\S+?),[^\n]*\n(?:    .*\n)*?"
-                       r"    jobid: (\d+)", re.MULTILINE)
+    block = re.compile(
+        r"^(?:local)?rule train:\n(?:    .*\n)*?    output: (\S+?),[^\n]*\n(?:    .*\n)*?"
+        r"    jobid: (\d+)",
+        re.MULTILINE,
+    )
     outputs = {jobid: out for out, jobid in block.findall(log)}
     return {outputs[j] for j in re.findall(r"Finished jobid: (\d+) \(Rule: train\)", log)}
 

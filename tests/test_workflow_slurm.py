@@ -7,6 +7,7 @@ is kept tiny), and checks that every non-local job was a SLURM job that SLURM it
 the cells, the summary and the figures came out. Outside CI it skips when no cluster answers; with CI=true a
 missing cluster is a failure.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -20,8 +21,9 @@ import pytest
 import yaml
 from workflow_runner import copy_repo
 
-SLURM_GRID = {"grid": [{"name": "slurm_test", "models": ["minicpm-tiny"], "recipes": ["spo_adam", "full"],
-                        "seeds": [0]}]}
+SLURM_GRID = {
+    "grid": [{"name": "slurm_test", "models": ["minicpm-tiny"], "recipes": ["spo_adam", "full"], "seeds": [0]}]
+}
 """Merged into configs/smoke.yaml: 1 warm start + 2 cells + summary + figures = 5 SLURM jobs."""
 
 
@@ -35,8 +37,9 @@ def _require_cluster() -> None:
         r = subprocess.run(["sinfo", "-h", "-o", "%T"], check=False, capture_output=True, text=True, timeout=30)
         states = r.stdout.split()
         if r.returncode != 0 or not any(s.startswith(("idle", "mixed", "allocated")) for s in states):
-            problem = (f"no SLURM node is up (sinfo: {(r.stdout + r.stderr).strip()!r}); "
-                       "run `bash .ci/slurm-setup.sh` as root")
+            problem = (
+                f"no SLURM node is up (sinfo: {(r.stdout + r.stderr).strip()!r}); run `bash .ci/slurm-setup.sh` as root"
+            )
     if problem:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"CI=true, so the SLURM tests must run, but: {problem}")
@@ -46,9 +49,26 @@ def _require_cluster() -> None:
 def snakemake_on_slurm(repo, *configfiles: str) -> str:
     """The users' cluster command from the copy's root; returns its output, after checking it succeeded."""
     # the profile's 20 s first poll is right for a real cluster; polling sooner only makes the test faster
-    r = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "all", "--profile", "slurm",
-                        "--configfile", *configfiles, "--slurm-init-seconds-before-status-checks", "2"],
-                       check=False, cwd=repo, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--cores",
+            "all",
+            "--profile",
+            "slurm",
+            "--configfile",
+            *configfiles,
+            "--slurm-init-seconds-before-status-checks",
+            "2",
+        ],
+        check=False,
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
     return out
@@ -65,8 +85,13 @@ def test_smoke_grid_runs_as_slurm_jobs_through_the_profile(tmp_path):
     rules = sorted(rule for _, rule in submitted)
     assert rules == ["figures", "summarize", "train", "train", "warm_start"], out[-4000:]
     for jobid, rule in submitted:  # MinJobAge=600 keeps finished jobs visible to squeue
-        state = subprocess.run(["squeue", "-h", "--states=all", "-j", jobid, "-o", "%T"], check=False,
-                               capture_output=True, text=True, timeout=30).stdout.strip()
+        state = subprocess.run(
+            ["squeue", "-h", "--states=all", "-j", jobid, "-o", "%T"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
         assert state == "COMPLETED", (jobid, rule, state)
 
     study = repo / "studies" / "smoke"  # configs/smoke.yaml's workdir
@@ -81,8 +106,12 @@ def test_smoke_grid_runs_as_slurm_jobs_through_the_profile(tmp_path):
     assert not (repo / "results").exists() and not (study / "studies").exists()
 
 
-COMPANION_GRID = {"grid": [{"name": "slurm_muon", "recipes": ["gigpo"], "optimizer": "muon", "seeds": [0]},
-                           {"name": "slurm_control", "recipes": ["grpo"], "optimizer": "adam_high_lr", "seeds": [0]}]}
+COMPANION_GRID = {
+    "grid": [
+        {"name": "slurm_muon", "recipes": ["gigpo"], "optimizer": "muon", "seeds": [0]},
+        {"name": "slurm_control", "recipes": ["grpo"], "optimizer": "adam_high_lr", "seeds": [0]},
+    ]
+}
 """Merged into configs/companion-smoke.yaml: 1 warm start + 2 cells + summary + figures, in the study's workdir."""
 
 
@@ -108,21 +137,46 @@ def test_a_two_process_cell_runs_as_one_slurm_job(tmp_path):
     torchrun, the update sharded over the two (its log says so)."""
     _require_cluster()
     repo = copy_repo(tmp_path / "repo")
-    grid = {"grid": [{"name": "sharded", "models": ["minicpm-tiny"], "recipes": ["full"], "seeds": [0]}],
-            "resources": {"train": {"threads": 1, "processes": 2}}}
+    grid = {
+        "grid": [{"name": "sharded", "models": ["minicpm-tiny"], "recipes": ["full"], "seeds": [0]}],
+        "resources": {"train": {"threads": 1, "processes": 2}},
+    }
     (repo / "sharded.yaml").write_text(yaml.safe_dump(grid))
     cell = "results/cells/model=minicpm-tiny/recipe=full/optimizer=muon/seed=0"
-    r = subprocess.run([sys.executable, "-m", "snakemake", "--cores", "all", "--profile", "slurm",
-                        "--configfile", "configs/smoke.yaml", "sharded.yaml",
-                        "--slurm-init-seconds-before-status-checks", "2", f"{cell}/metrics.parquet"],  # in the workdir
-                       check=False, cwd=repo, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "--cores",
+            "all",
+            "--profile",
+            "slurm",
+            "--configfile",
+            "configs/smoke.yaml",
+            "sharded.yaml",
+            "--slurm-init-seconds-before-status-checks",
+            "2",
+            f"{cell}/metrics.parquet",
+        ],  # in the workdir
+        check=False,
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-4000:]
     jobs = re.findall(r"has been submitted with SLURM jobid (\d+) \(log: \S*/slurm_logs/rule_(\w+)/", out)
     train = [jobid for jobid, rule in jobs if rule == "train"]
     assert len(train) == 1, out[-4000:]
-    cpus = subprocess.run(["squeue", "-h", "--states=all", "-j", train[0], "-o", "%C %T"], check=False,
-                          capture_output=True, text=True, timeout=30).stdout.split()
+    cpus = subprocess.run(
+        ["squeue", "-h", "--states=all", "-j", train[0], "-o", "%C %T"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout.split()
     assert cpus == ["2", "COMPLETED"], cpus
     study = repo / "studies" / "smoke"
     assert "sharded with FSDP2 over 2 processes" in (study / cell / "train.log").read_text()

@@ -1,5 +1,6 @@
 """What the workflow tests share: the repository's copy, Snakemake as a subprocess, its job table, a study file as
 the workflow reads it. A plain module (`from workflow_runner import ...`), not conftest."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -47,8 +48,14 @@ def copy_repo(dest: Path) -> Path:
 
 def snakemake(workdir: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     """`snakemake ARGS` from the copy's root, with this interpreter (its virtual environment need not be active)."""
-    return subprocess.run([sys.executable, "-m", "snakemake", *args], check=False, cwd=workdir, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", *args],
+        check=False,
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def job_counts(output: str) -> dict[str, int]:

@@ -15,6 +15,7 @@ step: one process, Hugging Face names, the cell config taken from the checkpoint
 
 Configs are validated before any work starts; a bad key or value exits with status 2 and a message naming it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,7 +30,6 @@ import yaml
 
 from trainer.config import ConfigError, load_config, load_sft_config
 from trainer.process import process_start_time
-
 
 _EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
@@ -85,9 +85,17 @@ def evaluate_cli(cfg, policy: str, *, update: int | None = None, tasks: int | No
     suite = make_suite(cfg.env)
     model, fmt = load_policy(policy, cfg.model.dtype)
     held_out = suite.tasks.tasks("heldout", tasks or cfg.env.eval_tasks)
-    success, episodes = evaluate(model, fmt, suite.make_env, held_out, SamplingParams.for_evaluation(cfg.rollout),
-                                 eval_generator(cfg.run.seed, update), policy_version=update, device=cfg.run.device,
-                                 env_workers=cfg.rollout.env_workers)
+    success, episodes = evaluate(
+        model,
+        fmt,
+        suite.make_env,
+        held_out,
+        SamplingParams.for_evaluation(cfg.rollout),
+        eval_generator(cfg.run.seed, update),
+        policy_version=update,
+        device=cfg.run.device,
+        env_workers=cfg.rollout.env_workers,
+    )
     for e in episodes[:show]:
         print(transcript(e) + "\n")
     return {"heldout_success": success, "tasks": len(held_out), "update": update, "seed": cfg.run.seed}
@@ -113,6 +121,7 @@ def export_checkpoint(checkpoint: str, out: str) -> dict:
     model, fmt = build_policy(cfg, make_suite(cfg.env) if cfg.model.path is None else None, device="cpu")
     if ckpt["sharded"]:
         from trainer.logs.sharded_checkpoint import load_sharded_weights
+
         load_sharded_weights(ckpt["path"], model)
     else:
         model.load_state_dict(ckpt["model_state"])
@@ -138,15 +147,18 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--out", required=True, help="policy directory to write")
     s.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
     s.add_argument("--no-progress", action="store_true")
-    s.add_argument("--allow-out-of-band", action="store_true",
-                   help="exit 0 even if held-out success missed the band")
+    s.add_argument("--allow-out-of-band", action="store_true", help="exit 0 even if held-out success missed the band")
     s.add_argument("--exit-with", type=int, metavar="PID", help="stop when process PID ends (the workflow's head)")
 
     e = sub.add_parser("eval", help="held-out success of a policy")
     e.add_argument("--config", required=True)
     e.add_argument("--policy", required=True, help="policy directory")
-    e.add_argument("--update", type=int, default=None,
-                   help="seed the evaluation as the trainer's after this update (default: the policy's own, else 0)")
+    e.add_argument(
+        "--update",
+        type=int,
+        default=None,
+        help="seed the evaluation as the trainer's after this update (default: the policy's own, else 0)",
+    )
     e.add_argument("--tasks", type=int, default=None, help="held-out tasks (default: env.eval_tasks)")
     e.add_argument("--show", type=int, default=0, help="print the first N episodes as transcripts")
 
@@ -155,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     x.add_argument("--out", required=True, help="policy directory to write")
 
     from trainer import plan
+
     plan.add_arguments(sub.add_parser("plan", help="predicted GPU memory of a cell's update (exit 1: does not fit)"))
 
     args = ap.parse_args(argv)
@@ -164,18 +177,28 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             cfg = load_config(args.config, _overrides(args.set))
             from trainer.train import train
-            path = train(cfg, args.out, resume=args.resume, progress=False if args.no_progress else None,
-                         save_policy_to=args.save_policy)
+
+            path = train(
+                cfg,
+                args.out,
+                resume=args.resume,
+                progress=False if args.no_progress else None,
+                save_policy_to=args.save_policy,
+            )
             if os.environ.get("RANK", "0") == "0":  # one line, also under torchrun
                 print(f"wrote {path}")
         elif args.command == "sft":
             cfg = load_sft_config(args.config, _overrides(args.set))
             from trainer.policy.sft import warm_start
+
             report = warm_start(cfg, args.out, progress=False if args.no_progress else None)
             print(json.dumps({k: report[k] for k in ("in_band", "heldout_success", "step", "seconds")}))
             if not report["in_band"] and not args.allow_out_of_band:
-                print(f"warm start: held-out success {report['heldout_success']:.3f} is outside the band "
-                      f"{report['band']}", file=sys.stderr)
+                print(
+                    f"warm start: held-out success {report['heldout_success']:.3f} is outside the band "
+                    f"{report['band']}",
+                    file=sys.stderr,
+                )
                 return 1
         elif args.command == "plan":
             return plan.run(args)

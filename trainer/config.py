@@ -7,6 +7,7 @@ study's shared `cell` and `warm_start` blocks with the same functions (trainer/s
 grid fails before the first cell runs, not after an hour. Recipes (the `RECIPES` table below) are named
 presets over `optim` and `rl`; a cell may name a recipe and still override any field.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,8 +19,13 @@ from typing import Any, Literal
 
 import yaml
 
-LIMITS: dict[str, int] = {"updates": 1_000_000, "epochs": 100, "episodes": 65_536, "tokens": 1_048_576,
-                          "tasks": 1_000_000}
+LIMITS: dict[str, int] = {
+    "updates": 1_000_000,
+    "epochs": 100,
+    "episodes": 65_536,
+    "tokens": 1_048_576,
+    "tasks": 1_000_000,
+}
 """Upper bounds far above any study (the papers: 100-300 updates, 64-1024 episodes per update, 32k-token
 episodes) and below what would only fail hours later or exhaust the machine (`batch_size: 10**9` allocates at run
 time): a value above one is a typo, caught before the first cell."""
@@ -362,35 +368,60 @@ OFFLINE_STATS_FILE = "offline_stats.json"
 """What the warm start writes beside the policy for `rl.offline_stats` (SFTConfig.offline_samples > 0)."""
 
 RECIPES: dict[str, dict[str, dict[str, Any]]] = {
-    "spo_adam": {"optim": {"name": "adam"}, "rl": dict(estimator="spo", length_penalty=False, tool_penalty=False,
-                                                       agg="token-mean", tis_cap=None)},
-    "spo_muon": {"optim": {"name": "muon"}, "rl": dict(estimator="spo", length_penalty=False, tool_penalty=False,
-                                                       agg="token-mean", tis_cap=None)},
-    "full": {"optim": {"name": "muon"}, "rl": dict(estimator="spo++", length_penalty=True, tool_penalty=True,
-                                                   agg="token-mean", tis_cap=2.0)},
-    "no_length": {"optim": {"name": "muon"}, "rl": dict(estimator="spo++", length_penalty=False, tool_penalty=True,
-                                                        agg="token-mean", tis_cap=2.0)},
-    "no_tool": {"optim": {"name": "muon"}, "rl": dict(estimator="spo++", length_penalty=True, tool_penalty=False,
-                                                      agg="token-mean", tis_cap=2.0)},
-    "no_penalties": {"optim": {"name": "muon"}, "rl": dict(estimator="spo++", length_penalty=False,
-                                                           tool_penalty=False, agg="token-mean", tis_cap=2.0)},
-    "no_length_seqmean": {"optim": {"name": "muon"}, "rl": dict(estimator="spo++", length_penalty=False,
-                                                                tool_penalty=True, agg="seq-mean-token-mean",
-                                                                tis_cap=2.0)},
-    "no_length_seqmean_no_tis": {"optim": {"name": "muon"}, "rl": dict(estimator="spo++", length_penalty=False,
-                                                                       tool_penalty=True, agg="seq-mean-token-mean",
-                                                                       tis_cap=None)},
-    **{estimator: {"optim": {"name": "adam"}, "rl": dict(estimator=estimator, length_penalty=False, tool_penalty=False,
-                                                         agg="token-mean", tis_cap=None)}
-       for estimator in GROUP_ESTIMATORS},
+    "spo_adam": {
+        "optim": {"name": "adam"},
+        "rl": dict(estimator="spo", length_penalty=False, tool_penalty=False, agg="token-mean", tis_cap=None),
+    },
+    "spo_muon": {
+        "optim": {"name": "muon"},
+        "rl": dict(estimator="spo", length_penalty=False, tool_penalty=False, agg="token-mean", tis_cap=None),
+    },
+    "full": {
+        "optim": {"name": "muon"},
+        "rl": dict(estimator="spo++", length_penalty=True, tool_penalty=True, agg="token-mean", tis_cap=2.0),
+    },
+    "no_length": {
+        "optim": {"name": "muon"},
+        "rl": dict(estimator="spo++", length_penalty=False, tool_penalty=True, agg="token-mean", tis_cap=2.0),
+    },
+    "no_tool": {
+        "optim": {"name": "muon"},
+        "rl": dict(estimator="spo++", length_penalty=True, tool_penalty=False, agg="token-mean", tis_cap=2.0),
+    },
+    "no_penalties": {
+        "optim": {"name": "muon"},
+        "rl": dict(estimator="spo++", length_penalty=False, tool_penalty=False, agg="token-mean", tis_cap=2.0),
+    },
+    "no_length_seqmean": {
+        "optim": {"name": "muon"},
+        "rl": dict(estimator="spo++", length_penalty=False, tool_penalty=True, agg="seq-mean-token-mean", tis_cap=2.0),
+    },
+    "no_length_seqmean_no_tis": {
+        "optim": {"name": "muon"},
+        "rl": dict(estimator="spo++", length_penalty=False, tool_penalty=True, agg="seq-mean-token-mean", tis_cap=None),
+    },
+    **{
+        estimator: {
+            "optim": {"name": "adam"},
+            "rl": dict(estimator=estimator, length_penalty=False, tool_penalty=False, agg="token-mean", tis_cap=None),
+        }
+        for estimator in GROUP_ESTIMATORS
+    },
 }
 """The paper's Figure-2 recipes, then the companion study's three group estimators (AdamW is its baseline; no
 shaping penalties and no TIS, as in verl-agent's ALFWorld recipe). The optimizer is part of a recipe but any recipe
 runs with any optimizer (the grid sets `optim.name` explicitly), as the paper's Adam versions of the ablations do."""
-FIGURE2_RECIPES: tuple[str, ...] = ("spo_adam", "spo_muon", "full", "no_length", "no_tool", "no_penalties",
-                                    "no_length_seqmean", "no_length_seqmean_no_tis")
+FIGURE2_RECIPES: tuple[str, ...] = (
+    "spo_adam",
+    "spo_muon",
+    "full",
+    "no_length",
+    "no_tool",
+    "no_penalties",
+    "no_length_seqmean",
+    "no_length_seqmean_no_tis",
+)
 """The main paper's recipes in its Figure-2 order: the main study's tables and figures draw these."""
-
 
 
 class ConfigError(ValueError):
@@ -461,8 +492,7 @@ def build_config(cls, data, where: str = ""):
     unknown = sorted(set(data) - names)
     if unknown:
         key = f"{where}.{unknown[0]}" if where else unknown[0]
-        raise ConfigError(f"unknown config key {key!r} (known keys{' of ' + where if where else ''}: "
-                          f"{sorted(names)})")
+        raise ConfigError(f"unknown config key {key!r} (known keys{' of ' + where if where else ''}: {sorted(names)})")
     kwargs = {k: _check_value(hints[k], v, f"{where}.{k}" if where else k) for k, v in data.items()}
     return cls(**kwargs)
 
@@ -493,13 +523,16 @@ def check_cell(cfg: TrainConfig) -> None:
     if cfg.optim.name == "adam_high_lr" and cfg.optim.muon_lr is None:
         raise ConfigError("optim.muon_lr: 'adam_high_lr' runs AdamW at Muon's learning rate; set optim.muon_lr")
     if cfg.run.minibatches > cfg.rollout.batch_size:
-        raise ConfigError(f"run.minibatches {cfg.run.minibatches} exceeds rollout.batch_size "
-                          f"{cfg.rollout.batch_size}: a mini-batch needs at least one trajectory")
+        raise ConfigError(
+            f"run.minibatches {cfg.run.minibatches} exceeds rollout.batch_size "
+            f"{cfg.rollout.batch_size}: a mini-batch needs at least one trajectory"
+        )
     if cfg.rl.offline_stats is not None and not Path(cfg.rl.offline_stats).is_file():
         raise ConfigError(f"rl.offline_stats: {cfg.rl.offline_stats!r} is not a file")
     if cfg.rollout.batch_size % cfg.rl.group_size:
-        raise ConfigError(f"rollout.batch_size {cfg.rollout.batch_size} is not a multiple of rl.group_size "
-                          f"{cfg.rl.group_size}")
+        raise ConfigError(
+            f"rollout.batch_size {cfg.rollout.batch_size} is not a multiple of rl.group_size {cfg.rl.group_size}"
+        )
     if cfg.rl.estimator in GROUP_ESTIMATORS and cfg.rl.group_size < 2:
         raise ConfigError(f"rl.estimator {cfg.rl.estimator!r} needs rl.group_size >= 2, got {cfg.rl.group_size}")
     if cfg.model.path is not None and not Path(cfg.model.path).exists():
@@ -507,8 +540,9 @@ def check_cell(cfg: TrainConfig) -> None:
     if cfg.rollout.engine == "vllm" and cfg.model.path is None:
         raise ConfigError("rollout.engine: 'vllm' serves a checkpoint directory; set model.path")
     if cfg.rollout.server and cfg.rollout.engine == "hf":
-        raise ConfigError("rollout.server: the hf engine runs in the trainer; a rollout server runs the vllm or the "
-                          "reference engine")
+        raise ConfigError(
+            "rollout.server: the hf engine runs in the trainer; a rollout server runs the vllm or the reference engine"
+        )
     if cfg.model.path is None and cfg.model.preset is None:
         raise ConfigError("model: give a tiny `preset` or a checkpoint `path`")
 

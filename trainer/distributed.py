@@ -15,6 +15,7 @@ stand-in, since a forward that one rank skips would leave the others waiting in 
 
 One process (no `torchrun`, or WORLD_SIZE 1) is the default and uses none of this.
 """
+
 from __future__ import annotations
 
 import os
@@ -93,8 +94,10 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     inner = getattr(model, "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None:
-        raise ValueError(f"{type(model).__name__}: no `model.layers` to shard; the sharded update supports Hugging "
-                         "Face decoder-only causal LMs")
+        raise ValueError(
+            f"{type(model).__name__}: no `model.layers` to shard; the sharded update supports Hugging "
+            "Face decoder-only causal LMs"
+        )
     return list(layers)
 
 
@@ -143,14 +146,12 @@ def full_optimizer_state(model: nn.Module, optimizer, ctx: DistContext) -> dict:
         return optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True,
-                                                                               cpu_offload=True))
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 def load_full_state(model: nn.Module, optimizer, model_state: dict, optimizer_state: dict | None) -> None:
     """Load a full (single-process layout) model and optimizer state into the sharded model on every rank."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
-                                                         set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True)
     set_model_state_dict(model, model_state, options=options)

@@ -25,6 +25,7 @@ for the 4B shape at 2k/4k/8k tokens, 25% for the 0.5B shape at 2k-16k, and the t
 allocator fragmentation (the reserved memory was 20-30% above the allocated peak there), CUDA context, NCCL
 buffers, the rollout server's share beyond `--reserve`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,12 +84,17 @@ def model_counts(config) -> ModelCounts:
 
     linears = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
     embedding = model.get_input_embeddings().weight.numel()
-    return ModelCounts(params=sum(p.numel() for p in model.parameters()),
-                       muon_params=sum(p.numel() for _, p in route.muon), matmul_params=linears,
-                       layers=len(layers), hidden=hidden, vocab=int(config.vocab_size),
-                       layer_params=max(sum(p.numel() for p in layer.parameters()) for layer in layers),
-                       embedding_params=embedding,
-                       activation_bytes_per_token=max(layer_bytes(layer) for layer in layers))
+    return ModelCounts(
+        params=sum(p.numel() for p in model.parameters()),
+        muon_params=sum(p.numel() for _, p in route.muon),
+        matmul_params=linears,
+        layers=len(layers),
+        hidden=hidden,
+        vocab=int(config.vocab_size),
+        layer_params=max(sum(p.numel() for p in layer.parameters()) for layer in layers),
+        embedding_params=embedding,
+        activation_bytes_per_token=max(layer_bytes(layer) for layer in layers),
+    )
 
 
 @dataclass(frozen=True)
@@ -109,14 +115,29 @@ class MemoryPlan:
     def table(self) -> str:
         rows = [f"  {name:<18} {gib:8.1f} GiB" for name, gib in self.terms.items()]
         verdict = "fits" if self.fits else "does NOT fit"
-        return "\n".join(rows + [f"  {'total':<18} {self.total_gib:8.1f} GiB of {self.capacity_gib:.1f} GiB"
-                                 + (f" less {self.reserve_gib:.1f} GiB reserved" if self.reserve_gib else "")
-                                 + f": {verdict}"])
+        return "\n".join(
+            rows
+            + [
+                f"  {'total':<18} {self.total_gib:8.1f} GiB of {self.capacity_gib:.1f} GiB"
+                + (f" less {self.reserve_gib:.1f} GiB reserved" if self.reserve_gib else "")
+                + f": {verdict}"
+            ]
+        )
 
 
-def plan_memory(counts: ModelCounts, tokens: int, gpus: int = 1, *, sharded: bool | None = None,
-                checkpointing: bool = True, head_chunk_tokens: int | None = 2048, adam_only: bool = False,
-                master_bytes: int = 4, capacity_gib: float = H200_GIB, reserve_gib: float = 0.0) -> MemoryPlan:
+def plan_memory(
+    counts: ModelCounts,
+    tokens: int,
+    gpus: int = 1,
+    *,
+    sharded: bool | None = None,
+    checkpointing: bool = True,
+    head_chunk_tokens: int | None = 2048,
+    adam_only: bool = False,
+    master_bytes: int = 4,
+    capacity_gib: float = H200_GIB,
+    reserve_gib: float = 0.0,
+) -> MemoryPlan:
     """The per-GPU peak of one update micro-batch of `tokens` tokens (see the module docstring). `sharded`
     defaults to gpus > 1; `head_chunk_tokens` None means the head sees the whole micro-batch at once."""
     if tokens < 1 or gpus < 1:
@@ -127,8 +148,9 @@ def plan_memory(counts: ModelCounts, tokens: int, gpus: int = 1, *, sharded: boo
     state = master_bytes * counts.params + 4 * counts.params + 4 * muon + 8 * adam
     terms = {"state": state / (gpus if sharded else 1)}
     if sharded:
-        terms["fsdp buffers"] = (2 * 2 * counts.layer_params + 2 * 4 * counts.layer_params
-                                 + (2 + 4) * counts.embedding_params)
+        terms["fsdp buffers"] = (
+            2 * 2 * counts.layer_params + 2 * 4 * counts.layer_params + (2 + 4) * counts.embedding_params
+        )
     else:
         terms["autocast copies"] = 2 * counts.matmul_params
     per_layer = tokens * counts.activation_bytes_per_token
@@ -157,13 +179,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The `plan` subcommand's options."""
     parser.add_argument("--config", required=True, help="cell config (YAML)")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs the update is sharded over (default 1)")
-    parser.add_argument("--tokens", type=int, default=None,
-                        help="tokens of one micro-batch (default: the cell's rollout.max_episode_tokens)")
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        default=None,
+        help="tokens of one micro-batch (default: the cell's rollout.max_episode_tokens)",
+    )
     parser.add_argument("--no-checkpointing", action="store_true", help="keep every layer's activations")
     parser.add_argument("--head-chunk", type=int, default=2048, help="LM-head chunk in tokens; 0: unchunked")
     parser.add_argument("--gpu-memory-gib", type=float, default=H200_GIB, help="memory of one GPU (default H200)")
-    parser.add_argument("--reserve-gib", type=float, default=0.0,
-                        help="memory kept for other uses (a colocated rollout server's share)")
+    parser.add_argument(
+        "--reserve-gib", type=float, default=0.0, help="memory kept for other uses (a colocated rollout server's share)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -171,17 +198,27 @@ def run(args: argparse.Namespace) -> int:
     from trainer.config import ConfigError, load_config
 
     if args.gpus < 1 or (args.tokens is not None and args.tokens < 1) or args.head_chunk < 0:
-        raise ConfigError(f"--gpus and --tokens must be >= 1 and --head-chunk >= 0, got {args.gpus}, {args.tokens}, "
-                         f"{args.head_chunk}")
+        raise ConfigError(
+            f"--gpus and --tokens must be >= 1 and --head-chunk >= 0, got {args.gpus}, {args.tokens}, {args.head_chunk}"
+        )
     cfg = load_config(args.config)
     counts = model_counts(cell_model_config(cfg))
     tokens = args.tokens or cfg.rollout.max_episode_tokens
-    plan = plan_memory(counts, tokens, args.gpus, checkpointing=not args.no_checkpointing,
-                       head_chunk_tokens=args.head_chunk or None, adam_only=cfg.optim.name != "muon",
-                       master_bytes=4 if cfg.model.dtype == "float32" else 2, capacity_gib=args.gpu_memory_gib,
-                       reserve_gib=args.reserve_gib)
-    print(f"{args.config}: {counts.params / 1e9:.2f}B parameters ({counts.muon_params / 1e9:.2f}B on Muon), "
-          f"{tokens:,} tokens per micro-batch, {args.gpus} GPU(s){', sharded' if args.gpus > 1 else ''}, "
-          f"activation checkpointing {'off' if args.no_checkpointing else 'on'}, head chunk {args.head_chunk or 'none'}")
+    plan = plan_memory(
+        counts,
+        tokens,
+        args.gpus,
+        checkpointing=not args.no_checkpointing,
+        head_chunk_tokens=args.head_chunk or None,
+        adam_only=cfg.optim.name != "muon",
+        master_bytes=4 if cfg.model.dtype == "float32" else 2,
+        capacity_gib=args.gpu_memory_gib,
+        reserve_gib=args.reserve_gib,
+    )
+    print(
+        f"{args.config}: {counts.params / 1e9:.2f}B parameters ({counts.muon_params / 1e9:.2f}B on Muon), "
+        f"{tokens:,} tokens per micro-batch, {args.gpus} GPU(s){', sharded' if args.gpus > 1 else ''}, "
+        f"activation checkpointing {'off' if args.no_checkpointing else 'on'}, head chunk {args.head_chunk or 'none'}"
+    )
     print(plan.table())
     return 0 if plan.fits else 1

@@ -38,6 +38,7 @@ and Snakemake only writes their results to disk. Design choices:
   `trainer.analysis.logs`. This module and those import no torch: building the DAG needs the trainer package but
   not torch.
 """
+
 from __future__ import annotations
 
 import copy
@@ -49,8 +50,19 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from trainer.config import (GROUP_ESTIMATORS, OFFLINE_STATS_FILE, RECIPES, ConfigError, EnvConfig, OptimConfig,
-                            TrainConfig, build_config, check_bounds, config_from_dict, sft_config_from_dict)
+from trainer.config import (
+    GROUP_ESTIMATORS,
+    OFFLINE_STATS_FILE,
+    RECIPES,
+    ConfigError,
+    EnvConfig,
+    OptimConfig,
+    TrainConfig,
+    build_config,
+    check_bounds,
+    config_from_dict,
+    sft_config_from_dict,
+)
 from trainer.environments.suite import family_config
 from trainer.policy.tiny import TINY_PRESETS
 
@@ -60,8 +72,9 @@ RECIPE_OPTIMIZER: dict[str, str] = {name: recipe["optim"]["name"] for name, reci
 OPTIMIZERS: tuple[str, ...] = typing.get_args(typing.get_type_hints(OptimConfig)["name"])
 """The optim.name values a grid block may name (adam_high_lr: AdamW at Muon's learning rate)."""
 
-GROUP_RECIPES: tuple[str, ...] = tuple(name for name, recipe in RECIPES.items()
-                                       if recipe["rl"]["estimator"] in GROUP_ESTIMATORS)
+GROUP_RECIPES: tuple[str, ...] = tuple(
+    name for name, recipe in RECIPES.items() if recipe["rl"]["estimator"] in GROUP_ESTIMATORS
+)
 """Recipes whose estimator compares a task's rollouts with each other: they need cell.rl.group_size >= 2."""
 
 GRID_COLUMNS = ["model", "recipe", "optimizer", "seed"]
@@ -113,11 +126,14 @@ def resolve_base(study: dict, root: str | Path = ".", source: str | Path | None 
         name = data["base"]
         path = Path(root) / str(name)
         if not isinstance(name, str) or not path.is_file():
-            raise StudyError(f"{where}: base: {name!r} is not a study file (a path relative to the repository "
-                             f"root {str(root)!r})")
+            raise StudyError(
+                f"{where}: base: {name!r} is not a study file (a path relative to the repository root {str(root)!r})"
+            )
         if os.path.realpath(path) in seen:
-            raise StudyError(f"{where}: base: {name!r} loops back to a study already in the chain "
-                             f"({' -> '.join(str(s) for s in [source or '(study)', *chain])})")
+            raise StudyError(
+                f"{where}: base: {name!r} loops back to a study already in the chain "
+                f"({' -> '.join(str(s) for s in [source or '(study)', *chain])})"
+            )
         seen.append(os.path.realpath(path))
         chain.append(name)
         try:
@@ -125,8 +141,10 @@ def resolve_base(study: dict, root: str | Path = ".", source: str | Path | None 
         except (UnicodeDecodeError, yaml.YAMLError) as e:
             raise StudyError(f"{where}: base: {name!r} is not a readable YAML file: {e}") from None
         if not isinstance(base, dict):
-            raise StudyError(f"{where}: base: {name!r} is {'empty' if base is None else 'not a mapping'}; a base "
-                             "study is a mapping of study keys")
+            raise StudyError(
+                f"{where}: base: {name!r} is {'empty' if base is None else 'not a mapping'}; a base "
+                "study is a mapping of study keys"
+            )
         return deep_merge(resolve(base, name), {k: v for k, v in data.items() if k != "base"})
 
     chain: list[str] = []
@@ -138,7 +156,9 @@ PATH_OPTIONS = ("tasks_file", "data_dir")
 
 
 PER_CELL_KEYS: dict[str, tuple[str, ...]] = {
-    "model": ("preset", "path"), "optim": ("name",), "run": ("seed", "threads"),
+    "model": ("preset", "path"),
+    "optim": ("name",),
+    "run": ("seed", "threads"),
     "rl": ("offline_stats", *dict.fromkeys(key for recipe in RECIPES.values() for key in recipe["rl"])),
 }
 """Trainer keys each cell sets itself, refused in the shared `cell` block: the model from `models`, the optimizer
@@ -156,8 +176,10 @@ def refuse_per_cell_keys(cell: dict, where: str, what: str) -> None:
     for section, keys in PER_CELL_KEYS.items():
         for key in keys:
             if key in (cell.get(section) or {}):
-                raise StudyError(f"{where}.{section}.{key}: each cell sets it (from the grid, `models`, `resources` "
-                                 f"or its recipe); remove it from {what}")
+                raise StudyError(
+                    f"{where}.{section}.{key}: each cell sets it (from the grid, `models`, `resources` "
+                    f"or its recipe); remove it from {what}"
+                )
 
 
 def check_blocks(study: dict) -> None:
@@ -179,18 +201,23 @@ def check_blocks(study: dict) -> None:
     for i, block in enumerate(study["grid"]):
         for recipe in block["recipes"]:
             if recipe not in RECIPES:
-                raise StudyError(f"grid[{i}].recipes: {recipe!r} is not a recipe of trainer/config.py RECIPES "
-                                 f"({list(RECIPES)})")
+                raise StudyError(
+                    f"grid[{i}].recipes: {recipe!r} is not a recipe of trainer/config.py RECIPES ({list(RECIPES)})"
+                )
         optimizer = block.get("optimizer", "recipe")
         if optimizer not in ("recipe", *OPTIMIZERS):
-            raise StudyError(f"grid[{i}].optimizer: {optimizer!r} is not 'recipe' (each recipe's own) or one of "
-                             f"{list(OPTIMIZERS)}")
+            raise StudyError(
+                f"grid[{i}].optimizer: {optimizer!r} is not 'recipe' (each recipe's own) or one of {list(OPTIMIZERS)}"
+            )
     check_arms(study)
     for name, entry in study["models"].items():
         if entry.get("preset") is not None and entry["preset"] not in TINY_PRESETS:
-            raise StudyError(f"models.{name}.preset: {entry['preset']!r} is not a tiny preset of "
-                             f"trainer/policy/tiny.py ({sorted(TINY_PRESETS)})")
+            raise StudyError(
+                f"models.{name}.preset: {entry['preset']!r} is not a tiny preset of "
+                f"trainer/policy/tiny.py ({sorted(TINY_PRESETS)})"
+            )
     from trainer.analysis.collapse import CollapseCriterion  # not at the top: trainer.analysis imports this module
+
     try:
         CollapseCriterion.from_dict(study.get("analysis", {}).get("collapse"))
     except (ValueError, TypeError) as e:
@@ -204,14 +231,18 @@ def check_axis(study: dict, key: str, kind: str, axis: str, needed: str, instead
     blocks, current = study["grid"], study.get("study", "main")
     with_key = [i for i, block in enumerate(blocks) if key in block]
     if with_key and current != kind:
-        raise StudyError(f"grid[{with_key[0]}].{key}: only a `study: {kind}` has {axis} (the {current} analysis has "
-                         f"none){'; ' + instead if instead else ''}")
+        raise StudyError(
+            f"grid[{with_key[0]}].{key}: only a `study: {kind}` has {axis} (the {current} analysis has "
+            f"none){'; ' + instead if instead else ''}"
+        )
     if current == kind and not with_key:
         raise StudyError(f"grid: {needed}")
     if with_key and len(with_key) < len(blocks):
         i = next(i for i in range(len(blocks)) if i not in with_key)
-        raise StudyError(f"grid[{i}].{key}: missing; grid[{with_key[0]}] gives `{key}`, so the study has {axis} and "
-                         f"every block must give its own")
+        raise StudyError(
+            f"grid[{i}].{key}: missing; grid[{with_key[0]}] gives `{key}`, so the study has {axis} and "
+            f"every block must give its own"
+        )
     return with_key
 
 
@@ -223,25 +254,31 @@ def check_arms(study: dict) -> None:
     for i, block in enumerate(blocks):
         if "cell" in block and "arm" not in block:
             raise StudyError(f"grid[{i}].cell: a block's own trainer keys make it an arm; name it with `arm`")
-    with_arm = check_axis(study, "arm", "arms", "arms", "a study of arms names one in every block (`arm`, and its "
-                                                        "trainer keys in `cell`)")
+    with_arm = check_axis(
+        study, "arm", "arms", "arms", "a study of arms names one in every block (`arm`, and its trainer keys in `cell`)"
+    )
     seen: dict[str, tuple[int, dict]] = {}
     for i in with_arm:
         block = blocks[i]
         label, own = block["arm"], block.get("cell") or {}
         if not isinstance(label, str):
-            raise StudyError(f"grid[{i}].arm: {label!r} is a {type(label).__name__}, not a label: YAML read it as "
-                             f"one; quote it (arm: \"{label}\")")
+            raise StudyError(
+                f"grid[{i}].arm: {label!r} is a {type(label).__name__}, not a label: YAML read it as "
+                f'one; quote it (arm: "{label}")'
+            )
         if not re.fullmatch(ARM_PATTERN, label):
             raise StudyError(f"grid[{i}].arm: {label!r} is not a folder label (letters, digits, _ . + -)")
         if label in seen and seen[label][1] != own:
-            raise StudyError(f"grid[{i}].cell: arm {label!r} is also grid[{seen[label][0]}]'s with other keys; "
-                             f"one label, one trainer variant: rename one of them")
+            raise StudyError(
+                f"grid[{i}].cell: arm {label!r} is also grid[{seen[label][0]}]'s with other keys; "
+                f"one label, one trainer variant: rename one of them"
+            )
         seen[label] = (i, own)
         refuse_per_cell_keys(own, f"grid[{i}].cell", "the arm")
         try:
-            check_bounds(build_config(TrainConfig, deep_merge(study.get("cell", {}), own), f"grid[{i}].cell"),
-                         f"grid[{i}].cell")
+            check_bounds(
+                build_config(TrainConfig, deep_merge(study.get("cell", {}), own), f"grid[{i}].cell"), f"grid[{i}].cell"
+            )
         except ConfigError as e:
             raise StudyError(str(e)) from None
 
@@ -271,51 +308,70 @@ def check_study(study: dict, root: str | Path = ".") -> None:
     # is the user's choice, not an escape
     outside = os.path.isabs(workdir) or os.path.normpath(workdir).split(os.sep)[0] == ".."
     if not study.get("external_workdir", False) and outside:
-        raise StudyError(f"workdir: {workdir!r} is outside the repository {str(root)!r}; a study's results "
-                         "stay in the checkout unless the study says `external_workdir: true`")
+        raise StudyError(
+            f"workdir: {workdir!r} is outside the repository {str(root)!r}; a study's results "
+            "stay in the checkout unless the study says `external_workdir: true`"
+        )
     check_blocks(study)
     for name, entry in study["models"].items():
         kinds = [key for key in ("preset", "path", "policy") if entry.get(key) is not None]
         if len(kinds) != 1:
-            raise StudyError(f"models.{name}: give exactly one of `preset` (a tiny model the workflow "
-                             f"warm-starts), `path` (a local checkpoint) or `policy` (another model's warm-started "
-                             f"policy), got {entry!r}")
+            raise StudyError(
+                f"models.{name}: give exactly one of `preset` (a tiny model the workflow "
+                f"warm-starts), `path` (a local checkpoint) or `policy` (another model's warm-started "
+                f"policy), got {entry!r}"
+            )
         shared = entry.get("policy")
         if shared is not None and study["models"].get(shared, {}).get("preset") is None:
-            raise StudyError(f"models.{name}.policy: {shared!r} is not a model of this study with a `preset` "
-                             f"(a warm-started policy to share)")
+            raise StudyError(
+                f"models.{name}.policy: {shared!r} is not a model of this study with a `preset` "
+                f"(a warm-started policy to share)"
+            )
         if entry.get("warm_start_seed") is not None and entry.get("preset") is None:
-            raise StudyError(f"models.{name}.warm_start_seed: only a model with a `preset` is warm-started "
-                             f"(this one has {kinds[0]!r})")
+            raise StudyError(
+                f"models.{name}.warm_start_seed: only a model with a `preset` is warm-started "
+                f"(this one has {kinds[0]!r})"
+            )
         if entry.get("path") is not None and not (root / entry["path"]).exists():
-            raise StudyError(f"models.{name}.path: {entry['path']!r} does not exist "
-                             f"(paper scale needs the checkpoint on a local path)")
+            raise StudyError(
+                f"models.{name}.path: {entry['path']!r} does not exist "
+                f"(paper scale needs the checkpoint on a local path)"
+            )
     for i, block in enumerate(study["grid"]):
         for model in block.get("models", []):
             if model not in study["models"]:
-                raise StudyError(f"grid[{i}].models: {model!r} is not a model of this study "
-                                 f"(models: {sorted(study['models'])})")
+                raise StudyError(
+                    f"grid[{i}].models: {model!r} is not a model of this study (models: {sorted(study['models'])})"
+                )
     options = study.get("cell", {}).get("env", {}).get("options", {})
     for key in PATH_OPTIONS:
         if options.get(key) and not (root / options[key]).exists():
-            raise StudyError(f"cell.env.options.{key}: {options[key]!r} does not exist (paper-scale tasks and "
-                             f"games are read from local files; nothing is downloaded)")
+            raise StudyError(
+                f"cell.env.options.{key}: {options[key]!r} does not exist (paper-scale tasks and "
+                f"games are read from local files; nothing is downloaded)"
+            )
     rollout = study.get("cell", {}).get("rollout", {})
     train = study.get("resources", {}).get("train", {})
     if rollout.get("server") and rollout.get("engine") == "vllm":
         gpus, procs = train.get("gpu", 0), train.get("processes", 1)
         if gpus < procs + 1:
-            raise StudyError(f"resources.train.gpu: {gpus} GPUs for {procs} trainer process(es) and a vLLM rollout "
-                             f"server (cell.rollout.server), which takes a GPU of its own: ask for {procs + 1}")
+            raise StudyError(
+                f"resources.train.gpu: {gpus} GPUs for {procs} trainer process(es) and a vLLM rollout "
+                f"server (cell.rollout.server), which takes a GPU of its own: ask for {procs + 1}"
+            )
     recipes = {r for block in study["grid"] for r in block["recipes"]}
     if study.get("study") == "companion":
         for key, section in (("eval_every", "run"), ("eval_tasks", "env")):
             if study.get("cell", {}).get(section, {}).get(key, 1) < 1:
-                raise StudyError(f"cell.{section}.{key}: the companion study's headline numbers are validation "
-                                 f"success, so it must validate (>= 1), got {study['cell'][section][key]}")
+                raise StudyError(
+                    f"cell.{section}.{key}: the companion study's headline numbers are validation "
+                    f"success, so it must validate (>= 1), got {study['cell'][section][key]}"
+                )
         if recipes - set(GROUP_RECIPES):
-                raise StudyError(f"grid: the companion study's analysis compares the estimators {list(GROUP_RECIPES)}; "
-                             f"recipes {sorted(recipes - set(GROUP_RECIPES))} belong to the main study (study: main)")
+            raise StudyError(
+                f"grid: the companion study's analysis compares the estimators {list(GROUP_RECIPES)}; "
+                f"recipes {sorted(recipes - set(GROUP_RECIPES))} belong to the main study (study: main)"
+            )
     check_lrs(study)
     grid_models = list(dict.fromkeys(m for block in study["grid"] for m in block.get("models") or study["models"]))
     for model in grid_models:
@@ -328,12 +384,16 @@ def check_study(study: dict, root: str | Path = ".") -> None:
         for model in grid_models:
             horizon = study["models"][model].get("horizon")
             if horizon is None:
-                raise StudyError(f"models.{model}.horizon: a horizon study labels every model of its grid with "
-                                 f"its horizon (a number, e.g. the task's bug count)")
+                raise StudyError(
+                    f"models.{model}.horizon: a horizon study labels every model of its grid with "
+                    f"its horizon (a number, e.g. the task's bug count)"
+                )
             family = (paper_names(study)[model], horizon)
             if family in families:
-                raise StudyError(f"models.{model}.horizon: {families[family]} has the same paper_name and horizon "
-                                 f"{horizon}; the horizon figure joins a family's models into one line")
+                raise StudyError(
+                    f"models.{model}.horizon: {families[family]} has the same paper_name and horizon "
+                    f"{horizon}; the horizon figure joins a family's models into one line"
+                )
             families[family] = model
 
 
@@ -344,8 +404,10 @@ def check_lrs(study: dict) -> None:
     table = study.get("lr") or {}
     for name, value in table.items():
         if name not in STUDY_LR_OPTIMIZERS:
-            raise StudyError(f"lr.{name}: the lr table names {list(STUDY_LR_OPTIMIZERS)} (adam_high_lr cells run "
-                             f"at the `muon` entry)")
+            raise StudyError(
+                f"lr.{name}: the lr table names {list(STUDY_LR_OPTIMIZERS)} (adam_high_lr cells run "
+                f"at the `muon` entry)"
+            )
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
             raise StudyError(f"lr.{name}: a learning rate must be a number > 0, got {value!r}")
     with_lrs = [i for i, block in enumerate(blocks) if "lrs" in block]
@@ -354,18 +416,32 @@ def check_lrs(study: dict) -> None:
             if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
                 raise StudyError(f"grid[{i}].lrs: learning rates must be numbers > 0, got {value!r}")
         if blocks[i].get("optimizer") == "adam_high_lr":
-            raise StudyError(f"grid[{i}].lrs: adam_high_lr runs AdamW at Muon's learning rate; an lr sweep of "
-                             f"AdamW is `optimizer: adam`")
-    check_axis(study, "lrs", "stability", "an lr axis", "a stability study sweeps learning rates: give `lrs` in "
-                                                        "every block", "set one lr per optimizer with the top-level "
-                                                                       "`lr:` table")
-    sets_muon = "muon" in table or any(block.get("optimizer") == "muon" or (
-        block.get("optimizer", "recipe") == "recipe" and any(RECIPE_OPTIMIZER[r] == "muon" for r in block["recipes"]))
-        for block in (blocks[i] for i in with_lrs))
+            raise StudyError(
+                f"grid[{i}].lrs: adam_high_lr runs AdamW at Muon's learning rate; an lr sweep of "
+                f"AdamW is `optimizer: adam`"
+            )
+    check_axis(
+        study,
+        "lrs",
+        "stability",
+        "an lr axis",
+        "a stability study sweeps learning rates: give `lrs` in every block",
+        "set one lr per optimizer with the top-level `lr:` table",
+    )
+    sets_muon = "muon" in table or any(
+        block.get("optimizer") == "muon"
+        or (
+            block.get("optimizer", "recipe") == "recipe"
+            and any(RECIPE_OPTIMIZER[r] == "muon" for r in block["recipes"])
+        )
+        for block in (blocks[i] for i in with_lrs)
+    )
     if sets_muon and study.get("cell", {}).get("optim", {}).get("muon_lr") is not None:
-        raise StudyError("cell.optim.muon_lr: the study sets the lr of its Muon cells (`lrs` or `lr.muon`), which "
-                         "is the lr of Muon's hidden matrices too (match_rms_adamw); a shared muon_lr would override "
-                         "it: remove it or set it to null")
+        raise StudyError(
+            "cell.optim.muon_lr: the study sets the lr of its Muon cells (`lrs` or `lr.muon`), which "
+            "is the lr of Muon's hidden matrices too (match_rms_adamw); a shared muon_lr would override "
+            "it: remove it or set it to null"
+        )
 
 
 def has_lr_axis(study: dict) -> bool:
@@ -376,8 +452,14 @@ def has_lr_axis(study: dict) -> bool:
 def grid_columns(study: dict) -> list[str]:
     """The grid's columns in folder order: `GRID_COLUMNS`, with `arm` and then `lr` before `seed` where the study
     has them."""
-    return ["model", "recipe", "optimizer", *(["arm"] if has_arms(study) else []),
-            *(["lr"] if has_lr_axis(study) else []), "seed"]
+    return [
+        "model",
+        "recipe",
+        "optimizer",
+        *(["arm"] if has_arms(study) else []),
+        *(["lr"] if has_lr_axis(study) else []),
+        "seed",
+    ]
 
 
 def grid_frame(study: dict) -> pd.DataFrame:
@@ -406,8 +488,11 @@ def policy_model(study: dict, model: str) -> str:
 
 def warm_started_models(study: dict, grid: pd.DataFrame) -> list[str]:
     """Models whose warm-started policy the grid's cells load (they need the warm-start rule), in grid order."""
-    return [m for m in dict.fromkeys(policy_model(study, m) for m in grid["model"])
-            if study["models"][m].get("preset") is not None]
+    return [
+        m
+        for m in dict.fromkeys(policy_model(study, m) for m in grid["model"])
+        if study["models"][m].get("preset") is not None
+    ]
 
 
 def paper_names(study: dict) -> dict[str, str]:
@@ -453,8 +538,17 @@ def offline_stats_path(study: dict, model: str, model_path: str) -> str | None:
     return None
 
 
-def cell_config(study: dict, model: str, recipe: str, optimizer: str, seed: int, model_path: str,
-                threads: int, lr: float | None = None, arm: str | None = None) -> dict:
+def cell_config(
+    study: dict,
+    model: str,
+    recipe: str,
+    optimizer: str,
+    seed: int,
+    model_path: str,
+    threads: int,
+    lr: float | None = None,
+    arm: str | None = None,
+) -> dict:
     """The trainer config of one cell: the shared `cell` block with its arm's keys merged over it, plus the cell's
     own keys (`lr`: its grid lr; an arm's own optim.lr / muon_lr win over the study's `lr:` table)."""
     own = arm_cell(study, arm)
@@ -485,8 +579,13 @@ def warm_start_config(study: dict, model: str, threads: int) -> dict:
     if seed is not None:
         options["seed"], model_keys["init_seed"] = seed, seed
     rollout = {k: v for k, v in shared.get("rollout", {}).items() if k in SFT_ROLLOUT_KEYS}
-    return {"model": {"preset": study["models"][model]["preset"], **model_keys},
-            "env": model_env(study, model), "rollout": rollout, **options, "threads": int(threads)}
+    return {
+        "model": {"preset": study["models"][model]["preset"], **model_keys},
+        "env": model_env(study, model),
+        "rollout": rollout,
+        **options,
+        "threads": int(threads),
+    }
 
 
 def check_cells(study: dict, grid: pd.DataFrame, root: str | Path, threads: int = 1) -> None:
@@ -497,15 +596,17 @@ def check_cells(study: dict, grid: pd.DataFrame, root: str | Path, threads: int 
     for row in grid.itertuples(index=False):
         lr = float(row.lr) if "lr" in grid.columns else None
         arm = row.arm if "arm" in grid.columns else None
-        cell = cell_config(study, row.model, row.recipe, row.optimizer, int(row.seed), ".", threads=threads, lr=lr,
-                           arm=arm)
+        cell = cell_config(
+            study, row.model, row.recipe, row.optimizer, int(row.seed), ".", threads=threads, lr=lr, arm=arm
+        )
         cell.get("rl", {}).pop("offline_stats", None)
         try:
             config_from_dict(cell)
         except ConfigError as e:
             at = ("" if arm is None else f" / arm {arm}") + ("" if lr is None else f" / lr {row.lr}")
-            raise StudyError(f"cell (as {row.model} / {row.recipe} / {row.optimizer}{at} / seed {row.seed} trains "
-                             f"it): {e}") from None
+            raise StudyError(
+                f"cell (as {row.model} / {row.recipe} / {row.optimizer}{at} / seed {row.seed} trains it): {e}"
+            ) from None
 
 
 def check_env_options(study: dict, root: str | Path) -> None:
@@ -540,8 +641,10 @@ def paths_from_workdir(study: dict, root: str | Path, workdir: str | Path) -> di
     for entry in out["models"].values():
         if entry.get("path") is not None:
             entry["path"] = rebase(entry["path"])
-    for options in [out.get("cell", {}).get("env", {}).get("options", {}),
-                    *(entry.get("env_options", {}) for entry in out["models"].values())]:
+    for options in [
+        out.get("cell", {}).get("env", {}).get("options", {}),
+        *(entry.get("env_options", {}) for entry in out["models"].values()),
+    ]:
         for key in PATH_OPTIONS:
             if options.get(key):
                 options[key] = rebase(options[key])

@@ -15,6 +15,7 @@ episodes, writes the logs and the final policy; every rank computes the same adv
 dicts gathered to rank 0 or, with `run.checkpoint_format: sharded`, DCP shards each rank writes (no gather); either
 resumes on any number of processes and exports to a one-process policy (`python -m trainer export`).
 """
+
 from __future__ import annotations
 
 import copy
@@ -30,11 +31,23 @@ import torch
 from tqdm import tqdm
 
 from trainer.config import ConfigError, TrainConfig, config_from_dict, config_to_dict
-from trainer.distributed import (enable_activation_checkpointing, full_optimizer_state, full_weights, init_distributed,
-                                 load_full_state, rank_device, shard_model)
+from trainer.distributed import (
+    enable_activation_checkpointing,
+    full_optimizer_state,
+    full_weights,
+    init_distributed,
+    load_full_state,
+    rank_device,
+    shard_model,
+)
 from trainer.environments.suite import make_suite
-from trainer.logs.checkpoint import (capture_rng_state, list_checkpoints, load_latest_checkpoint, restore_rng_state,
-                                     save_checkpoint)
+from trainer.logs.checkpoint import (
+    capture_rng_state,
+    list_checkpoints,
+    load_latest_checkpoint,
+    restore_rng_state,
+    save_checkpoint,
+)
 from trainer.logs.parquet_log import EPISODE_COLUMNS, METRIC_COLUMNS, MetricsLog
 from trainer.logs.provenance import collect_provenance
 from trainer.logs.rows import episode_row, update_row
@@ -56,13 +69,28 @@ STATE_FORMAT = "trainer.state/2"
 def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
     o = cfg.optim
     if o.name in ("adam", "adam_high_lr"):
-        return torch.optim.AdamW(model.parameters(), lr=o.lr if o.name == "adam" else o.muon_lr, betas=o.betas,
-                                 eps=o.eps, weight_decay=o.weight_decay, foreach=True)
-    return build_muon_adamw(model, muon_lr=o.lr if o.muon_lr is None else o.muon_lr,
-                            muon_weight_decay=o.muon_weight_decay, adamw_lr=o.lr,
-                            adamw_weight_decay=o.weight_decay, betas=o.betas, adamw_eps=o.eps, momentum=o.momentum,
-                            nesterov=o.nesterov, ns_coefficients=o.ns_coefficients, adjust_lr_fn=o.adjust_lr_fn,
-                            ns_dtype=resolve_ns_dtype(o.ns_dtype, next(model.parameters()).device))
+        return torch.optim.AdamW(
+            model.parameters(),
+            lr=o.lr if o.name == "adam" else o.muon_lr,
+            betas=o.betas,
+            eps=o.eps,
+            weight_decay=o.weight_decay,
+            foreach=True,
+        )
+    return build_muon_adamw(
+        model,
+        muon_lr=o.lr if o.muon_lr is None else o.muon_lr,
+        muon_weight_decay=o.muon_weight_decay,
+        adamw_lr=o.lr,
+        adamw_weight_decay=o.weight_decay,
+        betas=o.betas,
+        adamw_eps=o.eps,
+        momentum=o.momentum,
+        nesterov=o.nesterov,
+        ns_coefficients=o.ns_coefficients,
+        adjust_lr_fn=o.adjust_lr_fn,
+        ns_dtype=resolve_ns_dtype(o.ns_dtype, next(model.parameters()).device),
+    )
 
 
 def build_policy(cfg: TrainConfig, suite, device: str | None = None):
@@ -71,8 +99,12 @@ def build_policy(cfg: TrainConfig, suite, device: str | None = None):
     if cfg.model.path is not None:
         model, fmt = load_policy(cfg.model.path, cfg.model.dtype)
     else:
-        model, fmt = new_tiny_policy(cfg.model.preset, suite.sample_texts(), seed=cfg.model.init_seed,
-                                     max_positions=cfg.rollout.max_episode_tokens + 64)
+        model, fmt = new_tiny_policy(
+            cfg.model.preset,
+            suite.sample_texts(),
+            seed=cfg.model.init_seed,
+            max_positions=cfg.rollout.max_episode_tokens + 64,
+        )
         model.to(DTYPES[cfg.model.dtype])
     return model.to(device or cfg.run.device), fmt
 
@@ -88,9 +120,11 @@ class Trainer:
             raise ConfigError("run.grad_snr needs the unsharded update: run the cell in one process")
         if self.dist.enabled and cfg.rollout.engine == "vllm" and not cfg.rollout.server:
             # vLLM sets up its own torch.distributed groups on the default group, which the other ranks never join
-            raise ConfigError("rollout.engine: vllm in the trainer (rollout.server: false) needs a one-process "
-                              "cell: with several trainer processes, run vLLM in the rollout server "
-                              "(rollout.server: true)")
+            raise ConfigError(
+                "rollout.engine: vllm in the trainer (rollout.server: false) needs a one-process "
+                "cell: with several trainer processes, run vLLM in the rollout server "
+                "(rollout.server: true)"
+            )
         self.out.mkdir(parents=True, exist_ok=True)
         torch.set_num_threads(cfg.run.threads)
         random.seed(cfg.run.seed)
@@ -107,15 +141,20 @@ class Trainer:
         if self.dist.enabled:
             shard_model(self.model, compute_dtype=compute, checkpointing=cfg.run.activation_checkpointing)
             if self.dist.is_main:
-                print(f"[trainer] the update is sharded with FSDP2 over {self.dist.world_size} processes",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"[trainer] the update is sharded with FSDP2 over {self.dist.world_size} processes",
+                    file=sys.stderr,
+                    flush=True,
+                )
         elif cfg.run.activation_checkpointing:
             enable_activation_checkpointing(self.model)
         if cfg.model.dtype == "bfloat16":
-            warnings.warn("model.dtype is bfloat16: the optimizer updates bf16 weights in place, and an update "
-                          "under half a bf16 step (0.2-0.4% of a weight) rounds away, so at small learning rates the "
-                          "model stops moving; keep float32 master weights with run.compute_dtype: bfloat16",
-                          stacklevel=2)
+            warnings.warn(
+                "model.dtype is bfloat16: the optimizer updates bf16 weights in place, and an update "
+                "under half a bf16 step (0.2-0.4% of a weight) rounds away, so at small learning rates the "
+                "model stops moving; keep float32 master weights with run.compute_dtype: bfloat16",
+                stacklevel=2,
+            )
         self.optimizer = build_optimizer(self.model, cfg)
         params, route = dict(self.model.named_parameters()), route_parameters(self.model)
         self.hidden = [params[n] for n, _ in route.muon]
@@ -124,24 +163,49 @@ class Trainer:
         """The embedding and head matrices: AdamW-trained in every cell (under "muon" at `optim.lr`, the hidden
         matrices at `optim.muon_lr`), their step sizes logged beside the hidden matrices'."""
         self.estimator = make_estimator(cfg.rl)
-        self.loss_cfg = LossSettings(clip_low=cfg.rl.clip_low, clip_high=cfg.rl.clip_high, tis_cap=cfg.rl.tis_cap,
-                                     agg=cfg.rl.agg, dual_clip=cfg.rl.dual_clip,
-                                     temperature=r.temperature if r.temperature > 0 else 1.0)
+        self.loss_cfg = LossSettings(
+            clip_low=cfg.rl.clip_low,
+            clip_high=cfg.rl.clip_high,
+            tis_cap=cfg.rl.tis_cap,
+            agg=cfg.rl.agg,
+            dual_clip=cfg.rl.dual_clip,
+            temperature=r.temperature if r.temperature > 0 else 1.0,
+        )
         # sharded, FSDP2 computes in bf16 itself (its mixed-precision policy); one process autocasts
         self.autocast = None if self.dist.enabled else compute
-        self.forward = ForwardSettings(autocast_dtype=self.autocast, chunk_tokens=cfg.run.logprob_chunk_tokens,
-                                       require_flash=cfg.run.require_flash_attention)
+        self.forward = ForwardSettings(
+            autocast_dtype=self.autocast,
+            chunk_tokens=cfg.run.logprob_chunk_tokens,
+            require_flash=cfg.run.require_flash_attention,
+        )
 
         self.engine = self._rollout_engine() if self.dist.is_main else None
         self.sampling = SamplingParams.for_rollouts(r)
         self.eval_sampling = SamplingParams.for_evaluation(r)
-        sampler = TaskSampler(self.suite.tasks.tasks("train", cfg.env.train_tasks), self.estimator.sample_tasks,
-                              seed=cfg.run.seed)
-        self.driver = None if not self.dist.is_main else RolloutDriver(self.engine, self.suite.make_env, sampler,
-                                    DriverConfig(mode=r.mode, lag=r.lag, max_staleness=r.max_staleness,
-                                                 batch_size=r.batch_size, group_size=cfg.rl.group_size,
-                                                 env_workers=r.env_workers, weight_dtype=r.weight_dtype),
-                                    self.sampling, self.estimator.dispatch_baseline, seed=cfg.run.seed)
+        sampler = TaskSampler(
+            self.suite.tasks.tasks("train", cfg.env.train_tasks), self.estimator.sample_tasks, seed=cfg.run.seed
+        )
+        self.driver = (
+            None
+            if not self.dist.is_main
+            else RolloutDriver(
+                self.engine,
+                self.suite.make_env,
+                sampler,
+                DriverConfig(
+                    mode=r.mode,
+                    lag=r.lag,
+                    max_staleness=r.max_staleness,
+                    batch_size=r.batch_size,
+                    group_size=cfg.rl.group_size,
+                    env_workers=r.env_workers,
+                    weight_dtype=r.weight_dtype,
+                ),
+                self.sampling,
+                self.estimator.dispatch_baseline,
+                seed=cfg.run.seed,
+            )
+        )
 
         provenance = collect_provenance(config_to_dict(cfg))
         self.metrics = MetricsLog(self.out / METRICS_FILE, provenance, METRIC_COLUMNS)
@@ -155,14 +219,23 @@ class Trainer:
         unsharded = self.model if self.rollout_model is None else self.rollout_model
         if r.server:
             from trainer.rollout.server import start_cell_server
+
             return start_cell_server(cfg, self.fmt, unsharded, self.out)
         if r.engine == "vllm":
             from trainer.rollout.vllm_engine import VLLMEngine
-            return VLLMEngine(cfg.model.path, self.fmt, dtype=cfg.run.compute_dtype, seed=cfg.run.seed,
-                              gpu_memory_utilization=r.vllm_gpu_memory_utilization, max_model_len=r.max_episode_tokens,
-                              enforce_eager=r.vllm_enforce_eager)
+
+            return VLLMEngine(
+                cfg.model.path,
+                self.fmt,
+                dtype=cfg.run.compute_dtype,
+                seed=cfg.run.seed,
+                gpu_memory_utilization=r.vllm_gpu_memory_utilization,
+                max_model_len=r.max_episode_tokens,
+                enforce_eager=r.vllm_enforce_eager,
+            )
         if r.engine == "reference":
             from trainer.rollout.reference_llm import reference_engine
+
             return reference_engine(copy.deepcopy(unsharded), self.fmt)
         return HFEngine(copy.deepcopy(unsharded), self.fmt, device=self.device)
 
@@ -178,10 +251,18 @@ class Trainer:
         if driver is not None and self.cfg.rollout.mode != "lagged" and "latest" in driver:
             driver["latest"] = None
         stepped = optimizer and bool(self.optimizer.state)  # every rank steps alike
-        return {"format": STATE_FORMAT, "config": config_to_dict(self.cfg), "update": self.update,
-                "optimizer": full_optimizer_state(self.model, self.optimizer, self.dist) if stepped else None,
-                "estimator": self.estimator.state_dict(), "driver": driver, "rng": capture_rng_state(),
-                "metrics_rows": self.metrics.rows, "episode_rows": self.episodes.rows, "wall_s": self._wall()}
+        return {
+            "format": STATE_FORMAT,
+            "config": config_to_dict(self.cfg),
+            "update": self.update,
+            "optimizer": full_optimizer_state(self.model, self.optimizer, self.dist) if stepped else None,
+            "estimator": self.estimator.state_dict(),
+            "driver": driver,
+            "rng": capture_rng_state(),
+            "metrics_rows": self.metrics.rows,
+            "episode_rows": self.episodes.rows,
+            "wall_s": self._wall(),
+        }
 
     def load_state_dict(self, state: dict, model_state: dict | None) -> None:
         """Inverse of `state_dict`, with the weights of a full checkpoint; `model_state` None: the weights and
@@ -214,16 +295,18 @@ class Trainer:
             if self.dist.is_main:
                 self.metrics.flush()
                 self.episodes.flush()
-            save_sharded_checkpoint(directory, step=self.update, model=self.model, optimizer=self.optimizer,
-                                    extra=extra, keep=keep)
+            save_sharded_checkpoint(
+                directory, step=self.update, model=self.model, optimizer=self.optimizer, extra=extra, keep=keep
+            )
             return
         model_state, extra = full_weights(self.model, self.dist), self.state_dict()  # collective when sharded
         if not self.dist.is_main:
             return
         self.metrics.flush()
         self.episodes.flush()
-        save_checkpoint(directory, step=self.update, model_state=model_state, optimizer_state=None, extra=extra,
-                        keep=keep)
+        save_checkpoint(
+            directory, step=self.update, model_state=model_state, optimizer_state=None, extra=extra, keep=keep
+        )
 
     def resume(self) -> bool:
         """Continue from the newest readable checkpoint of either format (collective when sharded); False if there
@@ -232,13 +315,17 @@ class Trainer:
         if ckpt is None:
             return False
         if ckpt["extra"].get("format") != STATE_FORMAT:
-            raise ValueError(f"{ckpt['path']}: the checkpoint holds trainer state of format "
-                             f"{ckpt['extra'].get('format')!r}, this trainer reads {STATE_FORMAT!r}; "
-                             "start in a fresh --out directory")
+            raise ValueError(
+                f"{ckpt['path']}: the checkpoint holds trainer state of format "
+                f"{ckpt['extra'].get('format')!r}, this trainer reads {STATE_FORMAT!r}; "
+                "start in a fresh --out directory"
+            )
         difference = self._config_difference(ckpt["extra"]["config"])
         if difference is not None:
-            raise ValueError(f"{ckpt['path']}: the checkpoint was written with a different config ({difference}); "
-                             "resume with the same config or start in a fresh --out directory")
+            raise ValueError(
+                f"{ckpt['path']}: the checkpoint was written with a different config ({difference}); "
+                "resume with the same config or start in a fresh --out directory"
+            )
         if ckpt["sharded"]:
             from trainer.logs.sharded_checkpoint import load_sharded_checkpoint
 
@@ -276,17 +363,36 @@ class Trainer:
         informed = self.estimator.baseline_informed(trajs)
         batch = pad_episodes(episodes, self.fmt.pad_id)
         adv, adv_stats = self.estimator.advantages(trajs, batch)
-        self.estimator.before_update(episodes, functools.partial(
-            score_sequences, self.model, pad_id=self.fmt.pad_id, temperature=self.loss_cfg.temperature,
-            device=self.device, forward=self.forward))
-        out = policy_update(self.model, self.optimizer, batch, adv, self.loss_cfg, minibatches=run.minibatches,
-                            epochs=run.epochs, skip_no_signal=run.skip_no_signal,
-                            micro_batch_tokens=run.micro_batch_tokens, grad_clip=self.cfg.optim.grad_clip,
-                            autocast_dtype=self.autocast, stat_matrices=self.hidden,
-                            embed_head_matrices=self.embed_head, ctx=self.dist,
-                            forward=self.forward,
-                            grad_parts=[[row] for row in range(len(episodes))] if run.grad_snr else None,
-                            return_old_logp=self.estimator.needs_old_logp)
+        self.estimator.before_update(
+            episodes,
+            functools.partial(
+                score_sequences,
+                self.model,
+                pad_id=self.fmt.pad_id,
+                temperature=self.loss_cfg.temperature,
+                device=self.device,
+                forward=self.forward,
+            ),
+        )
+        out = policy_update(
+            self.model,
+            self.optimizer,
+            batch,
+            adv,
+            self.loss_cfg,
+            minibatches=run.minibatches,
+            epochs=run.epochs,
+            skip_no_signal=run.skip_no_signal,
+            micro_batch_tokens=run.micro_batch_tokens,
+            grad_clip=self.cfg.optim.grad_clip,
+            autocast_dtype=self.autocast,
+            stat_matrices=self.hidden,
+            embed_head_matrices=self.embed_head,
+            ctx=self.dist,
+            forward=self.forward,
+            grad_parts=[[row] for row in range(len(episodes))] if run.grad_snr else None,
+            return_old_logp=self.estimator.needs_old_logp,
+        )
         self.estimator.after_update(episodes, trajs, out)
         self.update = u + 1
         self._publish()
@@ -295,12 +401,30 @@ class Trainer:
         staleness = [u - e.oldest_version for e in episodes]
         for i, (e, s) in enumerate(zip(episodes, staleness)):
             # False where the estimator keeps no per-task baseline: no episode's baseline came from data
-            self.episodes.append(episode_row(e, update=u, split="train", staleness=s, shaping=self.estimator.shaping,
-                                             baseline_informed=informed[i] if informed is not None else False))
-        return update_row(update=u, policy_version=self.update, episodes=episodes, trajectories=trajs,
-                          staleness=staleness, advantage_stats=adv_stats, update_output=out,
-                          lr=float(self.optimizer.param_groups[0]["lr"]), baseline_informed=informed,
-                          rollout_s=t1 - t0, train_s=t2 - t1, wall_s=self._wall())
+            self.episodes.append(
+                episode_row(
+                    e,
+                    update=u,
+                    split="train",
+                    staleness=s,
+                    shaping=self.estimator.shaping,
+                    baseline_informed=informed[i] if informed is not None else False,
+                )
+            )
+        return update_row(
+            update=u,
+            policy_version=self.update,
+            episodes=episodes,
+            trajectories=trajs,
+            staleness=staleness,
+            advantage_stats=adv_stats,
+            update_output=out,
+            lr=float(self.optimizer.param_groups[0]["lr"]),
+            baseline_informed=informed,
+            rollout_s=t1 - t0,
+            train_s=t2 - t1,
+            wall_s=self._wall(),
+        )
 
     def _publish(self) -> None:
         """Hand the current weights to the rollouts (collective when sharded: every rank gathers)."""
@@ -329,17 +453,25 @@ class Trainer:
     def _evaluate(self, policy, tasks, split: str) -> float:
         """Play `tasks` with the evaluation sampling and this update's evaluation generator (what `python -m
         trainer eval` reproduces); log the episodes as `split`; the success rate."""
-        success, episodes = evaluate(policy, self.fmt, self.suite.make_env, tasks, self.eval_sampling,
-                                     eval_generator(self.cfg.run.seed, self.update), policy_version=self.update,
-                                     device=self.device, env_workers=self.cfg.rollout.env_workers)
+        success, episodes = evaluate(
+            policy,
+            self.fmt,
+            self.suite.make_env,
+            tasks,
+            self.eval_sampling,
+            eval_generator(self.cfg.run.seed, self.update),
+            policy_version=self.update,
+            device=self.device,
+            env_workers=self.cfg.rollout.env_workers,
+        )
         for e in episodes:
-            self.episodes.append(episode_row(e, update=self.update - 1, split=split, staleness=0,
-                                             shaping=self.estimator.shaping))
+            self.episodes.append(
+                episode_row(e, update=self.update - 1, split=split, staleness=0, shaping=self.estimator.shaping)
+            )
         return success
 
     # -- the loop ----------------------------------------------------------------------------------------------
-    def run(self, resume: bool = False, progress: bool | None = None, save_policy_to: str | Path | None = None
-            ) -> Path:
+    def run(self, resume: bool = False, progress: bool | None = None, save_policy_to: str | Path | None = None) -> Path:
         """Train to `run.updates` (from the newest checkpoint with `resume`); with `save_policy_to`, write the final
         policy there (a policy directory `eval` and `model.path` read). Returns the metrics file."""
         self.t_start = time.perf_counter()
@@ -349,12 +481,19 @@ class Trainer:
             if resume:
                 self.resume()
             elif list_checkpoints(self.out / CHECKPOINT_DIR):
-                raise FileExistsError(f"{self.out / CHECKPOINT_DIR} holds checkpoints of an earlier run: pass "
-                                      "--resume to continue it, or use a fresh --out directory")
+                raise FileExistsError(
+                    f"{self.out / CHECKPOINT_DIR} holds checkpoints of an earlier run: pass "
+                    "--resume to continue it, or use a fresh --out directory"
+                )
             if self.cfg.rollout.mode != "lagged" or self.update == 0:
                 self._publish()  # a resumed lagged run has its snapshots back from the checkpoint
-            bar = tqdm(total=cfg.updates, initial=self.update, unit="upd", desc=self.out.name,
-                       disable=(None if progress is None else not progress) if self.dist.is_main else True)
+            bar = tqdm(
+                total=cfg.updates,
+                initial=self.update,
+                unit="upd",
+                desc=self.out.name,
+                disable=(None if progress is None else not progress) if self.dist.is_main else True,
+            )
             while self.update < cfg.updates:
                 row = self.train_step()
                 last = self.update == cfg.updates
@@ -364,8 +503,9 @@ class Trainer:
                     row["eval_success"], row["cheat_rate"] = self.evaluate()
                 self.metrics.append(row)
                 bar.update(1)
-                bar.set_postfix(success=f"{row['success_rate']:.2f}",
-                                tok_s=f"{row['gen_tokens'] / max(row['rollout_s'], 1e-9):.0f}")
+                bar.set_postfix(
+                    success=f"{row['success_rate']:.2f}", tok_s=f"{row['gen_tokens'] / max(row['rollout_s'], 1e-9):.0f}"
+                )
                 if cfg.checkpoint_every and self.update % cfg.checkpoint_every == 0 and not last:
                     self.checkpoint()
         finally:
@@ -382,11 +522,20 @@ class Trainer:
             if save_policy_to is not None:
                 if final is not None:
                     self.rollout_model.load_state_dict(final)
-                save_policy(self.rollout_model if final is not None else self.model, self.fmt, save_policy_to,
-                            extra={"trained": {"update": self.update, "seed": cfg.seed}})
+                save_policy(
+                    self.rollout_model if final is not None else self.model,
+                    self.fmt,
+                    save_policy_to,
+                    extra={"trained": {"update": self.update, "seed": cfg.seed}},
+                )
         return self.out / METRICS_FILE
 
 
-def train(cfg: TrainConfig, out_dir: str | Path, resume: bool = False, progress: bool | None = None,
-          save_policy_to: str | Path | None = None) -> Path:
+def train(
+    cfg: TrainConfig,
+    out_dir: str | Path,
+    resume: bool = False,
+    progress: bool | None = None,
+    save_policy_to: str | Path | None = None,
+) -> Path:
     return Trainer(cfg, out_dir).run(resume=resume, progress=progress, save_policy_to=save_policy_to)

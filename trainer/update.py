@@ -19,6 +19,7 @@ Why it is shaped this way:
   i mod N = rank; the totals the aggregations divide by come from the whole mini-batch, so they are global without
   communication; every rank runs the same number of micro-batches (zero-weight stand-ins where it has fewer).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -41,19 +42,23 @@ from trainer.rollout.episode import Episode
 class PaddedBatch:
     """Episodes as right-padded tensors. Per-token arrays are aligned to targets = tokens[:, 1:]."""
 
-    input_ids: torch.Tensor        # [B, T]
-    attention_mask: torch.Tensor   # [B, T]
-    loss_mask: torch.Tensor        # [B, T-1]
-    rollout_logp: torch.Tensor     # [B, T-1]
-    versions: torch.Tensor         # [B, T-1], -1 off the mask
+    input_ids: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor  # [B, T]
+    loss_mask: torch.Tensor  # [B, T-1]
+    rollout_logp: torch.Tensor  # [B, T-1]
+    versions: torch.Tensor  # [B, T-1], -1 off the mask
 
     @property
     def width(self) -> int:
         return self.loss_mask.shape[1]
 
     def to(self, device) -> PaddedBatch:
-        return PaddedBatch(*(t.to(device) for t in (self.input_ids, self.attention_mask, self.loss_mask,
-                                                     self.rollout_logp, self.versions)))
+        return PaddedBatch(
+            *(
+                t.to(device)
+                for t in (self.input_ids, self.attention_mask, self.loss_mask, self.rollout_logp, self.versions)
+            )
+        )
 
 
 def pad_episodes(episodes: list[Episode], pad_id: int) -> PaddedBatch:
@@ -80,8 +85,13 @@ def slice_batch(batch: PaddedBatch, rows: slice | list[int]) -> PaddedBatch:
     """Rows of a batch, trimmed to their own longest sequence."""
     attn = batch.attention_mask[rows]
     T = int(attn.sum(1).max())
-    return PaddedBatch(batch.input_ids[rows][:, :T], attn[:, :T], batch.loss_mask[rows][:, :T - 1],
-                       batch.rollout_logp[rows][:, :T - 1], batch.versions[rows][:, :T - 1])
+    return PaddedBatch(
+        batch.input_ids[rows][:, :T],
+        attn[:, :T],
+        batch.loss_mask[rows][:, : T - 1],
+        batch.rollout_logp[rows][:, : T - 1],
+        batch.versions[rows][:, : T - 1],
+    )
 
 
 @dataclass(frozen=True)
@@ -95,9 +105,10 @@ class ForwardSettings:
     """`run.require_flash_attention` (CUDA only)."""
 
 
-@functools.lru_cache(maxsize=None)
-def flash_attention_refusal(device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int,
-                            head_dim: int) -> str | None:
+@functools.cache
+def flash_attention_refusal(
+    device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int
+) -> str | None:
     """Why the flash kernel would not take the update's attention (causal, no mask, `dtype`, this head shape), or None.
 
     A check of the kernel's conditions rather than `sdpa_kernel(FLASH_ATTENTION)` around the forward: that context
@@ -121,13 +132,14 @@ def _require_flash(model: nn.Module, device: torch.device, autocast_dtype: torch
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     dtype = autocast_dtype or next(model.parameters()).dtype
-    why = flash_attention_refusal(device, dtype, heads, getattr(config, "num_key_value_heads", None) or heads,
-                                  head_dim)
+    why = flash_attention_refusal(device, dtype, heads, getattr(config, "num_key_value_heads", None) or heads, head_dim)
     if why is not None:
-        raise RuntimeError(f"run.require_flash_attention: the flash kernel cannot take this model's attention in "
-                           f"{dtype} ({heads} heads of {head_dim}): {why}. Without it attention falls back to a kernel "
-                           "whose scores grow with the square of the episode's length; set "
-                           "run.require_flash_attention: false to allow that.")
+        raise RuntimeError(
+            f"run.require_flash_attention: the flash kernel cannot take this model's attention in "
+            f"{dtype} ({heads} heads of {head_dim}): {why}. Without it attention falls back to a kernel "
+            "whose scores grow with the square of the episode's length; set "
+            "run.require_flash_attention: false to allow that."
+        )
 
 
 def _head_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
@@ -141,18 +153,34 @@ def _head_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
         return logp, token_entropy_from_logits(logits.detach())
 
 
-def _chunk_logprobs(head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
-                    with_entropy: bool, autocast_dtype: torch.dtype | None):
-    ctx = (torch.autocast(hidden.device.type, dtype=autocast_dtype) if autocast_dtype is not None
-           else contextlib.nullcontext())
+def _chunk_logprobs(
+    head: nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    with_entropy: bool,
+    autocast_dtype: torch.dtype | None,
+):
+    ctx = (
+        torch.autocast(hidden.device.type, dtype=autocast_dtype)
+        if autocast_dtype is not None
+        else contextlib.nullcontext()
+    )
     with ctx:
         logits = head(hidden)
     logp, entropy = _head_logprobs(logits, targets, temperature, with_entropy)
     return logp if entropy is None else (logp, entropy)
 
 
-def token_logprobs(model: nn.Module, batch: PaddedBatch, temperature: float = 1.0, *, with_entropy: bool = False,
-                   autocast_dtype: torch.dtype | None = None, forward: ForwardSettings | None = None):
+def token_logprobs(
+    model: nn.Module,
+    batch: PaddedBatch,
+    temperature: float = 1.0,
+    *,
+    with_entropy: bool = False,
+    autocast_dtype: torch.dtype | None = None,
+    forward: ForwardSettings | None = None,
+):
     """log pi(token_t | tokens_<t) for t >= 1, [B, T-1] fp32 (and the per-token entropy if asked).
 
     With `forward.chunk_tokens` the model returns only its final hidden states (plus one position's logits) and
@@ -161,8 +189,11 @@ def token_logprobs(model: nn.Module, batch: PaddedBatch, temperature: float = 1.
     if forward is not None:
         autocast_dtype = forward.autocast_dtype
     chunk = forward.chunk_tokens if forward is not None else None
-    ctx = (torch.autocast(batch.input_ids.device.type, dtype=autocast_dtype) if autocast_dtype is not None
-           else contextlib.nullcontext())
+    ctx = (
+        torch.autocast(batch.input_ids.device.type, dtype=autocast_dtype)
+        if autocast_dtype is not None
+        else contextlib.nullcontext()
+    )
     # No attention mask: rows are right-padded (pad_episodes), so under causal attention a real position never sees
     # a pad, and the mask would change only the pad positions (which every caller masks out). Without it attention
     # takes the causal kernel; on CPU the masked path is several times slower.
@@ -177,25 +208,43 @@ def token_logprobs(model: nn.Module, batch: PaddedBatch, temperature: float = 1.
         elif chunk is None:
             logits = model(input_ids=batch.input_ids).logits[:, :-1]
         else:
-            hidden = model(input_ids=batch.input_ids, output_hidden_states=True,
-                           logits_to_keep=1).hidden_states[-1][:, :-1]
+            hidden = model(input_ids=batch.input_ids, output_hidden_states=True, logits_to_keep=1).hidden_states[-1][
+                :, :-1
+            ]
     if chunk is None:
         logp, entropy = _head_logprobs(logits, targets, temperature, with_entropy)
         return logp if not with_entropy else (logp, entropy)
     from torch.utils.checkpoint import checkpoint
 
     head = model.get_output_embeddings()
-    parts = [checkpoint(_chunk_logprobs, head, hidden[:, s:s + chunk], targets[:, s:s + chunk], temperature,
-                        with_entropy, autocast_dtype, use_reentrant=False)
-             for s in range(0, hidden.shape[1], chunk)]
+    parts = [
+        checkpoint(
+            _chunk_logprobs,
+            head,
+            hidden[:, s : s + chunk],
+            targets[:, s : s + chunk],
+            temperature,
+            with_entropy,
+            autocast_dtype,
+            use_reentrant=False,
+        )
+        for s in range(0, hidden.shape[1], chunk)
+    ]
     if not with_entropy:
         return torch.cat(parts, dim=1)
     return torch.cat([p[0] for p in parts], dim=1), torch.cat([p[1] for p in parts], dim=1)
 
 
-def score_sequences(model: nn.Module, sequences: list[tuple[list[int], list[int]]], pad_id: int,
-                    temperature: float = 1.0, *, device: str | torch.device = "cpu",
-                    autocast_dtype: torch.dtype | None = None, forward: ForwardSettings | None = None) -> torch.Tensor:
+def score_sequences(
+    model: nn.Module,
+    sequences: list[tuple[list[int], list[int]]],
+    pad_id: int,
+    temperature: float = 1.0,
+    *,
+    device: str | torch.device = "cpu",
+    autocast_dtype: torch.dtype | None = None,
+    forward: ForwardSettings | None = None,
+) -> torch.Tensor:
     """log pi of each (tokens, loss mask) sequence's tokens under `model`, [R, T-1] fp32 on the CPU (row r is valid up
     to len(tokens_r) - 1), one no-grad forward pass per sequence: no padding is computed, and a row's numbers do
     not depend on what else is scored with it (as the update's one-episode micro-batches). On CPU that is ~1.4x
@@ -209,8 +258,9 @@ def score_sequences(model: nn.Module, sequences: list[tuple[list[int], list[int]
             e.tokens, e.loss_mask = list(tokens), list(mask)
             e.rollout_logp, e.versions = [0.0] * len(tokens), [0] * len(tokens)
             row = pad_episodes([e], pad_id).to(device)
-            out[r, :row.width] = token_logprobs(model, row, temperature, autocast_dtype=autocast_dtype,
-                                                forward=forward)[0].cpu()
+            out[r, : row.width] = token_logprobs(
+                model, row, temperature, autocast_dtype=autocast_dtype, forward=forward
+            )[0].cpu()
     return out
 
 
@@ -230,12 +280,13 @@ def micro_batches(batch: PaddedBatch, rows: list[int], token_budget: int) -> lis
     return groups
 
 
-def rank_micro_batches(batch: PaddedBatch, rows: list[int], token_budget: int,
-                       ctx: DistContext) -> list[tuple[list[int], float]]:
+def rank_micro_batches(
+    batch: PaddedBatch, rows: list[int], token_budget: int, ctx: DistContext
+) -> list[tuple[list[int], float]]:
     """(rows, weight) micro-batches of this rank's share of `rows`; under `ctx` every rank gets as many, a rank
     with fewer padding its list with weight-0 passes over one stand-in row (rows[0]), so no rank waits forever in a
     collective another never enters. Weight 1 for real micro-batches."""
-    mine = rows[ctx.rank::ctx.world_size] if ctx.enabled else rows
+    mine = rows[ctx.rank :: ctx.world_size] if ctx.enabled else rows
     groups = [(g, 1.0) for g in micro_batches(batch, mine, token_budget)]
     if ctx.enabled and rows:
         wanted = int(ctx.all_max([len(groups)])[0])
@@ -252,7 +303,7 @@ def _agg_weight(agg: str, mb: PaddedBatch, totals: dict) -> float:
     """Factor that turns a micro-batch's aggregated loss into its share of the mini-batch loss."""
     if agg == "token-mean":
         return float(mb.loss_mask.sum()) / max(totals["tokens"], 1.0)
-    if agg in ("seq-mean-token-mean", "seq-mean-token-sum"):   # both average over non-empty rows (loss.py)
+    if agg in ("seq-mean-token-mean", "seq-mean-token-sum"):  # both average over non-empty rows (loss.py)
         return float((mb.loss_mask.sum(1) > 0).sum()) / max(totals["nonempty_rows"], 1.0)
     return 1.0  # seq-mean-token-sum-norm divides by a global width passed as loss_scale_factor
 
@@ -274,13 +325,26 @@ class LossSettings:
     temperature: float = 1.0
 
 
-def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: PaddedBatch, advantages: torch.Tensor,
-                  loss_cfg: LossSettings, *, minibatches: int = 1, epochs: int = 1, micro_batch_tokens: int = 16384,
-                  grad_clip: float | None = 1.0, autocast_dtype: torch.dtype | None = None,
-                  stat_matrices: list[torch.Tensor] | None = None,
-                  embed_head_matrices: list[torch.Tensor] | None = None, return_old_logp: bool = False,
-                  grad_parts: list[list[int]] | None = None, skip_no_signal: bool = False,
-                  ctx: DistContext = SINGLE, forward: ForwardSettings | None = None) -> dict:
+def policy_update(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: PaddedBatch,
+    advantages: torch.Tensor,
+    loss_cfg: LossSettings,
+    *,
+    minibatches: int = 1,
+    epochs: int = 1,
+    micro_batch_tokens: int = 16384,
+    grad_clip: float | None = 1.0,
+    autocast_dtype: torch.dtype | None = None,
+    stat_matrices: list[torch.Tensor] | None = None,
+    embed_head_matrices: list[torch.Tensor] | None = None,
+    return_old_logp: bool = False,
+    grad_parts: list[list[int]] | None = None,
+    skip_no_signal: bool = False,
+    ctx: DistContext = SINGLE,
+    forward: ForwardSettings | None = None,
+) -> dict:
     """Run `epochs` x `minibatches` optimizer steps over the batch; returns metrics averaged over steps
     (token-weighted), "steps" (optimizer steps taken), "skipped_steps" (steps skipped: no signal, or a
     non-finite loss or gradient) and "no_signal_steps" (mini-batches whose advantages are all zero, taken or not).
@@ -328,15 +392,14 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
                 mb = slice_batch(batch, rows)
                 logp = token_logprobs(model, mb, temperature, autocast_dtype=autocast_dtype, forward=forward)
                 if weight:
-                    old_logp[rows, :mb.width] = logp
+                    old_logp[rows, : mb.width] = logp
         if ctx.enabled:  # each row was filled by one rank
             torch.distributed.all_reduce(old_logp)
 
     sums: dict[str, float] = {}
     weight_total = 0.0
     losses, grad_norms, skipped, steps = [], [], 0, 0
-    step_sizes = {"update": _StepSizes(stat_matrices or []),
-                  "embed_head_update": _StepSizes(embed_head_matrices or [])}
+    step_sizes = {"update": _StepSizes(stat_matrices or []), "embed_head_update": _StepSizes(embed_head_matrices or [])}
     snrs: list[float] = []
     filling = bool(reuse_forward)  # the first step that runs fills its rows' old log-probs
     without_signal = 0
@@ -347,32 +410,43 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
         if skip_no_signal and not has_signal:
             skipped += 1
             continue
-        totals = {"tokens": float(sub.loss_mask.sum()),
-                  "nonempty_rows": float((sub.loss_mask.sum(1) > 0).sum())}
+        totals = {"tokens": float(sub.loss_mask.sum()), "nonempty_rows": float((sub.loss_mask.sum(1) > 0).sum())}
         global_width = float(sub.width)
         optimizer.zero_grad(set_to_none=True)
         step_loss = 0.0
         in_step = set(rows_mb)
-        parts = ([kept for part in grad_parts if (kept := [r for r in part if r in in_step])]
-                 if grad_parts and stat_matrices else [rows_mb])
+        parts = (
+            [kept for part in grad_parts if (kept := [r for r in part if r in in_step])]
+            if grad_parts and stat_matrices
+            else [rows_mb]
+        )
         part_grads = []
         for part in parts:
             if len(parts) > 1:
-                grads_before = [m.grad.detach().clone() if m.grad is not None else torch.zeros_like(m)
-                                for m in stat_matrices]
+                grads_before = [
+                    m.grad.detach().clone() if m.grad is not None else torch.zeros_like(m) for m in stat_matrices
+                ]
             for rows, weight in rank_micro_batches(batch, part, micro_batch_tokens, ctx):
                 mb = slice_batch(batch, rows)
                 w = mb.width
-                logp, entropy = token_logprobs(model, mb, temperature, with_entropy=True, autocast_dtype=autocast_dtype,
-                                               forward=forward)
+                logp, entropy = token_logprobs(
+                    model, mb, temperature, with_entropy=True, autocast_dtype=autocast_dtype, forward=forward
+                )
                 if filling and weight:
                     old_logp[rows, :w] = logp.detach()
                 loss, metrics = policy_loss(
-                    logp, (old_logp[rows, :w] if not filling or weight else logp.detach()),
+                    logp,
+                    (old_logp[rows, :w] if not filling or weight else logp.detach()),
                     mb.rollout_logp if loss_cfg.tis_cap is not None else None,
-                    advantages[rows, :w], mb.loss_mask, clip_low=loss_cfg.clip_low, clip_high=loss_cfg.clip_high,
-                    tis_cap=loss_cfg.tis_cap, agg=loss_cfg.agg, dual_clip=loss_cfg.dual_clip,
-                    loss_scale_factor=global_width if loss_cfg.agg == "seq-mean-token-sum-norm" else None)
+                    advantages[rows, :w],
+                    mb.loss_mask,
+                    clip_low=loss_cfg.clip_low,
+                    clip_high=loss_cfg.clip_high,
+                    tis_cap=loss_cfg.tis_cap,
+                    agg=loss_cfg.agg,
+                    dual_clip=loss_cfg.dual_clip,
+                    loss_scale_factor=global_width if loss_cfg.agg == "seq-mean-token-sum-norm" else None,
+                )
                 scaled = loss * (_agg_weight(loss_cfg.agg, mb, totals) * weight)
                 # FSDP2 averages gradients over the ranks: N times each rank's share sums them
                 (scaled * ctx.world_size if ctx.enabled else scaled).backward()
@@ -384,8 +458,10 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
                     sums[k] = sums.get(k, 0.0) + float(v) * n_tok
             if len(parts) > 1:
                 share = _part_share(loss_cfg.agg, slice_batch(batch, part), totals)
-                part_grads.append(torch.cat([(m.grad.detach() - b).flatten()
-                                             for m, b in zip(stat_matrices, grads_before)]) / max(share, 1e-12))
+                part_grads.append(
+                    torch.cat([(m.grad.detach() - b).flatten() for m, b in zip(stat_matrices, grads_before)])
+                    / max(share, 1e-12)
+                )
         filling = False
         if part_grads:
             snrs.append(gradient_snr(part_grads))
@@ -413,12 +489,16 @@ def policy_update(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Pad
     out: dict = {k: v / max(weight_total, 1.0) for k, v in sums.items()}
     if return_old_logp:
         lengths = batch.attention_mask.sum(1).tolist()
-        out["old_logp_rows"] = [old_logp[i, :n - 1].tolist() for i, n in enumerate(lengths)]
+        out["old_logp_rows"] = [old_logp[i, : n - 1].tolist() for i, n in enumerate(lengths)]
     # None (logged as null: not measured) where no step was computed, so a batch without signal is not mistaken
     # for a diverged one (NaN), which the collapse rule flags
-    out.update(loss=sum(losses) / len(losses) if losses else None,
-               grad_norm=sum(grad_norms) / len(grad_norms) if grad_norms else None, steps=steps, skipped_steps=skipped,
-               no_signal_steps=without_signal)
+    out.update(
+        loss=sum(losses) / len(losses) if losses else None,
+        grad_norm=sum(grad_norms) / len(grad_norms) if grad_norms else None,
+        steps=steps,
+        skipped_steps=skipped,
+        no_signal_steps=without_signal,
+    )
     for prefix, sizes in step_sizes.items():
         out[f"{prefix}_rms"], out[f"{prefix}_spectral_norm"] = sizes.result()
     if snrs:
@@ -469,7 +549,7 @@ def gradient_snr(part_grads: list[torch.Tensor]) -> float:
     g = torch.stack([p.double() for p in part_grads])
     mean = g.mean(0)
     noise = float(((g - mean) ** 2).sum()) / (len(part_grads) - 1)
-    signal = float((mean ** 2).sum()) - noise / len(part_grads)
+    signal = float((mean**2).sum()) - noise / len(part_grads)
     if noise > 0:
         return signal / noise
     return float("inf") if signal > 0 else float("nan")

@@ -2,6 +2,7 @@
 checkpoint in OUT (written by another number of processes) and its weights and optimizer state, gathered, equal
 the full-format checkpoint FULL_CKPT of the same step bit for bit (DCP resharded them).
 """
+
 import sys
 
 import torch

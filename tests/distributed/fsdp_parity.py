@@ -8,6 +8,7 @@ instead of stepping. Checked for all four aggregations, without and with activat
 chunked LM head (5 positions a chunk) against the unchunked single process: the whole
 gradient's relative difference (norm of the difference over the norm) <= 1e-6. A batch of one row (the other ranks get none) must finish too (the caller's timeout).
 """
+
 import copy
 import sys
 
@@ -19,11 +20,26 @@ from trainer.rollout.episode import Episode
 from trainer.update import ForwardSettings, LossSettings, pad_episodes, policy_update
 
 ARCHS = {
-    "qwen3": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=16),
-    "qwen3_5_text": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
-                         linear_key_head_dim=16, linear_value_head_dim=16),
+    "qwen3": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    ),
+    "qwen3_5_text": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+    ),
 }
 VOCAB = 97
 
@@ -70,8 +86,16 @@ def batch_of(lengths: list[int], empty: set[int]):
 def grads_of(model, batch, advantages, agg, ctx=None, chunk=None):
     opt = Recorder(model.parameters())
     kwargs = ({} if ctx is None else {"ctx": ctx}) | {"forward": ForwardSettings(chunk_tokens=chunk)}
-    policy_update(model, opt, batch, advantages, LossSettings(agg=agg, tis_cap=2.0), micro_batch_tokens=24,
-                  grad_clip=None, **kwargs)
+    policy_update(
+        model,
+        opt,
+        batch,
+        advantages,
+        LossSettings(agg=agg, tis_cap=2.0),
+        micro_batch_tokens=24,
+        grad_clip=None,
+        **kwargs,
+    )
     return opt.seen[0]
 
 

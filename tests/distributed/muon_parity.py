@@ -5,6 +5,7 @@ Every rank builds the same full parameters and gradients; the reference steps ru
 the sharded ones on `distribute_tensor(..., [Shard(0)])` copies (FSDP2's layout), with rows that do not divide by
 the world size. Exits non-zero (an AssertionError naming the case) on any difference.
 """
+
 import os
 import sys
 
@@ -53,18 +54,35 @@ def main() -> int:
     for seed in (0, 1):
         params, grads = _data(seed, device)
         for wd in (0.0, 0.1):
-            want = _run(lambda ps: torch.optim.Muon(ps, lr=0.02, weight_decay=wd), params, grads)
-            _same(f"bf16 NS vs torch.optim.Muon (seed {seed}, wd {wd})",
-                  _run(lambda ps: Muon(ps, lr=0.02, weight_decay=wd), params, grads, mesh), want)
+            want = _run(lambda ps, wd=wd: torch.optim.Muon(ps, lr=0.02, weight_decay=wd), params, grads)
+            _same(
+                f"bf16 NS vs torch.optim.Muon (seed {seed}, wd {wd})",
+                _run(lambda ps, wd=wd: Muon(ps, lr=0.02, weight_decay=wd), params, grads, mesh),
+                want,
+            )
         for adjust in (None, "match_rms_adamw", "spectral", "match_spectral_adamw"):
-            make = (lambda ps: Muon(ps, lr=0.02, weight_decay=0.1, ns_dtype=torch.float32, adjust_lr_fn=adjust,
-                                    nesterov=False))
-            _same(f"fp32 NS, adjust_lr_fn {adjust} (seed {seed})", _run(make, params, grads, mesh),
-                  _run(make, params, grads))
+            make = lambda ps, adjust=adjust: Muon(
+                ps,
+                lr=0.02,
+                weight_decay=0.1,
+                ns_dtype=torch.float32,
+                adjust_lr_fn=adjust,
+                nesterov=False,
+            )
+            _same(
+                f"fp32 NS, adjust_lr_fn {adjust} (seed {seed})",
+                _run(make, params, grads, mesh),
+                _run(make, params, grads),
+            )
 
         def hybrid(ps):
-            return MuonAdamW([dict(params=ps[:4], use_muon=True, lr=0.02), dict(params=ps[4:], use_muon=False, lr=1e-3,
-                                                                                weight_decay=0.01)])
+            return MuonAdamW(
+                [
+                    dict(params=ps[:4], use_muon=True, lr=0.02),
+                    dict(params=ps[4:], use_muon=False, lr=1e-3, weight_decay=0.01),
+                ]
+            )
+
         _same(f"MuonAdamW (seed {seed})", _run(hybrid, params, grads, mesh), _run(hybrid, params, grads))
     dist.barrier()
     if dist.get_rank() == 0:

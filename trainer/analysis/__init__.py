@@ -15,6 +15,7 @@ synthetic.py logs with known shapes for tests, the benchmark and looking at the 
 The names below are imported from their modules on first use, so that `trainer.analysis.kinds` (read while the
 workflow builds its DAG) and the light modules import without matplotlib.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -24,8 +25,18 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "kinds": ("DEFAULT_MODELS", "STUDY_KINDS", "StudyKind"),
     "logs": ("NONFINITE_COLUMNS", "RUN_KEYS", "check_no_axes", "load_metrics", "paper_model"),
     "collapse": ("CollapseCriterion", "CollapseVerdict", "detect_collapse", "ema", "first_sustained"),
-    "summary": ("SUMMARY_COLUMNS", "bootstrap_interval", "coverage_notes", "load_paper_numbers", "run_table",
-                "summarize", "summary_markdown", "summary_table", "window_size", "write_tables"),
+    "summary": (
+        "SUMMARY_COLUMNS",
+        "bootstrap_interval",
+        "coverage_notes",
+        "load_paper_numbers",
+        "run_table",
+        "summarize",
+        "summary_markdown",
+        "summary_table",
+        "window_size",
+        "write_tables",
+    ),
     "plotting": ("FORMATS", "save_figure"),
     "figures": ("DIAGNOSTICS", "FIGURES", "PLOT_COLUMNS", "add_ema", "draw_figure", "plot", "write_figures"),
     "companion": ("companion_run_table", "companion_summary_table", "plot_companion", "summarize_companion"),

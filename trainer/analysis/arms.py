@@ -23,6 +23,7 @@ seeds, and the step sizes (median over seeds). Figures: `arms_curves` (training 
 EMA, collapses marked, held-out evaluations as dots) and `arms_predictors` (each predictor's early value per run,
 collapsed runs marked, with its AUC).
 """
+
 from __future__ import annotations
 
 import math
@@ -41,28 +42,77 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from trainer.analysis.collapse import CollapseCriterion, ema
 from trainer.analysis.kinds import ARMS
 from trainer.analysis.logs import ARM_RUN_KEYS, NONFINITE_COLUMNS, load_metrics
-from trainer.analysis.plotting import (COLLAPSE, COLLAPSE_HANDLE, MUTED, OPTIMIZER_COLORS, OPTIMIZER_LABELS,
-                                       OPTIMIZER_STYLES, STYLE, curve_axes, empty, family_title, grid,
-                                       legend, outputs_by_figure, save_figures, suptitle)
-from trainer.analysis.summary import (BOOTSTRAP_SEED, WINDOW_FRACTION, ci_text, collapsed_text, markdown_head,
-                                      ordered, pct, read_judged_runs, run_table, seed_stats, sort_rows,
-                                      summary_notes, table_head, table_row, write_tables)
+from trainer.analysis.plotting import (
+    COLLAPSE,
+    COLLAPSE_HANDLE,
+    MUTED,
+    OPTIMIZER_COLORS,
+    OPTIMIZER_LABELS,
+    OPTIMIZER_STYLES,
+    STYLE,
+    curve_axes,
+    empty,
+    family_title,
+    grid,
+    legend,
+    outputs_by_figure,
+    save_figures,
+    suptitle,
+)
+from trainer.analysis.summary import (
+    BOOTSTRAP_SEED,
+    WINDOW_FRACTION,
+    ci_text,
+    collapsed_text,
+    markdown_head,
+    ordered,
+    pct,
+    read_judged_runs,
+    run_table,
+    seed_stats,
+    sort_rows,
+    summary_notes,
+    table_head,
+    table_row,
+    write_tables,
+)
 
-STEP_COLUMNS: tuple[str, ...] = ("update_rms", "update_spectral_norm", "embed_head_update_rms",
-                                 "embed_head_update_spectral_norm", "approx_kl", "clip_frac", "tis_truncated_frac",
-                                 "grad_snr", "no_signal_steps")
+STEP_COLUMNS: tuple[str, ...] = (
+    "update_rms",
+    "update_spectral_norm",
+    "embed_head_update_rms",
+    "embed_head_update_spectral_norm",
+    "approx_kl",
+    "clip_frac",
+    "tis_truncated_frac",
+    "grad_snr",
+    "no_signal_steps",
+)
 """The per-update quantities summarised per run (`clip_frac` is clip_frac_low + clip_frac_high; `grad_snr` only
 where the study measures it, `run.grad_snr`)."""
-PREDICTORS: tuple[str, ...] = ("update_rms", "update_spectral_norm", "embed_head_update_spectral_norm",
-                               "approx_kl")
+PREDICTORS: tuple[str, ...] = ("update_rms", "update_spectral_norm", "embed_head_update_spectral_norm", "approx_kl")
 """The quantities tested as predictors of collapse and drawn in `arms_predictors`."""
-LABELS = {"update_rms": "hidden update RMS", "update_spectral_norm": "hidden update top singular value",
-          "embed_head_update_rms": "embed/head update RMS",
-          "embed_head_update_spectral_norm": "embed/head update top singular value", "approx_kl": "KL per update",
-          "clip_frac": "PPO clip fraction", "tis_truncated_frac": "TIS-truncated fraction",
-          "grad_snr": "gradient SNR", "no_signal_steps": "no-signal mini-batches"}
-ARMS_COLUMNS: tuple[str, ...] = ("update", "success_rate", "eval_success", "entropy", "clip_frac_low",
-                                 "clip_frac_high", *(c for c in STEP_COLUMNS if c != "clip_frac"), *NONFINITE_COLUMNS)
+LABELS = {
+    "update_rms": "hidden update RMS",
+    "update_spectral_norm": "hidden update top singular value",
+    "embed_head_update_rms": "embed/head update RMS",
+    "embed_head_update_spectral_norm": "embed/head update top singular value",
+    "approx_kl": "KL per update",
+    "clip_frac": "PPO clip fraction",
+    "tis_truncated_frac": "TIS-truncated fraction",
+    "grad_snr": "gradient SNR",
+    "no_signal_steps": "no-signal mini-batches",
+}
+ARMS_COLUMNS: tuple[str, ...] = (
+    "update",
+    "success_rate",
+    "eval_success",
+    "entropy",
+    "clip_frac_low",
+    "clip_frac_high",
+    *(c for c in STEP_COLUMNS if c != "clip_frac"),
+    *NONFINITE_COLUMNS,
+)
 """The metrics this analysis reads."""
 ARMS_FIGURES: tuple[str, ...] = tuple(ARMS.figures)
 KEYS = list(ARM_RUN_KEYS)
@@ -94,13 +144,20 @@ def auc(values: np.ndarray, collapsed: np.ndarray) -> float:
 # -- per run -----------------------------------------------------------------------------------------------
 def arm_order(metrics_paths: Sequence[str | os.PathLike]) -> list[str]:
     """The arms in the order their cells' folders are listed (the workflow lists them in the grid's order)."""
-    return list(dict.fromkeys(part.split("=", 1)[1] for path in metrics_paths for part in Path(path).parts
-                              if part.startswith("arm=")))
+    return list(
+        dict.fromkeys(
+            part.split("=", 1)[1] for path in metrics_paths for part in Path(path).parts if part.startswith("arm=")
+        )
+    )
 
 
-def arms_run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | None = None,
-                   window_fraction: float = WINDOW_FRACTION, models: Mapping[str, str] | None = None,
-                   arms: Sequence[str] = ()) -> pd.DataFrame:
+def arms_run_table(
+    metrics: pd.DataFrame,
+    criterion: CollapseCriterion | None = None,
+    window_fraction: float = WINDOW_FRACTION,
+    models: Mapping[str, str] | None = None,
+    arms: Sequence[str] = (),
+) -> pd.DataFrame:
     """One row per run (fractions): `summary.run_table`'s columns per arm (`arm` before `seed`), `heldout_auc`,
     and per step quantity its median before the collapse (`<col>`) and over the warm-up (`early_<col>`). Rows by
     model, then arm in the order of `arms` (others after them, sorted)."""
@@ -108,8 +165,10 @@ def arms_run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | None = 
     frame = _arm_metrics(metrics)
     if len(frame) == 0:
         raise ValueError("arms_run_table: the metrics table is empty")
-    parts = [run_table(part.drop(columns="arm"), criterion, window_fraction, models).assign(arm=arm)
-             for arm, part in frame.groupby("arm", sort=False)]
+    parts = [
+        run_table(part.drop(columns="arm"), criterion, window_fraction, models).assign(arm=arm)
+        for arm, part in frame.groupby("arm", sort=False)
+    ]
     runs = pd.concat(parts, ignore_index=True)
     verdicts = runs.set_index(KEYS)["collapse_update"]
     extras = []
@@ -119,7 +178,7 @@ def arms_run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | None = 
         row["heldout_auc"] = float(evals.mean()) if len(evals) else math.nan
         stop = verdicts.loc[key]
         before = run if pd.isna(stop) else run[run["update"] < stop]
-        early = before.iloc[:max(1, criterion.warmup)]  # a non-finite verdict has no warm-up
+        early = before.iloc[: max(1, criterion.warmup)]  # a non-finite verdict has no warm-up
         for column in STEP_COLUMNS:
             if column in run.columns:
                 row[column] = float(before[column].median()) if before[column].notna().any() else math.nan
@@ -130,16 +189,22 @@ def arms_run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | None = 
     return sort_arms(runs, models, arms, extra=("seed",))
 
 
-def sort_arms(frame: pd.DataFrame, models: Mapping[str, str] | None = None, arms: Sequence[str] = (),
-              extra: Sequence[str] = ()) -> pd.DataFrame:
+def sort_arms(
+    frame: pd.DataFrame, models: Mapping[str, str] | None = None, arms: Sequence[str] = (), extra: Sequence[str] = ()
+) -> pd.DataFrame:
     """Rows by model (as in `models`), then arm (as in `arms`), then `extra`."""
-    return sort_rows(frame, {"model": ordered(frame["model"], list(models or {})),
-                             "arm": ordered(frame["arm"], list(arms))}, extra)
+    return sort_rows(
+        frame, {"model": ordered(frame["model"], list(models or {})), "arm": ordered(frame["arm"], list(arms))}, extra
+    )
 
 
 # -- tables ------------------------------------------------------------------------------------------------
-def arms_summary_table(runs: pd.DataFrame, bootstrap_seed: int = BOOTSTRAP_SEED,
-                       models: Mapping[str, str] | None = None, level: float = 0.95) -> pd.DataFrame:
+def arms_summary_table(
+    runs: pd.DataFrame,
+    bootstrap_seed: int = BOOTSTRAP_SEED,
+    models: Mapping[str, str] | None = None,
+    level: float = 0.95,
+) -> pd.DataFrame:
     """One row per model x recipe x optimizer x arm: success in percent (mean over seeds, bootstrap interval),
     collapsed seeds, and each step quantity's median over the seeds. Rows in the order of `runs`."""
     rows = []
@@ -148,13 +213,24 @@ def arms_summary_table(runs: pd.DataFrame, bootstrap_seed: int = BOOTSTRAP_SEED,
         final, final_low, final_high = seed_stats(cell, "window_success", bootstrap_seed, level)
         area, auc_low, auc_high = seed_stats(cell, "heldout_auc", bootstrap_seed, level)
         collapsed = cell["collapsed"].astype(bool)
-        row = {"model": model, "paper_model": cell["paper_model"].iloc[0], "recipe": recipe,
-               "optimizer": optimizer, "arm": arm, "n_seeds": len(cell), "seeds": ",".join(map(str, cell["seed"])),
-               "final_pct_mean": final, "final_pct_ci_low": final_low, "final_pct_ci_high": final_high,
-               "auc_pct_mean": area, "auc_pct_ci_low": auc_low, "auc_pct_ci_high": auc_high,
-               "heldout_last_pct_mean": seed_stats(cell, "eval_success", bootstrap_seed, level)[0],
-               "n_collapsed": int(collapsed.sum()),
-               "collapsed_seeds": ",".join(str(s) for s in cell.loc[collapsed, "seed"])}
+        row = {
+            "model": model,
+            "paper_model": cell["paper_model"].iloc[0],
+            "recipe": recipe,
+            "optimizer": optimizer,
+            "arm": arm,
+            "n_seeds": len(cell),
+            "seeds": ",".join(map(str, cell["seed"])),
+            "final_pct_mean": final,
+            "final_pct_ci_low": final_low,
+            "final_pct_ci_high": final_high,
+            "auc_pct_mean": area,
+            "auc_pct_ci_low": auc_low,
+            "auc_pct_ci_high": auc_high,
+            "heldout_last_pct_mean": seed_stats(cell, "eval_success", bootstrap_seed, level)[0],
+            "n_collapsed": int(collapsed.sum()),
+            "collapsed_seeds": ",".join(str(s) for s in cell.loc[collapsed, "seed"]),
+        }
         for column in STEP_COLUMNS:
             if column in cell.columns:
                 row[column] = float(cell[column].median())
@@ -168,15 +244,20 @@ def predictor_table(runs: pd.DataFrame) -> pd.DataFrame:
     collapsed = runs["collapsed"].to_numpy(dtype=bool)
     rows = []
     for column in PREDICTORS:
-        values = runs[f"early_{column}"].to_numpy(dtype=float) if f"early_{column}" in runs else np.full(len(runs),
-                                                                                                      np.nan)
+        values = (
+            runs[f"early_{column}"].to_numpy(dtype=float) if f"early_{column}" in runs else np.full(len(runs), np.nan)
+        )
         ok = np.isfinite(values)
-        rows.append({"predictor": column, "n_runs": int(ok.sum()), "n_collapsed": int((ok & collapsed).sum()),
-                     "auc": auc(values, collapsed),
-                     "median_collapsed": float(np.median(values[ok & collapsed])) if (ok & collapsed).any()
-                     else math.nan,
-                     "median_survived": float(np.median(values[ok & ~collapsed])) if (ok & ~collapsed).any()
-                     else math.nan})
+        rows.append(
+            {
+                "predictor": column,
+                "n_runs": int(ok.sum()),
+                "n_collapsed": int((ok & collapsed).sum()),
+                "auc": auc(values, collapsed),
+                "median_collapsed": float(np.median(values[ok & collapsed])) if (ok & collapsed).any() else math.nan,
+                "median_survived": float(np.median(values[ok & ~collapsed])) if (ok & ~collapsed).any() else math.nan,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -184,38 +265,102 @@ def _g(value: float) -> str:
     return "–" if not np.isfinite(value) else f"{value:.2g}"
 
 
-def arms_markdown(summary: pd.DataFrame, predictors: pd.DataFrame, warmup: int, notes: Sequence[str] = (),
-                  window_fraction: float = WINDOW_FRACTION) -> str:
+def arms_markdown(
+    summary: pd.DataFrame,
+    predictors: pd.DataFrame,
+    warmup: int,
+    notes: Sequence[str] = (),
+    window_fraction: float = WINDOW_FRACTION,
+) -> str:
     """The summary as a Markdown page: method, notes, every arm, then the predictors of collapse."""
-    method = (f"Final = mean unsmoothed training success over the last {window_fraction:.0%} of each run's updates; "
-              "held-out AUC = mean of every held-out evaluation of the run; last held-out = the final evaluation. "
-              "In percent, averaged over seeds; interval = 95% percentile bootstrap over seeds (n/a with one seed). "
-              "Collapse = the rule in `trainer/analysis/collapse.py`. Step sizes: per run the median over its "
-              "updates before the collapse, then the median over seeds; hidden = Muon's or AdamW's hidden matrices, "
-              "embed/head = the AdamW-trained embedding and head matrices. Predictors: each run's median over the "
-              f"collapse rule's warm-up (updates 0-{warmup - 1}, before any verdict can fire), every run pooled; AUC "
-              "= P(a collapsed run's value > a surviving run's), 0.5 = no information.")
+    method = (
+        f"Final = mean unsmoothed training success over the last {window_fraction:.0%} of each run's updates; "
+        "held-out AUC = mean of every held-out evaluation of the run; last held-out = the final evaluation. "
+        "In percent, averaged over seeds; interval = 95% percentile bootstrap over seeds (n/a with one seed). "
+        "Collapse = the rule in `trainer/analysis/collapse.py`. Step sizes: per run the median over its "
+        "updates before the collapse, then the median over seeds; hidden = Muon's or AdamW's hidden matrices, "
+        "embed/head = the AdamW-trained embedding and head matrices. Predictors: each run's median over the "
+        f"collapse rule's warm-up (updates 0-{warmup - 1}, before any verdict can fire), every run pooled; AUC "
+        "= P(a collapsed run's value > a surviving run's), 0.5 = no information."
+    )
     lines = markdown_head("Arms", method, notes)
-    lines += ["## Every arm", "", *table_head(["model", "arm", "recipe", "optimizer", "seeds", "final %", "95% CI",
-                                               "held-out AUC %", "95% CI", "last held-out %", "collapsed",
-                                               "hidden RMS", "hidden top SV", "embed/head top SV", "KL", "clip",
-                                               "TIS trunc.", "grad SNR", "no-signal"])]
+    lines += [
+        "## Every arm",
+        "",
+        *table_head(
+            [
+                "model",
+                "arm",
+                "recipe",
+                "optimizer",
+                "seeds",
+                "final %",
+                "95% CI",
+                "held-out AUC %",
+                "95% CI",
+                "last held-out %",
+                "collapsed",
+                "hidden RMS",
+                "hidden top SV",
+                "embed/head top SV",
+                "KL",
+                "clip",
+                "TIS trunc.",
+                "grad SNR",
+                "no-signal",
+            ]
+        ),
+    ]
     for row in summary.itertuples(index=False):
-        lines.append(table_row([row.model, row.arm, row.recipe, row.optimizer, str(row.n_seeds),
-                                pct(row.final_pct_mean), ci_text(row.final_pct_ci_low, row.final_pct_ci_high),
-                                pct(row.auc_pct_mean), ci_text(row.auc_pct_ci_low, row.auc_pct_ci_high),
-                                pct(row.heldout_last_pct_mean), collapsed_text(row),
-                                *(_g(getattr(row, c, math.nan)) for c in ("update_rms", "update_spectral_norm",
-                                                                         "embed_head_update_spectral_norm",
-                                                                         "approx_kl", "clip_frac",
-                                                                         "tis_truncated_frac", "grad_snr",
-                                                                         "no_signal_steps"))]))
-    lines += ["", "## What predicts collapse", "", *table_head(["predictor", "runs", "collapsed", "AUC",
-                                                                "median, collapsed", "median, survived"])]
+        lines.append(
+            table_row(
+                [
+                    row.model,
+                    row.arm,
+                    row.recipe,
+                    row.optimizer,
+                    str(row.n_seeds),
+                    pct(row.final_pct_mean),
+                    ci_text(row.final_pct_ci_low, row.final_pct_ci_high),
+                    pct(row.auc_pct_mean),
+                    ci_text(row.auc_pct_ci_low, row.auc_pct_ci_high),
+                    pct(row.heldout_last_pct_mean),
+                    collapsed_text(row),
+                    *(
+                        _g(getattr(row, c, math.nan))
+                        for c in (
+                            "update_rms",
+                            "update_spectral_norm",
+                            "embed_head_update_spectral_norm",
+                            "approx_kl",
+                            "clip_frac",
+                            "tis_truncated_frac",
+                            "grad_snr",
+                            "no_signal_steps",
+                        )
+                    ),
+                ]
+            )
+        )
+    lines += [
+        "",
+        "## What predicts collapse",
+        "",
+        *table_head(["predictor", "runs", "collapsed", "AUC", "median, collapsed", "median, survived"]),
+    ]
     for row in predictors.itertuples(index=False):
-        lines.append(table_row([LABELS[row.predictor], str(row.n_runs), str(row.n_collapsed),
-                                "–" if not np.isfinite(row.auc) else f"{row.auc:.2f}", _g(row.median_collapsed),
-                                _g(row.median_survived)]))
+        lines.append(
+            table_row(
+                [
+                    LABELS[row.predictor],
+                    str(row.n_runs),
+                    str(row.n_collapsed),
+                    "–" if not np.isfinite(row.auc) else f"{row.auc:.2f}",
+                    _g(row.median_collapsed),
+                    _g(row.median_survived),
+                ]
+            )
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -224,8 +369,13 @@ def _arm_color(optimizer: str) -> str:
     return OPTIMIZER_COLORS.get(optimizer, MUTED)
 
 
-def figure_curves(metrics: pd.DataFrame, runs: pd.DataFrame, models: Mapping[str, str] | None = None,
-                  ema_span: int = 5, max_cols: int = 6) -> Figure:
+def figure_curves(
+    metrics: pd.DataFrame,
+    runs: pd.DataFrame,
+    models: Mapping[str, str] | None = None,
+    ema_span: int = 5,
+    max_cols: int = 6,
+) -> Figure:
     """One panel per model x recipe x arm (a row per model and recipe, a column per arm where they fit): each
     seed's training-success EMA, collapses as red crosses, held-out evaluations as dots."""
     frame = _arm_metrics(metrics)
@@ -255,22 +405,41 @@ def figure_curves(metrics: pd.DataFrame, runs: pd.DataFrame, models: Mapping[str
                 color, style = _arm_color(optimizer), OPTIMIZER_STYLES.get(optimizer, ":")
                 ax.plot(run["update"], 100 * run["success_ema"], color=color, ls=style, lw=1.4, alpha=0.9)
                 evals = run.dropna(subset=["eval_success"])
-                ax.scatter(evals["update"], 100 * evals["eval_success"], s=10, color=color, alpha=0.6, linewidth=0,
-                           zorder=4)
+                ax.scatter(
+                    evals["update"], 100 * evals["eval_success"], s=10, color=color, alpha=0.6, linewidth=0, zorder=4
+                )
                 seen.add(optimizer)
-                verdict = runs[(runs["model"] == model) & (runs["recipe"] == recipe) & (runs["arm"] == arm)
-                               & (runs["optimizer"] == optimizer) & (runs["seed"] == seed)]
+                verdict = runs[
+                    (runs["model"] == model)
+                    & (runs["recipe"] == recipe)
+                    & (runs["arm"] == arm)
+                    & (runs["optimizer"] == optimizer)
+                    & (runs["seed"] == seed)
+                ]
                 for stop in verdict["collapse_update"].dropna():
                     point = run[run["update"] == stop]
-                    ax.scatter(point["update"], 100 * point["success_ema"], marker="X", s=55, color=COLLAPSE,
-                               edgecolor="white", linewidth=0.6, zorder=5)
+                    ax.scatter(
+                        point["update"],
+                        100 * point["success_ema"],
+                        marker="X",
+                        s=55,
+                        color=COLLAPSE,
+                        edgecolor="white",
+                        linewidth=0.6,
+                        zorder=5,
+                    )
                     seen.add("collapse")
             curve_axes(ax, float(frame["update"].max()))
             ax.set_title(arm if one_model or crossed else f"{model}: {arm}", fontsize=8.5)
         placed = [ax for ax in axes if ax in set(at.values())]
         for ax in placed:
-            below = [other for other in placed if other is not ax and abs(other.get_position().x0 - ax.get_position().x0)
-                     < 1e-6 and other.get_position().y0 < ax.get_position().y0]
+            below = [
+                other
+                for other in placed
+                if other is not ax
+                and abs(other.get_position().x0 - ax.get_position().x0) < 1e-6
+                and other.get_position().y0 < ax.get_position().y0
+            ]
             ax.xaxis.set_tick_params(labelbottom=not below)
             ax.set_xlabel("" if below else "Update")
         by_axis = {ax: key for key, ax in at.items()}
@@ -281,9 +450,17 @@ def figure_curves(metrics: pd.DataFrame, runs: pd.DataFrame, models: Mapping[str
                 ax.set_ylabel(f"{row}\nTraining success (%)" if row else "Training success (%)")
         only = f": {family_title(rows[0][0], models)}" if one_model else ""
         suptitle(fig, f"Training success per arm{only}")
-        handles = [Line2D([], [], color=_arm_color(o), ls=OPTIMIZER_STYLES.get(o, ":"), lw=1.4,
-                          label=f"{OPTIMIZER_LABELS.get(o, o)}: a seed's EMA (span {ema_span})")
-                   for o in ordered(seen - {"collapse"}, ["muon", "adam", "adam_high_lr"])]
+        handles = [
+            Line2D(
+                [],
+                [],
+                color=_arm_color(o),
+                ls=OPTIMIZER_STYLES.get(o, ":"),
+                lw=1.4,
+                label=f"{OPTIMIZER_LABELS.get(o, o)}: a seed's EMA (span {ema_span})",
+            )
+            for o in ordered(seen - {"collapse"}, ["muon", "adam", "adam_high_lr"])
+        ]
         handles.append(Line2D([], [], marker="o", ls="", color=MUTED, alpha=0.6, markersize=3, label="held-out"))
         legend(fig, handles + ([COLLAPSE_HANDLE] if "collapse" in seen else []), ncol=min(4, len(handles) + 1))
     return fig
@@ -303,14 +480,28 @@ def figure_predictors(runs: pd.DataFrame, predictors: pd.DataFrame) -> Figure:
             ok = np.isfinite(x) & (x > 0)
             hidden = int((np.isfinite(x) & (x <= 0)).sum())  # verl's k1 KL estimate can be <= 0: no log place
             if hidden:
-                ax.text(0.02, 0.02, f"{hidden} run{'s' * (hidden > 1)} <= 0 not shown", transform=ax.transAxes,
-                        fontsize=6, color=MUTED)
+                ax.text(
+                    0.02,
+                    0.02,
+                    f"{hidden} run{'s' * (hidden > 1)} <= 0 not shown",
+                    transform=ax.transAxes,
+                    fontsize=6,
+                    color=MUTED,
+                )
             for optimizer in ordered(runs["optimizer"], ["muon", "adam", "adam_high_lr"]):
                 mine = ok & (runs["optimizer"] == optimizer).to_numpy() & ~dead
                 ax.scatter(x[mine], y[mine], s=16, color=_arm_color(optimizer), alpha=0.8, linewidth=0, zorder=4)
                 mine = ok & (runs["optimizer"] == optimizer).to_numpy() & dead
-                ax.scatter(x[mine], y[mine], marker="X", s=45, color=COLLAPSE, edgecolor=_arm_color(optimizer),
-                           linewidth=0.8, zorder=5)
+                ax.scatter(
+                    x[mine],
+                    y[mine],
+                    marker="X",
+                    s=45,
+                    color=COLLAPSE,
+                    edgecolor=_arm_color(optimizer),
+                    linewidth=0.8,
+                    zorder=5,
+                )
             if ok.any():
                 ax.set_xscale("log")
                 ax.set_xlim(x[ok].min() / 2, x[ok].max() * 2)  # a decade at least: ticks at 1, 2, 5
@@ -325,19 +516,42 @@ def figure_predictors(runs: pd.DataFrame, predictors: pd.DataFrame) -> Figure:
             ax.set_ylim(-2, 102)
         axes[0].set_ylabel("Final training success (%)")
         suptitle(fig, "What predicts collapse (every run, both optimizers pooled)")
-        handles = [Line2D([], [], marker="o", ls="", color=_arm_color(o), markersize=5, label=OPTIMIZER_LABELS.get(o, o))
-                   for o in ordered(runs["optimizer"], ["muon", "adam", "adam_high_lr"])]
-        legend(fig, handles + [Line2D([], [], marker="X", ls="", color=COLLAPSE, markersize=7,
-                                      markeredgecolor=MUTED, label="collapsed run")])
+        handles = [
+            Line2D([], [], marker="o", ls="", color=_arm_color(o), markersize=5, label=OPTIMIZER_LABELS.get(o, o))
+            for o in ordered(runs["optimizer"], ["muon", "adam", "adam_high_lr"])
+        ]
+        legend(
+            fig,
+            handles
+            + [
+                Line2D(
+                    [],
+                    [],
+                    marker="X",
+                    ls="",
+                    color=COLLAPSE,
+                    markersize=7,
+                    markeredgecolor=MUTED,
+                    label="collapsed run",
+                )
+            ],
+        )
     return fig
 
 
 # -- entry points (named by `kinds.ARMS`, called by the workflow's scripts) ---------------------------------
-def summarize_arms(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
-                   csv: str | os.PathLike, md: str | os.PathLike, runs_path: str | os.PathLike,
-                   predictors: str | os.PathLike, collapse: Mapping[str, Any] | None = None,
-                   models: Mapping[str, str] | None = None, window_fraction: float = WINDOW_FRACTION,
-                   bootstrap_seed: int = BOOTSTRAP_SEED) -> list[str]:
+def summarize_arms(
+    metrics_paths: Sequence[str | os.PathLike],
+    base_dir: str | os.PathLike,
+    csv: str | os.PathLike,
+    md: str | os.PathLike,
+    runs_path: str | os.PathLike,
+    predictors: str | os.PathLike,
+    collapse: Mapping[str, Any] | None = None,
+    models: Mapping[str, str] | None = None,
+    window_fraction: float = WINDOW_FRACTION,
+    bootstrap_seed: int = BOOTSTRAP_SEED,
+) -> list[str]:
     """Read the logs, judge every run, write the summary CSV and Markdown, the per-run Parquet table and the
     predictor table (CSV, to `predictors`). Returns notes for the log."""
     criterion = CollapseCriterion.from_dict(collapse)
@@ -345,21 +559,34 @@ def summarize_arms(metrics_paths: Sequence[str | os.PathLike], base_dir: str | o
     runs = arms_run_table(metrics, criterion, window_fraction, models, arm_order(metrics_paths))
     summary = arms_summary_table(runs, bootstrap_seed, models)
     table = predictor_table(runs)
-    write_tables(summary, arms_markdown(summary, table, max(1, criterion.warmup), (), window_fraction), runs, csv,
-                 md, runs_path)
+    write_tables(
+        summary, arms_markdown(summary, table, max(1, criterion.warmup), (), window_fraction), runs, csv, md, runs_path
+    )
     table.to_csv(predictors, index=False, float_format="%.6g")
-    return summary_notes(metrics_paths, runs, summary, criterion,
-                         [f"{r.predictor}: AUC {r.auc:.3f}" for r in table.itertuples(index=False)])
+    return summary_notes(
+        metrics_paths,
+        runs,
+        summary,
+        criterion,
+        [f"{r.predictor}: AUC {r.auc:.3f}" for r in table.itertuples(index=False)],
+    )
 
 
-def plot_arms(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
-              runs_path: str | os.PathLike, outputs: Sequence[str | os.PathLike],
-              models: Mapping[str, str] | None = None, bootstrap_seed: int = BOOTSTRAP_SEED,
-              ema_span: int = 5) -> list[str]:
+def plot_arms(
+    metrics_paths: Sequence[str | os.PathLike],
+    base_dir: str | os.PathLike,
+    runs_path: str | os.PathLike,
+    outputs: Sequence[str | os.PathLike],
+    models: Mapping[str, str] | None = None,
+    bootstrap_seed: int = BOOTSTRAP_SEED,
+    ema_span: int = 5,
+) -> list[str]:
     """Read the logs and `summarize_arms`' per-run table, draw and write exactly `outputs`."""
     by_name = outputs_by_figure(outputs, ARMS_FIGURES)
     runs = read_judged_runs(metrics_paths, base_dir, runs_path)
     metrics = load_metrics(metrics_paths, base_dir, ("update", "success_rate", "eval_success"))
-    draw = {"arms_curves": lambda: figure_curves(metrics, runs, models, ema_span),
-            "arms_predictors": lambda: figure_predictors(runs, predictor_table(runs))}
+    draw = {
+        "arms_curves": lambda: figure_curves(metrics, runs, models, ema_span),
+        "arms_predictors": lambda: figure_predictors(runs, predictor_table(runs)),
+    }
     return save_figures(by_name, lambda name: draw[name]())

@@ -14,6 +14,7 @@ Only the success rule is simulated: the non-finite and entropy rules do not fire
 Every scenario draws from its own generator (`scenario_rng`), so a number does not depend on which others were
 computed with it, and `calibrate`'s table agrees with `false_positive_rate` and `power` run alone.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -43,16 +44,24 @@ def scenario_rng(seed: int, p: float, p_after: float | None = None, drop_at: int
     return np.random.default_rng(key)
 
 
-def simulate_success(n_runs: int, n_updates: int, batch_size: int, p: float, rng: np.random.Generator,
-                     p_after: float | None = None, drop_at: int | None = None) -> np.ndarray:
+def simulate_success(
+    n_runs: int,
+    n_updates: int,
+    batch_size: int,
+    p: float,
+    rng: np.random.Generator,
+    p_after: float | None = None,
+    drop_at: int | None = None,
+) -> np.ndarray:
     """(n_runs, n_updates) logged success rates: Binomial(batch_size, p) / batch_size per update, with the
     true success `p_after` from update `drop_at` on when both are given (a collapse with a known answer)."""
     if n_runs < 1 or n_updates < 1 or batch_size < 1:
-        raise ValueError(f"simulate_success: n_runs, n_updates, batch_size must be >= 1, got "
-                         f"{n_runs}, {n_updates}, {batch_size}")
+        raise ValueError(
+            f"simulate_success: n_runs, n_updates, batch_size must be >= 1, got {n_runs}, {n_updates}, {batch_size}"
+        )
     probs = np.full(n_updates, float(p))
     if p_after is not None:
-        probs[(n_updates // 2 if drop_at is None else drop_at):] = p_after
+        probs[(n_updates // 2 if drop_at is None else drop_at) :] = p_after
     if not ((probs >= 0) & (probs <= 1)).all():
         raise ValueError(f"simulate_success: success probabilities must lie in [0, 1], got {p!r}, {p_after!r}")
     return rng.binomial(batch_size, probs, size=(n_runs, n_updates)) / batch_size
@@ -84,36 +93,66 @@ def success_drop_rows(success_ema: np.ndarray, criterion: CollapseCriterion) -> 
     return np.where(success_ema.shape[1] - start >= criterion.patience, start, -1)
 
 
-def flag_rate(criterion: CollapseCriterion, batch_size: int, n_updates: int, p: float, n_runs: int = N_RUNS,
-              seed: int = SEED, p_after: float | None = None, drop_at: int | None = None) -> float:
+def flag_rate(
+    criterion: CollapseCriterion,
+    batch_size: int,
+    n_updates: int,
+    p: float,
+    n_runs: int = N_RUNS,
+    seed: int = SEED,
+    p_after: float | None = None,
+    drop_at: int | None = None,
+) -> float:
     """The fraction of simulated runs (constant `p`, or `p` -> `p_after` at `drop_at`) the rule flags."""
     rng = scenario_rng(seed, p, p_after, drop_at)
     success = simulate_success(n_runs, n_updates, batch_size, p, rng, p_after, drop_at)
     return float(np.mean(success_drop_rows(ema_rows(success, criterion.ema_span), criterion) >= 0))
 
 
-def false_positive_rate(criterion: CollapseCriterion, batch_size: int, n_updates: int,
-                        levels: Sequence[float] = FPR_LEVELS, n_runs: int = N_RUNS,
-                        seed: int = SEED) -> tuple[float, dict[float, float]]:
+def false_positive_rate(
+    criterion: CollapseCriterion,
+    batch_size: int,
+    n_updates: int,
+    levels: Sequence[float] = FPR_LEVELS,
+    n_runs: int = N_RUNS,
+    seed: int = SEED,
+) -> tuple[float, dict[float, float]]:
     """(worst FPR over `levels`, FPR per level) for runs of constant true success."""
     per_level = {float(p): flag_rate(criterion, batch_size, n_updates, p, n_runs, seed) for p in levels}
     return max(per_level.values()), per_level
 
 
-def power(criterion: CollapseCriterion, batch_size: int, n_updates: int, p_before: float = 0.3,
-          p_after: float = 0.02, drop_at: int | None = None, n_runs: int = N_RUNS, seed: int = SEED) -> float:
+def power(
+    criterion: CollapseCriterion,
+    batch_size: int,
+    n_updates: int,
+    p_before: float = 0.3,
+    p_after: float = 0.02,
+    drop_at: int | None = None,
+    n_runs: int = N_RUNS,
+    seed: int = SEED,
+) -> float:
     """The fraction of runs flagged whose true success falls from `p_before` to `p_after` at `drop_at`
     (default: the middle update)."""
     drop_at = n_updates // 2 if drop_at is None else drop_at
     return flag_rate(criterion, batch_size, n_updates, p_before, n_runs, seed, p_after, drop_at)
 
 
-def calibrate(batch_size: int, n_updates: int, ema_spans: Sequence[int] = (5, 10, 15, 20),
-              drop_fractions: Sequence[float] = (0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5),
-              patiences: Sequence[int] = (5, 10, 15, 20, 25, 30), warmup: int | None = None,
-              min_peak: float = 0.1, levels: Sequence[float] = FPR_LEVELS, p_before: float = 0.3,
-              p_after: float = 0.02, drop_at: int | None = None, n_runs: int = N_RUNS,
-              seed: int = SEED) -> pd.DataFrame:
+def calibrate(
+    batch_size: int,
+    n_updates: int,
+    ema_spans: Sequence[int] = (5, 10, 15, 20),
+    drop_fractions: Sequence[float] = (0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5),
+    patiences: Sequence[int] = (5, 10, 15, 20, 25, 30),
+    warmup: int | None = None,
+    min_peak: float = 0.1,
+    levels: Sequence[float] = FPR_LEVELS,
+    p_before: float = 0.3,
+    p_after: float = 0.02,
+    drop_at: int | None = None,
+    n_runs: int = N_RUNS,
+    seed: int = SEED,
+) -> pd.DataFrame:
     """Worst FPR and power of every setting on the grid, one row each (the same simulated runs for all).
 
     `warmup` defaults to a fifth of the run (20 of 100 updates: past the EMA's start-up) and `min_peak` is
@@ -121,8 +160,9 @@ def calibrate(batch_size: int, n_updates: int, ema_spans: Sequence[int] = (5, 10
     warmup = max(n_updates // 5, 1) if warmup is None else warmup
     drop_at = n_updates // 2 if drop_at is None else drop_at
     null = {float(p): simulate_success(n_runs, n_updates, batch_size, p, scenario_rng(seed, p)) for p in levels}
-    alt = simulate_success(n_runs, n_updates, batch_size, p_before,
-                           scenario_rng(seed, p_before, p_after, drop_at), p_after, drop_at)
+    alt = simulate_success(
+        n_runs, n_updates, batch_size, p_before, scenario_rng(seed, p_before, p_after, drop_at), p_after, drop_at
+    )
     rows = []
     for span in ema_spans:
         null_ema = {p: ema_rows(x, span) for p, x in null.items()}
@@ -134,11 +174,19 @@ def calibrate(batch_size: int, n_updates: int, ema_spans: Sequence[int] = (5, 10
                 fpr = {p: float(np.mean(tail >= patience)) for p, tail in null_tail.items()}
                 flagged = n_updates - alt_start >= patience
                 worst = max(fpr, key=fpr.get)
-                rows.append({"ema_span": span, "warmup": warmup, "drop_fraction": drop, "min_peak": min_peak,
-                             "patience": patience, "worst_fpr": fpr[worst], "worst_level": worst,
-                             "power": float(np.mean(flagged)),
-                             "median_delay": (float(np.median(alt_start[flagged] - drop_at)) if flagged.any()
-                                              else np.nan)})
+                rows.append(
+                    {
+                        "ema_span": span,
+                        "warmup": warmup,
+                        "drop_fraction": drop,
+                        "min_peak": min_peak,
+                        "patience": patience,
+                        "worst_fpr": fpr[worst],
+                        "worst_level": worst,
+                        "power": float(np.mean(flagged)),
+                        "median_delay": (float(np.median(alt_start[flagged] - drop_at)) if flagged.any() else np.nan),
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -155,13 +203,20 @@ def recommend(table: pd.DataFrame, max_fpr: float = MAX_FPR, min_power: float = 
     """The gentlest feasible setting of `calibrate`'s table (see `feasible`)."""
     ok = feasible(table, max_fpr, min_power)
     if ok.empty:
-        raise ValueError(f"recommend: no setting on the grid has worst FPR <= {max_fpr:.0%} and power >= "
-                         f"{min_power:.0%}; widen the grid")
+        raise ValueError(
+            f"recommend: no setting on the grid has worst FPR <= {max_fpr:.0%} and power >= "
+            f"{min_power:.0%}; widen the grid"
+        )
     return ok.iloc[0]
 
 
-def criterion_of(row: pd.Series, base: CollapseCriterion = CollapseCriterion()) -> CollapseCriterion:
+def criterion_of(row: pd.Series, base: CollapseCriterion = CollapseCriterion()) -> CollapseCriterion:  # noqa: B008
     """The `CollapseCriterion` of one row of `calibrate`'s table (other fields from `base`)."""
-    return replace(base, ema_span=int(row["ema_span"]), warmup=int(row["warmup"]),
-                   drop_fraction=float(row["drop_fraction"]), min_peak=float(row["min_peak"]),
-                   patience=int(row["patience"]))
+    return replace(
+        base,
+        ema_span=int(row["ema_span"]),
+        warmup=int(row["warmup"]),
+        drop_fraction=float(row["drop_fraction"]),
+        min_peak=float(row["min_peak"]),
+        patience=int(row["patience"]),
+    )

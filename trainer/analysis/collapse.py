@@ -28,6 +28,7 @@ summary states the rate for the study's own settings.
 Updates are the logged `update` values (0-based in the trainer), and "from t to the end" is over the rows the
 run logged: a run that stops early is judged on what it logged.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -76,21 +77,24 @@ class CollapseCriterion:
     """Collapse when the policy entropy stays below this after the warm-up; None turns the rule off."""
 
     def __post_init__(self) -> None:
-        checks = {"ema_span": _is_int(self.ema_span) and self.ema_span >= 1,
-                  "warmup": _is_int(self.warmup) and self.warmup >= 0,
-                  "drop_fraction": _is_real(self.drop_fraction) and 0 < self.drop_fraction < 1,
-                  "min_peak": _is_real(self.min_peak) and 0 < self.min_peak <= 1,
-                  "patience": _is_int(self.patience) and self.patience >= 1,
-                  "entropy_floor": self.entropy_floor is None or (_is_real(self.entropy_floor)
-                                                                  and np.isfinite(self.entropy_floor))}
+        checks = {
+            "ema_span": _is_int(self.ema_span) and self.ema_span >= 1,
+            "warmup": _is_int(self.warmup) and self.warmup >= 0,
+            "drop_fraction": _is_real(self.drop_fraction) and 0 < self.drop_fraction < 1,
+            "min_peak": _is_real(self.min_peak) and 0 < self.min_peak <= 1,
+            "patience": _is_int(self.patience) and self.patience >= 1,
+            "entropy_floor": self.entropy_floor is None
+            or (_is_real(self.entropy_floor) and np.isfinite(self.entropy_floor)),
+        }
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"collapse criterion {name}: bad value {getattr(self, name)!r}")
         nonfinite = (self.nonfinite,) if isinstance(self.nonfinite, str) else tuple(self.nonfinite)
         unknown = [c for c in nonfinite if c not in NONFINITE_COLUMNS]
         if unknown:
-            raise ValueError(f"collapse criterion nonfinite: {unknown} not among the flagged columns "
-                             f"{list(NONFINITE_COLUMNS)}")
+            raise ValueError(
+                f"collapse criterion nonfinite: {unknown} not among the flagged columns {list(NONFINITE_COLUMNS)}"
+            )
         object.__setattr__(self, "nonfinite", nonfinite)
 
     @classmethod
@@ -147,9 +151,12 @@ def ema_by_run(frame: pd.DataFrame, span: int, column: str = "success_rate") -> 
     return smoothed.reset_index(level=list(range(len(RUN_KEYS))), drop=True).reindex(frame.index).to_numpy()
 
 
-def judge(success_ema: np.ndarray, nonfinite: Mapping[str, np.ndarray] | None = None,
-          entropy: np.ndarray | None = None,
-          criterion: CollapseCriterion = CollapseCriterion()) -> tuple[int | None, str | None]:
+def judge(
+    success_ema: np.ndarray,
+    nonfinite: Mapping[str, np.ndarray] | None = None,
+    entropy: np.ndarray | None = None,
+    criterion: CollapseCriterion = CollapseCriterion(),
+) -> tuple[int | None, str | None]:
     """The rule on one run's arrays in update order: (row index of the collapse, reason), or (None, None).
 
     `success_ema` is the smoothed success (`ema`); `nonfinite` maps a column name to its per-row NaN/inf flags
@@ -202,9 +209,12 @@ def detect_collapse(run: pd.DataFrame, criterion: CollapseCriterion = CollapseCr
     if len(run) == 0:
         raise ValueError("detect_collapse: the run has no rows")
     run = run.sort_values("update", kind="stable")
-    index, reason = judge(ema(run["success_rate"].to_numpy(dtype=float), criterion.ema_span),
-                          nonfinite_flags(run, criterion.nonfinite),
-                          run["entropy"].to_numpy(dtype=float) if "entropy" in run.columns else None, criterion)
+    index, reason = judge(
+        ema(run["success_rate"].to_numpy(dtype=float), criterion.ema_span),
+        nonfinite_flags(run, criterion.nonfinite),
+        run["entropy"].to_numpy(dtype=float) if "entropy" in run.columns else None,
+        criterion,
+    )
     if index is None:
         return CollapseVerdict(False, None, None)
     return CollapseVerdict(True, int(run["update"].iloc[index]), reason)

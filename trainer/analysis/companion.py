@@ -56,6 +56,7 @@ Choices and why:
   symmetric log scale, linear within +-0.01), and a panel with no finite value says "not measured". Colours
   and line styles per optimizer: `plotting`.
 """
+
 from __future__ import annotations
 
 import math
@@ -74,15 +75,54 @@ from trainer.analysis.collapse import CollapseCriterion
 from trainer.analysis.figures import DIAGNOSTICS
 from trainer.analysis.kinds import COMPANION, COMPANION_MODELS, COMPANION_NUMBERS
 from trainer.analysis.logs import RUN_KEYS, check_no_axes, load_metrics
-from trainer.analysis.plotting import (COLLAPSE_HANDLE, COLLAPSED_SEED_HANDLE, LINE_STYLES, MUTED,
-                                       OPTIMIZER_COLORS, OPTIMIZER_LABELS, OPTIMIZER_STYLES, SEED_HANDLE, STYLE,
-                                       curve_axes, empty, error_bars, family_handles, family_title, grid,
-                                       label_outer, legend, lines, log_y, mark_collapses, median_band,
-                                       outputs_by_figure, save_figures, seed_dots, suptitle)
-from trainer.analysis.summary import (BOOTSTRAP_SEED, CELL_KEYS, WINDOW_FRACTION, check_same_runs, ci_text,
-                                      collapsed_text, markdown_head, ordered, pct, read_numbers, run_bounds,
-                                      run_table, seed_stats, sort_rows, summary_notes, table_head, table_row,
-                                      window_size, write_tables)
+from trainer.analysis.plotting import (
+    COLLAPSE_HANDLE,
+    COLLAPSED_SEED_HANDLE,
+    LINE_STYLES,
+    MUTED,
+    OPTIMIZER_COLORS,
+    OPTIMIZER_LABELS,
+    OPTIMIZER_STYLES,
+    SEED_HANDLE,
+    STYLE,
+    curve_axes,
+    empty,
+    error_bars,
+    family_handles,
+    family_title,
+    grid,
+    label_outer,
+    legend,
+    lines,
+    log_y,
+    mark_collapses,
+    median_band,
+    outputs_by_figure,
+    save_figures,
+    seed_dots,
+    suptitle,
+)
+from trainer.analysis.summary import (
+    BOOTSTRAP_SEED,
+    CELL_KEYS,
+    WINDOW_FRACTION,
+    check_same_runs,
+    ci_text,
+    collapsed_text,
+    markdown_head,
+    ordered,
+    pct,
+    read_numbers,
+    run_bounds,
+    run_table,
+    seed_stats,
+    sort_rows,
+    summary_notes,
+    table_head,
+    table_row,
+    window_size,
+    write_tables,
+)
 
 ESTIMATORS: tuple[str, ...] = ("grpo", "gigpo", "graphgpo")
 """The companion's advantage estimators (the `recipe` key), in its order."""
@@ -93,19 +133,32 @@ NUMBER_OPTIMIZERS = {"adamw": "adam", "muon": "muon", "adamw_high_lr": "adam_hig
 NUMBER_METRICS = {"final-window validation success": "final", "normalized validation AUC": "auc"}
 """The companion's metric names -> the summary's column prefixes; its other metrics are not compared."""
 
-COMPANION_COLUMNS: tuple[str, ...] = ("update", "success_rate", "eval_success", "entropy", "loss", "grad_norm",
-                                      "update_rms", "update_spectral_norm", "grad_snr")
+COMPANION_COLUMNS: tuple[str, ...] = (
+    "update",
+    "success_rate",
+    "eval_success",
+    "entropy",
+    "loss",
+    "grad_norm",
+    "update_rms",
+    "update_spectral_norm",
+    "grad_snr",
+)
 """The metrics the companion reads (entropy, loss and grad_norm also feed the collapse rules)."""
 REQUIRED_COLUMNS: tuple[str, ...] = ("update", "success_rate", "eval_success", "update_rms", "update_spectral_norm")
 
 _TITLES = {column: title for column, title, _ in DIAGNOSTICS}
 DIAGNOSTIC_ROWS: tuple[tuple[str, str], ...] = (
-    ("grad_snr", "Gradient SNR"), *((c, _TITLES[c]) for c in ("update_rms", "update_spectral_norm", "grad_norm")))
+    ("grad_snr", "Gradient SNR"),
+    *((c, _TITLES[c]) for c in ("update_rms", "update_spectral_norm", "grad_norm")),
+)
 """(column, title) of the diagnostics figure's rows; titles shared with the main diagnostics figure."""
 
 COMPANION_FIGURES: tuple[str, ...] = tuple(COMPANION.figures)
-BAR_PANELS: tuple[tuple[str, str], ...] = (("final", "Final-window validation success (%)"),
-                                           ("auc", "Normalised validation AUC (%)"))
+BAR_PANELS: tuple[tuple[str, str], ...] = (
+    ("final", "Final-window validation success (%)"),
+    ("auc", "Normalised validation AUC (%)"),
+)
 
 
 # -- reading and checking ----------------------------------------------------------------------------------
@@ -125,15 +178,20 @@ def check_companion(frame: pd.DataFrame, required: Sequence[str] = REQUIRED_COLU
     for key, what, known in (("recipe", "estimator", ESTIMATORS), ("optimizer", "optimizer", OPTIMIZERS)):
         unknown = sorted(set(frame[key]) - set(known))
         if unknown:
-            raise ValueError(f"companion analysis: unknown {what}(s) {unknown} in the {key!r} key; "
-                             f"known: {list(known)}")
+            raise ValueError(
+                f"companion analysis: unknown {what}(s) {unknown} in the {key!r} key; known: {list(known)}"
+            )
 
 
-def sort_companion(frame: pd.DataFrame, models: Mapping[str, str] | None = None,
-                   extra: Sequence[str] = ()) -> pd.DataFrame:
+def sort_companion(
+    frame: pd.DataFrame, models: Mapping[str, str] | None = None, extra: Sequence[str] = ()
+) -> pd.DataFrame:
     """Rows in reading order: models as in `models`, then the estimator order, the optimizer order and `extra`."""
-    return sort_rows(frame, {"model": ordered(frame["model"], list(models or {})), "recipe": ESTIMATORS,
-                             "optimizer": OPTIMIZERS}, extra)
+    return sort_rows(
+        frame,
+        {"model": ordered(frame["model"], list(models or {})), "recipe": ESTIMATORS, "optimizer": OPTIMIZERS},
+        extra,
+    )
 
 
 # -- definitions -------------------------------------------------------------------------------------------
@@ -179,9 +237,12 @@ def finite_mean(values: Sequence[float] | np.ndarray) -> float:
 
 
 # -- tables ------------------------------------------------------------------------------------------------
-def companion_run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | None = None,
-                        window_fraction: float = WINDOW_FRACTION,
-                        models: Mapping[str, str] | None = None) -> pd.DataFrame:
+def companion_run_table(
+    metrics: pd.DataFrame,
+    criterion: CollapseCriterion | None = None,
+    window_fraction: float = WINDOW_FRACTION,
+    models: Mapping[str, str] | None = None,
+) -> pd.DataFrame:
     """One row per run (fractions), as below.
 
     The columns are the run keys, `paper_model`, `n_updates`, `window_first` and `window_last`,
@@ -199,13 +260,18 @@ def companion_run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | No
         run = frame.iloc[a:b]
         window_first = int(run["update"].iloc[len(run) - window_size(len(run), window_fraction)])
         evaluated = run["eval_success"].notna()
-        rows.append({**dict(zip(RUN_KEYS, key)),
-                     "final_window_success": final_window_success(run, window_fraction),
-                     "n_window_evals": int((evaluated & (run["update"] >= window_first)).sum()),
-                     "n_evals": int(evaluated.sum()), "val_auc": validation_auc(run),
-                     "grad_snr_median": finite_median(run["grad_snr"]),
-                     "update_rms_mean": finite_mean(run["update_rms"]),
-                     "update_spectral_norm_mean": finite_mean(run["update_spectral_norm"])})
+        rows.append(
+            {
+                **dict(zip(RUN_KEYS, key)),
+                "final_window_success": final_window_success(run, window_fraction),
+                "n_window_evals": int((evaluated & (run["update"] >= window_first)).sum()),
+                "n_evals": int(evaluated.sum()),
+                "val_auc": validation_auc(run),
+                "grad_snr_median": finite_median(run["grad_snr"]),
+                "update_rms_mean": finite_mean(run["update_rms"]),
+                "update_spectral_norm_mean": finite_mean(run["update_spectral_norm"]),
+            }
+        )
     runs = runs.drop(columns=["eval_success", "eval_update"]).rename(columns={"window_success": "train_success_window"})
     return sort_companion(runs.merge(pd.DataFrame(rows), on=list(RUN_KEYS), how="left"), models, extra=("seed",))
 
@@ -213,24 +279,35 @@ def companion_run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | No
 def load_companion_numbers(path: str | os.PathLike = COMPANION_NUMBERS) -> pd.DataFrame:
     """The companion's compared numbers in our names: model (paper name), recipe, optimizer, metric ("final" or
     "auc"), value (fraction), source_note. The file's other metrics are left out here."""
-    table = read_numbers(path, ["model", "advantage", "optimizer", "metric", "value", "source_note"],
-                         "companion numbers")
+    table = read_numbers(
+        path, ["model", "advantage", "optimizer", "metric", "value", "source_note"], "companion numbers"
+    )
     table = table[table["metric"].isin(list(NUMBER_METRICS))]
     unknown = sorted(set(table["optimizer"]) - set(NUMBER_OPTIMIZERS))
     if unknown:
         raise ValueError(f"{path}: unknown optimizer name(s) {unknown}; known: {list(NUMBER_OPTIMIZERS)}")
-    numbers = pd.DataFrame({"model": table["model"], "recipe": table["advantage"],
-                            "optimizer": table["optimizer"].map(NUMBER_OPTIMIZERS),
-                            "metric": table["metric"].map(NUMBER_METRICS), "value": table["value"].astype(float),
-                            "source_note": table["source_note"]}).reset_index(drop=True)
+    numbers = pd.DataFrame(
+        {
+            "model": table["model"],
+            "recipe": table["advantage"],
+            "optimizer": table["optimizer"].map(NUMBER_OPTIMIZERS),
+            "metric": table["metric"].map(NUMBER_METRICS),
+            "value": table["value"].astype(float),
+            "source_note": table["source_note"],
+        }
+    ).reset_index(drop=True)
     if numbers.duplicated(["model", "recipe", "optimizer", "metric"]).any():
         raise ValueError(f"{path}: more than one number for a (model, estimator, optimizer, metric)")
     return numbers
 
 
-def companion_summary_table(runs: pd.DataFrame, numbers: pd.DataFrame | None = None,
-                            bootstrap_seed: int = BOOTSTRAP_SEED,
-                            models: Mapping[str, str] | None = None, level: float = 0.95) -> pd.DataFrame:
+def companion_summary_table(
+    runs: pd.DataFrame,
+    numbers: pd.DataFrame | None = None,
+    bootstrap_seed: int = BOOTSTRAP_SEED,
+    models: Mapping[str, str] | None = None,
+    level: float = 0.95,
+) -> pd.DataFrame:
     """One row per model x estimator x optimizer (percent): for final-window success (`final_`) and AUC (`auc_`)
     the mean over evaluated seeds, its bootstrap interval, the companion's number and our difference; plus
     seeds, collapses, training success over the window and the cell's mean of the runs' grad_snr medians."""
@@ -240,9 +317,15 @@ def companion_summary_table(runs: pd.DataFrame, numbers: pd.DataFrame | None = N
     for (model, recipe, optimizer), cell in runs.groupby(list(CELL_KEYS), sort=False):
         cell = cell.sort_values("seed")
         name = cell["paper_model"].iloc[0]
-        row: dict[str, Any] = {"model": model, "paper_model": name, "recipe": recipe, "optimizer": optimizer,
-                               "n_seeds": len(cell), "seeds": ",".join(str(s) for s in cell["seed"]),
-                               "n_evaluated": int(cell["final_window_success"].notna().sum())}
+        row: dict[str, Any] = {
+            "model": model,
+            "paper_model": name,
+            "recipe": recipe,
+            "optimizer": optimizer,
+            "n_seeds": len(cell),
+            "seeds": ",".join(str(s) for s in cell["seed"]),
+            "n_evaluated": int(cell["final_window_success"].notna().sum()),
+        }
         sources = []
         for metric, column in (("final", "final_window_success"), ("auc", "val_auc")):
             ours, low, high = seed_stats(cell, column, bootstrap_seed, level)
@@ -250,24 +333,39 @@ def companion_summary_table(runs: pd.DataFrame, numbers: pd.DataFrame | None = N
             companion = 100 * float(theirs.loc[key, "value"]) if key in theirs.index else math.nan
             if key in theirs.index:
                 sources.append(f"{metric}: {theirs.loc[key, 'source_note']}")
-            row.update({f"{metric}_pct_mean": ours, f"{metric}_pct_ci_low": low, f"{metric}_pct_ci_high": high,
-                        f"companion_{metric}_pct": companion, f"{metric}_diff_pp": ours - companion})
-        row.update({"train_pct_mean": 100 * float(cell["train_success_window"].mean()),
-                    "n_collapsed": int(cell["collapsed"].sum()),
-                    "collapsed_seeds": ",".join(str(s) for s in cell.loc[cell["collapsed"].astype(bool), "seed"]),
-                    "grad_snr_median": finite_mean(cell["grad_snr_median"]),
-                    "companion_source": "; ".join(sources)})
+            row.update(
+                {
+                    f"{metric}_pct_mean": ours,
+                    f"{metric}_pct_ci_low": low,
+                    f"{metric}_pct_ci_high": high,
+                    f"companion_{metric}_pct": companion,
+                    f"{metric}_diff_pp": ours - companion,
+                }
+            )
+        row.update(
+            {
+                "train_pct_mean": 100 * float(cell["train_success_window"].mean()),
+                "n_collapsed": int(cell["collapsed"].sum()),
+                "collapsed_seeds": ",".join(str(s) for s in cell.loc[cell["collapsed"].astype(bool), "seed"]),
+                "grad_snr_median": finite_mean(cell["grad_snr_median"]),
+                "companion_source": "; ".join(sources),
+            }
+        )
         rows.append(row)
     return sort_companion(pd.DataFrame(rows), models)
 
 
-def companion_coverage_notes(runs: pd.DataFrame, numbers: pd.DataFrame | None = None,
-                             models: Mapping[str, str] | None = None) -> list[str]:
+def companion_coverage_notes(
+    runs: pd.DataFrame, numbers: pd.DataFrame | None = None, models: Mapping[str, str] | None = None
+) -> list[str]:
     """What the logs lack: models, estimators, optimizers, evaluations, grad_snr, cells the companion reports."""
     numbers = load_companion_numbers() if numbers is None else numbers
     notes = []
-    for key, what, expected in (("model", "model(s)", list(models or {})), ("recipe", "estimator(s)", ESTIMATORS),
-                                ("optimizer", "optimizer(s)", OPTIMIZERS)):
+    for key, what, expected in (
+        ("model", "model(s)", list(models or {})),
+        ("recipe", "estimator(s)", ESTIMATORS),
+        ("optimizer", "optimizer(s)", OPTIMIZERS),
+    ):
         absent = [v for v in expected if v not in set(runs[key])]
         if absent:
             notes.append(f"no runs of {what} {', '.join(absent)} in these logs")
@@ -277,75 +375,131 @@ def companion_coverage_notes(runs: pd.DataFrame, numbers: pd.DataFrame | None = 
         notes.append(f"{len(never)} run(s) never evaluated (no validation metrics): {', '.join(never)}")
     stand_in = [name for name, n, total in zip(label, runs["n_window_evals"], runs["n_evals"]) if n == 0 < total]
     if stand_in:
-        notes.append(f"{len(stand_in)} run(s) with no evaluation in the final window (their last evaluation "
-                     f"stands in): {', '.join(stand_in)}")
+        notes.append(
+            f"{len(stand_in)} run(s) with no evaluation in the final window (their last evaluation "
+            f"stands in): {', '.join(stand_in)}"
+        )
     measured = int(runs["grad_snr_median"].notna().sum())
     if measured < len(runs):
         notes.append(f"grad_snr not measured in {len(runs) - measured} of {len(runs)} run(s)")
     cells = set(zip(runs["paper_model"], runs["recipe"], runs["optimizer"]))
-    unmatched = sorted({(m, r, o) for m, r, o in zip(numbers["model"], numbers["recipe"], numbers["optimizer"])
-                        if (m, r, o) not in cells})
+    unmatched = sorted(
+        {
+            (m, r, o)
+            for m, r, o in zip(numbers["model"], numbers["recipe"], numbers["optimizer"])
+            if (m, r, o) not in cells
+        }
+    )
     if unmatched:
-        notes.append("companion numbers with no run here: " + ", ".join("/".join(c) for c in unmatched)
-                     + " (matched on the paper model name through `models`)")
+        notes.append(
+            "companion numbers with no run here: "
+            + ", ".join("/".join(c) for c in unmatched)
+            + " (matched on the paper model name through `models`)"
+        )
     return notes
 
 
-def companion_markdown(summary: pd.DataFrame, notes: Sequence[str] = (),
-                       window_fraction: float = WINDOW_FRACTION) -> str:
+def companion_markdown(
+    summary: pd.DataFrame, notes: Sequence[str] = (), window_fraction: float = WINDOW_FRACTION
+) -> str:
     """The companion summary as a Markdown page: method, coverage notes, one table row per cell."""
-    method = (f"Final = mean validation success (`eval_success`) over the evaluations in the last "
-              f"{window_fraction:.0%} of each run's updates (the last evaluation if none falls there); AUC = "
-              "trapezoidal area under the validation curve divided by its update span (the time-averaged "
-              "validation success). Both in percent, averaged over evaluated seeds; interval = 95% percentile "
-              "bootstrap over seeds (n/a with one seed). Companion = Ruan et al., \"When Does Muon Help Agentic "
-              "RL?\" (ALFWorld, Qwen2.5-0.5B-Instruct); diff = ours - companion, in percentage points (– where it "
-              "reports none). Train = training success over the same window. SNR = median of `grad_snr` over "
-              "updates (mean over seeds). Collapse = the rule in `trainer/analysis/collapse.py`, on training "
-              "success.")
-    lines = markdown_head("Validation success, ours beside Ruan et al. (When Does Muon Help Agentic RL?)", method,
-                          notes)
-    lines += table_head(["model", "paper model", "estimator", "optimizer", "seeds", "final %", "95% CI",
-                         "companion %", "diff (pp)", "AUC %", "95% CI", "companion %", "diff (pp)", "train %",
-                         "collapsed", "SNR"])
+    method = (
+        f"Final = mean validation success (`eval_success`) over the evaluations in the last "
+        f"{window_fraction:.0%} of each run's updates (the last evaluation if none falls there); AUC = "
+        "trapezoidal area under the validation curve divided by its update span (the time-averaged "
+        "validation success). Both in percent, averaged over evaluated seeds; interval = 95% percentile "
+        'bootstrap over seeds (n/a with one seed). Companion = Ruan et al., "When Does Muon Help Agentic '
+        'RL?" (ALFWorld, Qwen2.5-0.5B-Instruct); diff = ours - companion, in percentage points (– where it '
+        "reports none). Train = training success over the same window. SNR = median of `grad_snr` over "
+        "updates (mean over seeds). Collapse = the rule in `trainer/analysis/collapse.py`, on training "
+        "success."
+    )
+    lines = markdown_head(
+        "Validation success, ours beside Ruan et al. (When Does Muon Help Agentic RL?)", method, notes
+    )
+    lines += table_head(
+        [
+            "model",
+            "paper model",
+            "estimator",
+            "optimizer",
+            "seeds",
+            "final %",
+            "95% CI",
+            "companion %",
+            "diff (pp)",
+            "AUC %",
+            "95% CI",
+            "companion %",
+            "diff (pp)",
+            "train %",
+            "collapsed",
+            "SNR",
+        ]
+    )
     for row in summary.itertuples(index=False):
-        lines.append(table_row([
-            row.model, row.paper_model, ESTIMATOR_LABELS[row.recipe], OPTIMIZER_LABELS[row.optimizer],
-            str(row.n_seeds), pct(row.final_pct_mean), ci_text(row.final_pct_ci_low, row.final_pct_ci_high),
-            pct(row.companion_final_pct), pct(row.final_diff_pp), pct(row.auc_pct_mean),
-            ci_text(row.auc_pct_ci_low, row.auc_pct_ci_high), pct(row.companion_auc_pct), pct(row.auc_diff_pp),
-            pct(row.train_pct_mean), collapsed_text(row),
-            "–" if not np.isfinite(row.grad_snr_median) else f"{row.grad_snr_median:.3g}"]))
+        lines.append(
+            table_row(
+                [
+                    row.model,
+                    row.paper_model,
+                    ESTIMATOR_LABELS[row.recipe],
+                    OPTIMIZER_LABELS[row.optimizer],
+                    str(row.n_seeds),
+                    pct(row.final_pct_mean),
+                    ci_text(row.final_pct_ci_low, row.final_pct_ci_high),
+                    pct(row.companion_final_pct),
+                    pct(row.final_diff_pp),
+                    pct(row.auc_pct_mean),
+                    ci_text(row.auc_pct_ci_low, row.auc_pct_ci_high),
+                    pct(row.companion_auc_pct),
+                    pct(row.auc_diff_pp),
+                    pct(row.train_pct_mean),
+                    collapsed_text(row),
+                    "–" if not np.isfinite(row.grad_snr_median) else f"{row.grad_snr_median:.3g}",
+                ]
+            )
+        )
     return "\n".join(lines) + "\n"
 
 
 # -- figures -----------------------------------------------------------------------------------------------
 def _layout(runs: pd.DataFrame, models: Mapping[str, str] | None) -> tuple[list[str], list[str], list[str]]:
     """The model families, estimators and optimizers present, in reading order."""
-    return (ordered(runs["model"], list(models or {})), [e for e in ESTIMATORS if e in set(runs["recipe"])],
-            [o for o in OPTIMIZERS if o in set(runs["optimizer"])])
+    return (
+        ordered(runs["model"], list(models or {})),
+        [e for e in ESTIMATORS if e in set(runs["recipe"])],
+        [o for o in OPTIMIZERS if o in set(runs["optimizer"])],
+    )
 
 
-def figure_companion_curves(metrics: pd.DataFrame, runs: pd.DataFrame,
-                            models: Mapping[str, str] | None = None) -> Figure:
+def figure_companion_curves(
+    metrics: pd.DataFrame, runs: pd.DataFrame, models: Mapping[str, str] | None = None
+) -> Figure:
     """Validation success over updates, one panel per estimator (a row per model family): seeds thin, mean bold,
     collapse points red."""
     evaluated = metrics[metrics["eval_success"].notna()].sort_values([*RUN_KEYS, "update"], kind="stable")
     if evaluated.empty:
         return empty("companion curves: no run in these logs was evaluated (no eval_success)")
     model_list, estimators, optimizers = _layout(runs, models)
-    curves = {key: np.column_stack([evaluated["update"].to_numpy(dtype=float)[a:b],
-                                    100 * evaluated["eval_success"].to_numpy(dtype=float)[a:b]])
-              for key, a, b in run_bounds(evaluated.reset_index(drop=True))}
+    curves = {
+        key: np.column_stack(
+            [evaluated["update"].to_numpy(dtype=float)[a:b], 100 * evaluated["eval_success"].to_numpy(dtype=float)[a:b]]
+        )
+        for key, a, b in run_bounds(evaluated.reset_index(drop=True))
+    }
     with matplotlib.rc_context(STYLE):
-        fig, axes = grid(len(model_list), len(estimators), (3.3, 2.5), (0.75, 0.15, 0.7, 1.0), (0.25, 0.55),
-                         sharex=True, sharey=True)
+        fig, axes = grid(
+            len(model_list), len(estimators), (3.3, 2.5), (0.75, 0.15, 0.7, 1.0), (0.25, 0.55), sharex=True, sharey=True
+        )
         marked = False
         for i, model in enumerate(model_list):
             for j, estimator in enumerate(estimators):
                 ax = axes[i * len(estimators) + j]
-                ax.set_title(ESTIMATOR_LABELS[estimator] + (f" · {family_title(model, models)}"
-                                                            if len(model_list) > 1 else ""), fontsize=10)
+                ax.set_title(
+                    ESTIMATOR_LABELS[estimator] + (f" · {family_title(model, models)}" if len(model_list) > 1 else ""),
+                    fontsize=10,
+                )
                 for optimizer in optimizers:
                     mine = {k: c for k, c in curves.items() if k[:3] == (model, estimator, optimizer)}
                     if not mine:
@@ -355,33 +509,55 @@ def figure_companion_curves(metrics: pd.DataFrame, runs: pd.DataFrame,
                     stacked = np.concatenate(list(mine.values()))
                     mean = pd.Series(stacked[:, 1]).groupby(stacked[:, 0]).mean()
                     ax.plot(mean.index, mean.to_numpy(), color=color, ls=style, lw=2.0, alpha=0.95)
-                    hits = runs[(runs["model"] == model) & (runs["recipe"] == estimator)
-                                & (runs["optimizer"] == optimizer) & runs["collapsed"].astype(bool)]
-                    at = [(int(u), float(np.interp(u, mine[k][:, 0], mine[k][:, 1])))
-                          for k, u in zip(hits[list(RUN_KEYS)].itertuples(index=False, name=None),
-                                          hits["collapse_update"]) if k in mine]
+                    hits = runs[
+                        (runs["model"] == model)
+                        & (runs["recipe"] == estimator)
+                        & (runs["optimizer"] == optimizer)
+                        & runs["collapsed"].astype(bool)
+                    ]
+                    at = [
+                        (int(u), float(np.interp(u, mine[k][:, 0], mine[k][:, 1])))
+                        for k, u in zip(
+                            hits[list(RUN_KEYS)].itertuples(index=False, name=None), hits["collapse_update"]
+                        )
+                        if k in mine
+                    ]
                     # mark_collapses draws at (update, ema_pct); here the height is the validation curve's.
                     marked |= mark_collapses(ax, pd.DataFrame(at, columns=["update", "ema_pct"])) > 0
                 curve_axes(ax, float(metrics["update"].max()))
-        for ax in axes[::len(estimators)]:
+        for ax in axes[:: len(estimators)]:
             ax.set_ylabel("Validation success (%)")
         label_outer(axes, len(estimators))
-        suptitle(fig, "Validation success over updates" + (f": {family_title(model_list[0], models)}"
-                                                           if len(model_list) == 1 else ""))
-        handles = [Line2D([], [], color=OPTIMIZER_COLORS[o], ls=OPTIMIZER_STYLES[o], lw=2, label=OPTIMIZER_LABELS[o])
-                   for o in optimizers]
-        handles += [Line2D([], [], color=MUTED, lw=0.8, alpha=0.4, label="one seed"),
-                    Line2D([], [], color=MUTED, lw=2, label="mean over seeds")]
+        suptitle(
+            fig,
+            "Validation success over updates"
+            + (f": {family_title(model_list[0], models)}" if len(model_list) == 1 else ""),
+        )
+        handles = [
+            Line2D([], [], color=OPTIMIZER_COLORS[o], ls=OPTIMIZER_STYLES[o], lw=2, label=OPTIMIZER_LABELS[o])
+            for o in optimizers
+        ]
+        handles += [
+            Line2D([], [], color=MUTED, lw=0.8, alpha=0.4, label="one seed"),
+            Line2D([], [], color=MUTED, lw=2, label="mean over seeds"),
+        ]
         legend(fig, handles + ([COLLAPSE_HANDLE] if marked else []))
     return fig
 
 
-COMPANION_HANDLE = Line2D([], [], marker="D", ls="", markerfacecolor="white", markeredgecolor="black",
-                          markersize=6, label="Ruan et al. (companion)")
+COMPANION_HANDLE = Line2D(
+    [],
+    [],
+    marker="D",
+    ls="",
+    markerfacecolor="white",
+    markeredgecolor="black",
+    markersize=6,
+    label="Ruan et al. (companion)",
+)
 
 
-def figure_companion_bars(runs: pd.DataFrame, summary: pd.DataFrame,
-                          models: Mapping[str, str] | None = None) -> Figure:
+def figure_companion_bars(runs: pd.DataFrame, summary: pd.DataFrame, models: Mapping[str, str] | None = None) -> Figure:
     """Final-window validation success and AUC, estimator x optimizer: the summary's mean and interval as a bar,
     each seed a dot, the companion's number a hollow diamond beside the bar. A row of two panels per family."""
     model_list, estimators, optimizers = _layout(runs, models)
@@ -391,20 +567,34 @@ def figure_companion_bars(runs: pd.DataFrame, summary: pd.DataFrame,
         x0 = np.arange(len(estimators), dtype=float)
         collapsed_seen = False
         for i, model in enumerate(model_list):
-            for ax, (metric, title) in zip(axes[2 * i: 2 * i + 2], BAR_PANELS):
+            for ax, (metric, title) in zip(axes[2 * i : 2 * i + 2], BAR_PANELS):
                 column = {"final": "final_window_success", "auc": "val_auc"}[metric]
                 for j, optimizer in enumerate(optimizers):
                     center = x0 + (j - (len(optimizers) - 1) / 2) * slot - 0.12 * slot
                     cells = summary[(summary["model"] == model) & (summary["optimizer"] == optimizer)]
                     cells = cells.set_index("recipe").reindex(estimators)
                     means = cells[f"{metric}_pct_mean"].to_numpy(dtype=float)
-                    ax.bar(center, means, width=0.62 * slot, color=OPTIMIZER_COLORS[optimizer], alpha=0.75,
-                           edgecolor="#4d4d4d", linewidth=0.6, label=OPTIMIZER_LABELS[optimizer])
-                    error_bars(ax, center, means, cells[f"{metric}_pct_ci_low"].to_numpy(),
-                               cells[f"{metric}_pct_ci_high"].to_numpy())
+                    ax.bar(
+                        center,
+                        means,
+                        width=0.62 * slot,
+                        color=OPTIMIZER_COLORS[optimizer],
+                        alpha=0.75,
+                        edgecolor="#4d4d4d",
+                        linewidth=0.6,
+                        label=OPTIMIZER_LABELS[optimizer],
+                    )
+                    error_bars(
+                        ax,
+                        center,
+                        means,
+                        cells[f"{metric}_pct_ci_low"].to_numpy(),
+                        cells[f"{metric}_pct_ci_high"].to_numpy(),
+                    )
                     for k, estimator in enumerate(estimators):
-                        cell = runs[(runs["model"] == model) & (runs["recipe"] == estimator)
-                                    & (runs["optimizer"] == optimizer)].sort_values("seed")
+                        cell = runs[
+                            (runs["model"] == model) & (runs["recipe"] == estimator) & (runs["optimizer"] == optimizer)
+                        ].sort_values("seed")
                         seeds = 100 * cell[column].to_numpy(dtype=float)
                         dead = cell["collapsed"].to_numpy(dtype=bool)
                         collapsed_seen |= bool(dead.any())
@@ -412,17 +602,30 @@ def figure_companion_bars(runs: pd.DataFrame, summary: pd.DataFrame,
                         seed_dots(ax, center[k] + jitter, seeds, dead)
                     theirs = cells[f"companion_{metric}_pct"].to_numpy(dtype=float)
                     has = np.isfinite(theirs)
-                    ax.plot(center[has] + 0.45 * slot, theirs[has], ls="", marker="D", markerfacecolor="white",
-                            markeredgecolor="black", markersize=6, zorder=6, clip_on=False)
+                    ax.plot(
+                        center[has] + 0.45 * slot,
+                        theirs[has],
+                        ls="",
+                        marker="D",
+                        markerfacecolor="white",
+                        markeredgecolor="black",
+                        markersize=6,
+                        zorder=6,
+                        clip_on=False,
+                    )
                 ax.set_xticks(x0, [ESTIMATOR_LABELS[e] for e in estimators])
                 ax.set_ylim(0, 105)
-                ax.set_title(title + (f" · {family_title(model, models)}" if len(model_list) > 1 else ""),
-                             fontsize=10)
+                ax.set_title(title + (f" · {family_title(model, models)}" if len(model_list) > 1 else ""), fontsize=10)
                 ax.grid(axis="x", visible=False)
-        suptitle(fig, "Validation success by estimator and optimizer" + (
-            f": {family_title(model_list[0], models)}" if len(model_list) == 1 else ""))
-        handles = [Patch(facecolor=OPTIMIZER_COLORS[o], alpha=0.75, edgecolor="#4d4d4d",
-                         label=OPTIMIZER_LABELS[o]) for o in optimizers]
+        suptitle(
+            fig,
+            "Validation success by estimator and optimizer"
+            + (f": {family_title(model_list[0], models)}" if len(model_list) == 1 else ""),
+        )
+        handles = [
+            Patch(facecolor=OPTIMIZER_COLORS[o], alpha=0.75, edgecolor="#4d4d4d", label=OPTIMIZER_LABELS[o])
+            for o in optimizers
+        ]
         handles += [Line2D([], [], color="black", lw=1.0, label="mean, 95% bootstrap CI"), SEED_HANDLE]
         if collapsed_seen:
             handles.append(COLLAPSED_SEED_HANDLE)
@@ -450,21 +653,36 @@ def figure_companion_diagnostics(metrics: pd.DataFrame, models: Mapping[str, str
     ranges = diagnostic_ranges(metrics, columns)
     model_list, estimators, optimizers = _layout(metrics, models)
     with matplotlib.rc_context(STYLE):
-        fig, axes = grid(len(DIAGNOSTIC_ROWS), len(estimators), (3.2, 1.9), (0.85, 0.15, 0.7, 1.0), (0.3, 0.35),
-                         sharex=True, sharey="row")
+        fig, axes = grid(
+            len(DIAGNOSTIC_ROWS),
+            len(estimators),
+            (3.2, 1.9),
+            (0.85, 0.15, 0.7, 1.0),
+            (0.3, 0.35),
+            sharex=True,
+            sharey="row",
+        )
         for r, (column, title) in enumerate(DIAGNOSTIC_ROWS):
-            row = axes[r * len(estimators):(r + 1) * len(estimators)]
+            row = axes[r * len(estimators) : (r + 1) * len(estimators)]
             for ax, estimator in zip(row, estimators):
                 drawn = False
                 for m, model in enumerate(model_list):
                     for optimizer in optimizers:
-                        q = ranges[(ranges["model"] == model) & (ranges["recipe"] == estimator)
-                                   & (ranges["optimizer"] == optimizer)]
-                        drawn |= median_band(ax, q, column, ("min", "median", "max"), OPTIMIZER_COLORS[optimizer],
-                                             LINE_STYLES[m % len(LINE_STYLES)])
+                        q = ranges[
+                            (ranges["model"] == model)
+                            & (ranges["recipe"] == estimator)
+                            & (ranges["optimizer"] == optimizer)
+                        ]
+                        drawn |= median_band(
+                            ax,
+                            q,
+                            column,
+                            ("min", "median", "max"),
+                            OPTIMIZER_COLORS[optimizer],
+                            LINE_STYLES[m % len(LINE_STYLES)],
+                        )
                 if not drawn:
-                    ax.text(0.5, 0.5, "not measured", transform=ax.transAxes, ha="center", va="center",
-                            color="#777777")
+                    ax.text(0.5, 0.5, "not measured", transform=ax.transAxes, ha="center", va="center", color="#777777")
                 if r == 0:
                     ax.set_title(ESTIMATOR_LABELS[estimator], fontsize=10)
             row[0].set_ylabel(title, fontsize=9)
@@ -485,9 +703,14 @@ def figure_companion_diagnostics(metrics: pd.DataFrame, models: Mapping[str, str
     return fig
 
 
-def write_companion_figures(outputs: Sequence[str | os.PathLike], metrics: pd.DataFrame, runs: pd.DataFrame,
-                            models: Mapping[str, str] | None = None, bootstrap_seed: int = BOOTSTRAP_SEED,
-                            numbers: pd.DataFrame | None = None) -> list[str]:
+def write_companion_figures(
+    outputs: Sequence[str | os.PathLike],
+    metrics: pd.DataFrame,
+    runs: pd.DataFrame,
+    models: Mapping[str, str] | None = None,
+    bootstrap_seed: int = BOOTSTRAP_SEED,
+    numbers: pd.DataFrame | None = None,
+) -> list[str]:
     """Draw each figure named by the outputs' stems once and write exactly those files (as `write_figures`).
 
     An unknown stem or suffix is a ValueError before anything is drawn. Returns notes for the log."""
@@ -506,11 +729,18 @@ def write_companion_figures(outputs: Sequence[str | os.PathLike], metrics: pd.Da
 
 
 # -- entry points (named by `kinds.COMPANION`, called by the workflow's scripts) -------------------------------
-def summarize_companion(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
-                        csv: str | os.PathLike, md: str | os.PathLike, runs_path: str | os.PathLike,
-                        collapse: Mapping[str, Any] | None = None, models: Mapping[str, str] | None = None,
-                        window_fraction: float = WINDOW_FRACTION, bootstrap_seed: int = BOOTSTRAP_SEED,
-                        numbers: str | os.PathLike = COMPANION_NUMBERS) -> list[str]:
+def summarize_companion(
+    metrics_paths: Sequence[str | os.PathLike],
+    base_dir: str | os.PathLike,
+    csv: str | os.PathLike,
+    md: str | os.PathLike,
+    runs_path: str | os.PathLike,
+    collapse: Mapping[str, Any] | None = None,
+    models: Mapping[str, str] | None = None,
+    window_fraction: float = WINDOW_FRACTION,
+    bootstrap_seed: int = BOOTSTRAP_SEED,
+    numbers: str | os.PathLike = COMPANION_NUMBERS,
+) -> list[str]:
     """Read the logs, judge every run, write the companion summary CSV and Markdown (beside the companion's
     `numbers`) and the per-run Parquet table. Returns notes for the log (counts, collapsed runs, what the grid
     lacks)."""
@@ -526,10 +756,15 @@ def summarize_companion(metrics_paths: Sequence[str | os.PathLike], base_dir: st
     return summary_notes(metrics_paths, runs, summary, criterion, notes)
 
 
-def plot_companion(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
-                   runs_path: str | os.PathLike, outputs: Sequence[str | os.PathLike],
-                   models: Mapping[str, str] | None = None, bootstrap_seed: int = BOOTSTRAP_SEED,
-                   numbers: str | os.PathLike = COMPANION_NUMBERS) -> list[str]:
+def plot_companion(
+    metrics_paths: Sequence[str | os.PathLike],
+    base_dir: str | os.PathLike,
+    runs_path: str | os.PathLike,
+    outputs: Sequence[str | os.PathLike],
+    models: Mapping[str, str] | None = None,
+    bootstrap_seed: int = BOOTSTRAP_SEED,
+    numbers: str | os.PathLike = COMPANION_NUMBERS,
+) -> list[str]:
     """Read the logs and `summarize_companion`'s per-run table, draw and write exactly `outputs` (the bars beside
     the companion's `numbers`); log notes."""
     models = dict(COMPANION.default_models if models is None else models)

@@ -25,6 +25,7 @@ other optimizer is grey and dotted. Absent model families or recipes (smoke grid
 with nothing to show says so in its panel instead of failing: Snakemake still gets every file it asked for.
 Style, colours and files: `plotting`.
 """
+
 from __future__ import annotations
 
 import os
@@ -43,13 +44,44 @@ from trainer.analysis import plotting
 from trainer.analysis.collapse import ema_by_run
 from trainer.analysis.kinds import MAIN, PAPER_NUMBERS
 from trainer.analysis.logs import RUN_KEYS, check_no_axes, load_metrics, paper_model
-from trainer.analysis.plotting import (ADAM, COLLAPSE_HANDLE, COLLAPSED_SEED_HANDLE, FULL, LINE_STYLES,
-                                       MUON, MUTED, SEED_HANDLE, SELECTED_COLORS, STYLE, curve_axes, empty,
-                                       error_bars, family_handles, family_title, grid, label_outer, legend, lines,
-                                       log_y, mark_collapses, median_band, outputs_by_figure, recipe_label,
-                                       save_figures, seed_dots, suptitle)
-from trainer.analysis.summary import (BOOTSTRAP_SEED, bootstrap_interval, check_same_runs, load_paper_numbers,
-                                      native_optimizer, ordered, run_bounds)
+from trainer.analysis.plotting import (
+    ADAM,
+    COLLAPSE_HANDLE,
+    COLLAPSED_SEED_HANDLE,
+    FULL,
+    LINE_STYLES,
+    MUON,
+    MUTED,
+    SEED_HANDLE,
+    SELECTED_COLORS,
+    STYLE,
+    curve_axes,
+    empty,
+    error_bars,
+    family_handles,
+    family_title,
+    grid,
+    label_outer,
+    legend,
+    lines,
+    log_y,
+    mark_collapses,
+    median_band,
+    outputs_by_figure,
+    recipe_label,
+    save_figures,
+    seed_dots,
+    suptitle,
+)
+from trainer.analysis.summary import (
+    BOOTSTRAP_SEED,
+    bootstrap_interval,
+    check_same_runs,
+    load_paper_numbers,
+    native_optimizer,
+    ordered,
+    run_bounds,
+)
 from trainer.config import FIGURE2_RECIPES
 
 BAR, FULL_BAR, PAPER_EDGE = "#c3cfdd", "#b9e4c4", "#6b6b6b"
@@ -63,11 +95,16 @@ FAMILY_FIGURES: dict[str, str] = {"fig4": "MiniCPM5-2B", "fig5": "Qwen3.5-4B"}
 """Which paper model family each all-recipes figure shows."""
 
 DIAGNOSTICS: tuple[tuple[str, str, bool], ...] = (
-    ("grad_norm", "Gradient norm", True), ("update_rms", "Update RMS", True),
-    ("update_spectral_norm", "Update spectral norm", True), ("entropy", "Policy entropy", False),
-    ("approx_kl", "Approx. KL", False), ("staleness_mean", "Staleness (updates)", False),
-    ("clip_frac_low", "Clip fraction (low side)", False), ("clip_frac_high", "Clip fraction (high side)", False),
-    ("tis_truncated_frac", "TIS truncated fraction", False))
+    ("grad_norm", "Gradient norm", True),
+    ("update_rms", "Update RMS", True),
+    ("update_spectral_norm", "Update spectral norm", True),
+    ("entropy", "Policy entropy", False),
+    ("approx_kl", "Approx. KL", False),
+    ("staleness_mean", "Staleness (updates)", False),
+    ("clip_frac_low", "Clip fraction (low side)", False),
+    ("clip_frac_high", "Clip fraction (high side)", False),
+    ("tis_truncated_frac", "TIS truncated fraction", False),
+)
 """(column, panel title, log scale when all values are positive) for the diagnostics figure."""
 
 FIGURES: tuple[str, ...] = tuple(MAIN.figures)
@@ -95,9 +132,13 @@ def _text_width(texts: Sequence[str], size: float) -> float:
 
 def _curves(frame: pd.DataFrame) -> dict[tuple, np.ndarray]:
     """Per run in `frame` (sorted by run and update): an (n, 3) array of update, success %, EMA %."""
-    values = np.column_stack([frame["update"].to_numpy(dtype=float),
-                              100 * frame["success_rate"].to_numpy(dtype=float),
-                              100 * frame["success_ema"].to_numpy(dtype=float)])
+    values = np.column_stack(
+        [
+            frame["update"].to_numpy(dtype=float),
+            100 * frame["success_rate"].to_numpy(dtype=float),
+            100 * frame["success_ema"].to_numpy(dtype=float),
+        ]
+    )
     return {key: values[a:b] for key, a, b in run_bounds(frame)}
 
 
@@ -116,8 +157,12 @@ def _collapse_points(frame: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
 
 
 # -- the figures -------------------------------------------------------------------------------------------
-def figure_bars(runs: pd.DataFrame, paper: pd.DataFrame | None = None, models: Mapping[str, str] | None = None,
-                bootstrap_seed: int = BOOTSTRAP_SEED) -> Figure:
+def figure_bars(
+    runs: pd.DataFrame,
+    paper: pd.DataFrame | None = None,
+    models: Mapping[str, str] | None = None,
+    bootstrap_seed: int = BOOTSTRAP_SEED,
+) -> Figure:
     """Figure 2: per model family, our window success per recipe (mean, 95% CI, seeds) beside the paper's."""
     paper = load_paper_numbers() if paper is None else paper
     native = runs[[native_optimizer(r) == o for r, o in zip(runs["recipe"], runs["optimizer"])]]
@@ -129,8 +174,9 @@ def figure_bars(runs: pd.DataFrame, paper: pd.DataFrame | None = None, models: M
     with matplotlib.rc_context(STYLE):
         labels = [recipe_label(r) for r in recipes]
         left = _text_width(labels, matplotlib.rcParams["ytick.labelsize"]) + 0.4  # + tick, pad, edge
-        fig, axes = grid(1, len(family_list), (4.4, 0.52 * len(recipes)), (left, 0.15, 0.35, 1.0), (0.3, 0),
-                         sharey=True)
+        fig, axes = grid(
+            1, len(family_list), (4.4, 0.52 * len(recipes)), (left, 0.15, 0.35, 1.0), (0.3, 0), sharey=True
+        )
         y = np.arange(len(recipes), dtype=float)
         for ax, model in zip(axes, family_list):
             cells = native[native["model"] == model]
@@ -139,8 +185,16 @@ def figure_bars(runs: pd.DataFrame, paper: pd.DataFrame | None = None, models: M
                 key = (paper_model(model, models), recipe, native_optimizer(recipe))
                 if key in paper_values.index:
                     theirs = float(paper_values[key])
-                    ax.barh(y[i] + 0.19, theirs, height=0.38, color="white", edgecolor=PAPER_EDGE, hatch="////",
-                            linewidth=0.6, label="paper")
+                    ax.barh(
+                        y[i] + 0.19,
+                        theirs,
+                        height=0.38,
+                        color="white",
+                        edgecolor=PAPER_EDGE,
+                        hatch="////",
+                        linewidth=0.6,
+                        label="paper",
+                    )
                     ax.text(theirs + 1.5, y[i] + 0.19, f"{theirs:.1f}", va="center", fontsize=8, color=MUTED)
                 if cell.empty:
                     ax.text(1.5, y[i] - 0.19, "not run", va="center", fontsize=8, color="#777777", style="italic")
@@ -148,11 +202,24 @@ def figure_bars(runs: pd.DataFrame, paper: pd.DataFrame | None = None, models: M
                 seeds = 100 * cell["window_success"].to_numpy(dtype=float)
                 ours = seeds.mean()
                 low, high = bootstrap_interval(seeds, bootstrap_seed)
-                ax.barh(y[i] - 0.19, ours, height=0.38, color=FULL_BAR if recipe == "full" else BAR,
-                        edgecolor="#4d4d4d", linewidth=0.6, label="ours")
+                ax.barh(
+                    y[i] - 0.19,
+                    ours,
+                    height=0.38,
+                    color=FULL_BAR if recipe == "full" else BAR,
+                    edgecolor="#4d4d4d",
+                    linewidth=0.6,
+                    label="ours",
+                )
                 if np.isfinite(low):
-                    error_bars(ax, np.array([y[i] - 0.19]), np.array([ours]), np.array([low]), np.array([high]),
-                               horizontal=True)
+                    error_bars(
+                        ax,
+                        np.array([y[i] - 0.19]),
+                        np.array([ours]),
+                        np.array([low]),
+                        np.array([high]),
+                        horizontal=True,
+                    )
                 jitter = np.linspace(-0.11, 0.11, len(seeds)) if len(seeds) > 1 else np.zeros(1)
                 seed_dots(ax, seeds, y[i] - 0.19 + jitter, cell["collapsed"].to_numpy(dtype=bool))
                 right = max(ours, high if np.isfinite(high) else ours, seeds.max())
@@ -163,16 +230,27 @@ def figure_bars(runs: pd.DataFrame, paper: pd.DataFrame | None = None, models: M
             ax.grid(axis="y", visible=False)
         axes[0].set_yticks(y, labels)
         axes[0].set_ylim(len(recipes) - 0.45, -0.55)  # first recipe on top
-        legend(fig, [Patch(facecolor=BAR, edgecolor="#4d4d4d", label="ours: mean over seeds, 95% bootstrap CI"),
-                     Patch(facecolor=FULL_BAR, edgecolor="#4d4d4d", label="ours: full recipe"),
-                     Patch(facecolor="white", edgecolor=PAPER_EDGE, hatch="////", label="Ruan et al. 2026, Fig. 2"),
-                     SEED_HANDLE, COLLAPSED_SEED_HANDLE],
-               ncol=5 if len(family_list) > 1 else 3)
+        legend(
+            fig,
+            [
+                Patch(facecolor=BAR, edgecolor="#4d4d4d", label="ours: mean over seeds, 95% bootstrap CI"),
+                Patch(facecolor=FULL_BAR, edgecolor="#4d4d4d", label="ours: full recipe"),
+                Patch(facecolor="white", edgecolor=PAPER_EDGE, hatch="////", label="Ruan et al. 2026, Fig. 2"),
+                SEED_HANDLE,
+                COLLAPSED_SEED_HANDLE,
+            ],
+            ncol=5 if len(family_list) > 1 else 3,
+        )
     return fig
 
 
-def figure_selected(metrics: pd.DataFrame, runs: pd.DataFrame, models: Mapping[str, str] | None = None,
-                    selected: Sequence[tuple[str, str]] = SELECTED_RUNS, ema_span: int = EMA_SPAN) -> Figure:
+def figure_selected(
+    metrics: pd.DataFrame,
+    runs: pd.DataFrame,
+    models: Mapping[str, str] | None = None,
+    selected: Sequence[tuple[str, str]] = SELECTED_RUNS,
+    ema_span: int = EMA_SPAN,
+) -> Figure:
     """Figure 3: the selected (recipe, optimizer) runs per model family, raw thin and EMA bold.
 
     `metrics` must carry `success_ema` (`add_ema`); `ema_span` only labels the legend."""
@@ -182,8 +260,11 @@ def figure_selected(metrics: pd.DataFrame, runs: pd.DataFrame, models: Mapping[s
     picked = metrics[mask]
     family_list = ordered(picked["model"], list(models or {}))
     if not family_list:
-        return empty("Figure 3: none of the selected runs (" + ", ".join(recipe_label(r) for r, _ in selected)
-                     + ") in these logs")
+        return empty(
+            "Figure 3: none of the selected runs ("
+            + ", ".join(recipe_label(r) for r, _ in selected)
+            + ") in these logs"
+        )
     palette = sns.color_palette("colorblind", len(selected))
     curves, points = _curves(picked), _collapse_points(picked, runs)
     with matplotlib.rc_context(STYLE):
@@ -198,8 +279,9 @@ def figure_selected(metrics: pd.DataFrame, runs: pd.DataFrame, models: Mapping[s
                 lines(ax, mine, 1, colors=color, linewidths=0.8, alpha=0.3)
                 lines(ax, mine, 2, colors=color, linewidths=2.0, alpha=0.95)
                 handles[(recipe, optimizer)] = Line2D([], [], color=color, lw=2, label=recipe_label(recipe))
-                at = points[(points["model"] == model) & (points["recipe"] == recipe)
-                            & (points["optimizer"] == optimizer)]
+                at = points[
+                    (points["model"] == model) & (points["recipe"] == recipe) & (points["optimizer"] == optimizer)
+                ]
                 if mark_collapses(ax, at):
                     handles["collapse"] = COLLAPSE_HANDLE
             curve_axes(ax, float(picked["update"].max()))
@@ -207,15 +289,26 @@ def figure_selected(metrics: pd.DataFrame, runs: pd.DataFrame, models: Mapping[s
             ax.set_title(family_title(model, models))
         axes[0].set_ylabel("Training success (%)")
         order = [k for k in selected if k in handles] + (["collapse"] if "collapse" in handles else [])
-        legend(fig, [handles[k] for k in order] + [
-            Line2D([], [], color=MUTED, lw=0.8, alpha=0.4, label="raw"),
-            Line2D([], [], color=MUTED, lw=2, label=f"EMA (span {ema_span})")],
-            ncol=None if len(family_list) > 1 else 3)
+        legend(
+            fig,
+            [handles[k] for k in order]
+            + [
+                Line2D([], [], color=MUTED, lw=0.8, alpha=0.4, label="raw"),
+                Line2D([], [], color=MUTED, lw=2, label=f"EMA (span {ema_span})"),
+            ],
+            ncol=None if len(family_list) > 1 else 3,
+        )
     return fig
 
 
-def figure_family(metrics: pd.DataFrame, runs: pd.DataFrame, family: str, models: Mapping[str, str] | None = None,
-                  ncols: int = 4, ema_span: int = EMA_SPAN) -> Figure:
+def figure_family(
+    metrics: pd.DataFrame,
+    runs: pd.DataFrame,
+    family: str,
+    models: Mapping[str, str] | None = None,
+    ncols: int = 4,
+    ema_span: int = EMA_SPAN,
+) -> Figure:
     """Figures 4/5: every recipe of one paper model family, one panel each; Muon solid, Adam dashed.
 
     `metrics` must carry `success_ema` (`add_ema`); `ema_span` only labels the legend."""
@@ -228,11 +321,10 @@ def figure_family(metrics: pd.DataFrame, runs: pd.DataFrame, family: str, models
     ncols = min(len(recipes), ncols)
     nrows = -(-len(recipes) // ncols)
     with matplotlib.rc_context(STYLE):
-        fig, axes = grid(nrows, ncols, (2.9, 2.1), (0.75, 0.15, 0.75, 1.0), (0.25, 0.55), sharex=True,
-                         sharey=True)
-        for ax in axes[len(recipes):]:
+        fig, axes = grid(nrows, ncols, (2.9, 2.1), (0.75, 0.15, 0.75, 1.0), (0.25, 0.55), sharex=True, sharey=True)
+        for ax in axes[len(recipes) :]:
             fig.delaxes(ax)
-        axes = axes[:len(recipes)]
+        axes = axes[: len(recipes)]
         seen = []
         for ax, recipe in zip(axes, recipes):
             for optimizer in ordered(frame.loc[frame["recipe"] == recipe, "optimizer"], ["muon", "adam"]):
@@ -246,18 +338,27 @@ def figure_family(metrics: pd.DataFrame, runs: pd.DataFrame, family: str, models
                     seen.append("collapse")
                 seen.append(optimizer)
             curve_axes(ax, float(frame["update"].max()))
-            ax.set_title(recipe_label(recipe), color=FULL if recipe == "full" else "black",
-                         fontweight="bold" if recipe == "full" else "normal", fontsize=10)
+            ax.set_title(
+                recipe_label(recipe),
+                color=FULL if recipe == "full" else "black",
+                fontweight="bold" if recipe == "full" else "normal",
+                fontsize=10,
+            )
         label_outer(axes, ncols)
         for ax in axes[::ncols]:
             ax.set_ylabel("Training success (%)")
         stand_in = f" (stand-in: {', '.join(tiny)})" if tiny != [family] else ""
         suptitle(fig, f"{family}{stand_in}: training success across recipes")
-        handles = [Line2D([], [], color=OPTIMIZER_COLORS[o], ls=OPTIMIZER_STYLES[o], lw=1.8, label=o.capitalize())
-                   for o in ("muon", "adam") if o in seen]
-        handles += [Line2D([], [], color=FULL, lw=1.8, label="full recipe"),
-                    Line2D([], [], color=MUTED, lw=0.7, alpha=0.4, label="raw"),
-                    Line2D([], [], color=MUTED, lw=1.8, label=f"EMA (span {ema_span})")]
+        handles = [
+            Line2D([], [], color=OPTIMIZER_COLORS[o], ls=OPTIMIZER_STYLES[o], lw=1.8, label=o.capitalize())
+            for o in ("muon", "adam")
+            if o in seen
+        ]
+        handles += [
+            Line2D([], [], color=FULL, lw=1.8, label="full recipe"),
+            Line2D([], [], color=MUTED, lw=0.7, alpha=0.4, label="raw"),
+            Line2D([], [], color=MUTED, lw=1.8, label=f"EMA (span {ema_span})"),
+        ]
         legend(fig, handles + ([COLLAPSE_HANDLE] if "collapse" in seen else []))
     return fig
 
@@ -273,8 +374,12 @@ def diagnostic_quantiles(metrics: pd.DataFrame, columns: Sequence[str]) -> pd.Da
     return pd.concat(parts, axis=1).reset_index()
 
 
-def figure_diagnostics(metrics: pd.DataFrame, models: Mapping[str, str] | None = None,
-                       panels: Sequence[tuple[str, str, bool]] = DIAGNOSTICS, ncols: int = 3) -> Figure:
+def figure_diagnostics(
+    metrics: pd.DataFrame,
+    models: Mapping[str, str] | None = None,
+    panels: Sequence[tuple[str, str, bool]] = DIAGNOSTICS,
+    ncols: int = 3,
+) -> Figure:
     """Optimizer diagnostics over updates: median over runs and interquartile band, Adam against Muon."""
     columns = [c for c, _, _ in panels]
     missing = [c for c in columns if c not in metrics.columns]
@@ -286,25 +391,33 @@ def figure_diagnostics(metrics: pd.DataFrame, models: Mapping[str, str] | None =
     nrows = -(-len(panels) // ncols)
     with matplotlib.rc_context(STYLE):
         fig, axes = grid(nrows, ncols, (3.4, 2.1), (0.7, 0.15, 0.7, 1.0), (0.75, 0.45), sharex=True)
-        for ax in axes[len(panels):]:
+        for ax in axes[len(panels) :]:
             fig.delaxes(ax)
-        axes = axes[:len(panels)]
+        axes = axes[: len(panels)]
         for ax, (column, title, log) in zip(axes, panels):
             ax.set_title(title, fontsize=10)
             drawn = False
             for m, model in enumerate(model_list):
                 for optimizer in optimizer_list:
                     q = quantiles[(quantiles["model"] == model) & (quantiles["optimizer"] == optimizer)]
-                    drawn |= median_band(ax, q, column, ("q25", "q50", "q75"), OPTIMIZER_COLORS.get(optimizer, MUTED),
-                                         LINE_STYLES[m % len(LINE_STYLES)], band_gaps=True)
+                    drawn |= median_band(
+                        ax,
+                        q,
+                        column,
+                        ("q25", "q50", "q75"),
+                        OPTIMIZER_COLORS.get(optimizer, MUTED),
+                        LINE_STYLES[m % len(LINE_STYLES)],
+                        band_gaps=True,
+                    )
             if not drawn:
                 ax.text(0.5, 0.5, "not logged", transform=ax.transAxes, ha="center", va="center", color="#777777")
             elif log and (quantiles[f"{column}_q25"].dropna() > 0).all():
                 log_y(ax)
         label_outer(axes, ncols)
         suptitle(fig, "Optimizer diagnostics: median over runs per update")
-        handles = [Line2D([], [], color=OPTIMIZER_COLORS.get(o, MUTED), lw=1.5, label=o.capitalize())
-                   for o in optimizer_list]
+        handles = [
+            Line2D([], [], color=OPTIMIZER_COLORS.get(o, MUTED), lw=1.5, label=o.capitalize()) for o in optimizer_list
+        ]
         handles += family_handles(model_list, models)
         handles.append(Patch(facecolor=MUTED, alpha=0.15, label="interquartile range over runs"))
         legend(fig, handles, ncol=min(len(handles), 3))
@@ -312,9 +425,15 @@ def figure_diagnostics(metrics: pd.DataFrame, models: Mapping[str, str] | None =
 
 
 # -- files -------------------------------------------------------------------------------------------------
-def draw_figure(name: str, metrics: pd.DataFrame, runs: pd.DataFrame, models: Mapping[str, str] | None = None,
-                ema_span: int = EMA_SPAN, bootstrap_seed: int = BOOTSTRAP_SEED,
-                paper: pd.DataFrame | None = None) -> Figure:
+def draw_figure(
+    name: str,
+    metrics: pd.DataFrame,
+    runs: pd.DataFrame,
+    models: Mapping[str, str] | None = None,
+    ema_span: int = EMA_SPAN,
+    bootstrap_seed: int = BOOTSTRAP_SEED,
+    paper: pd.DataFrame | None = None,
+) -> Figure:
     """One of `FIGURES` by name; `metrics` must carry `success_ema` for the curve figures (`add_ema`)."""
     if name == "fig2":
         return figure_bars(runs, paper, models, bootstrap_seed)
@@ -327,9 +446,15 @@ def draw_figure(name: str, metrics: pd.DataFrame, runs: pd.DataFrame, models: Ma
     raise ValueError(f"unknown figure {name!r}; known: {list(FIGURES)}")
 
 
-def write_figures(outputs: Sequence[str | os.PathLike], metrics: pd.DataFrame, runs: pd.DataFrame,
-                  models: Mapping[str, str] | None = None, ema_span: int = EMA_SPAN,
-                  bootstrap_seed: int = BOOTSTRAP_SEED, paper: pd.DataFrame | None = None) -> list[str]:
+def write_figures(
+    outputs: Sequence[str | os.PathLike],
+    metrics: pd.DataFrame,
+    runs: pd.DataFrame,
+    models: Mapping[str, str] | None = None,
+    ema_span: int = EMA_SPAN,
+    bootstrap_seed: int = BOOTSTRAP_SEED,
+    paper: pd.DataFrame | None = None,
+) -> list[str]:
     """Draw each figure named by the outputs' file stems once and write exactly those files.
 
     `outputs` like ["figures/fig2.png", "figures/fig2.pdf", ...]; an unknown stem or suffix is a ValueError
@@ -338,19 +463,30 @@ def write_figures(outputs: Sequence[str | os.PathLike], metrics: pd.DataFrame, r
     check_same_runs(metrics, runs)
     metrics = add_ema(metrics, ema_span)
     present = {paper_model(m, models) for m in metrics["model"].unique()}
-    notes = [f"{name}: no runs of {family} or a stand-in for it; the figure says so"
-             for name, family in FAMILY_FIGURES.items() if name in by_name and family not in present]
+    notes = [
+        f"{name}: no runs of {family} or a stand-in for it; the figure says so"
+        for name, family in FAMILY_FIGURES.items()
+        if name in by_name and family not in present
+    ]
     absent = [r for r in FIGURE2_RECIPES if r not in set(metrics["recipe"])]
     if absent:
         notes.append(f"recipes not in these logs (left out of every figure): {', '.join(absent)}")
-    return notes + save_figures(by_name, lambda name: draw_figure(name, metrics, runs, models, ema_span,
-                                                                  bootstrap_seed, paper))
+    return notes + save_figures(
+        by_name, lambda name: draw_figure(name, metrics, runs, models, ema_span, bootstrap_seed, paper)
+    )
 
 
 # -- entry point (named by `kinds.MAIN`, called by the workflow's scripts) -------------------------------------
-def plot(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike, runs_path: str | os.PathLike,
-         outputs: Sequence[str | os.PathLike], models: Mapping[str, str] | None = None, ema_span: int = EMA_SPAN,
-         bootstrap_seed: int = BOOTSTRAP_SEED, numbers: str | os.PathLike = PAPER_NUMBERS) -> list[str]:
+def plot(
+    metrics_paths: Sequence[str | os.PathLike],
+    base_dir: str | os.PathLike,
+    runs_path: str | os.PathLike,
+    outputs: Sequence[str | os.PathLike],
+    models: Mapping[str, str] | None = None,
+    ema_span: int = EMA_SPAN,
+    bootstrap_seed: int = BOOTSTRAP_SEED,
+    numbers: str | os.PathLike = PAPER_NUMBERS,
+) -> list[str]:
     """Read the logs and the per-run table (`summarize`'s), draw and write exactly `outputs` (Figure 2 beside the
     paper's `numbers`); returns log notes."""
     models = dict(MAIN.default_models if models is None else models)

@@ -20,6 +20,7 @@ The figure (`horizon`) has one row per family and two panels: final training suc
 axis), one line per recipe and optimizer with the bootstrap interval as error bars; and the number of collapsed
 seeds against horizon, the same lines.
 """
+
 from __future__ import annotations
 
 import os
@@ -36,20 +37,49 @@ from matplotlib.ticker import MaxNLocator
 from trainer.analysis.collapse import CollapseCriterion
 from trainer.analysis.kinds import HORIZON
 from trainer.analysis.logs import RUN_KEYS, check_no_axes, load_metrics, paper_model
-from trainer.analysis.plotting import (MUTED, SELECTED_COLORS, STYLE, empty, fixed_log_x, grid, interval_line,
-                                       legend, outputs_by_figure, recipe_label, save_figures)
+from trainer.analysis.plotting import (
+    MUTED,
+    SELECTED_COLORS,
+    STYLE,
+    empty,
+    fixed_log_x,
+    grid,
+    interval_line,
+    legend,
+    outputs_by_figure,
+    recipe_label,
+    save_figures,
+)
 from trainer.analysis.stability import STABILITY_COLUMNS, evaluation_notes, sweep_run_table
-from trainer.analysis.summary import (BOOTSTRAP_SEED, WINDOW_FRACTION, ci_text, collapsed_text, markdown_head,
-                                      native_optimizer, ordered, pct, read_judged_runs, seed_stats, sort_rows,
-                                      summary_notes, table_head, table_row, write_tables)
+from trainer.analysis.summary import (
+    BOOTSTRAP_SEED,
+    WINDOW_FRACTION,
+    ci_text,
+    collapsed_text,
+    markdown_head,
+    native_optimizer,
+    ordered,
+    pct,
+    read_judged_runs,
+    seed_stats,
+    sort_rows,
+    summary_notes,
+    table_head,
+    table_row,
+    write_tables,
+)
 from trainer.config import FIGURE2_RECIPES
 
 HORIZON_FIGURES: tuple[str, ...] = tuple(HORIZON.figures)
 
 
-def horizon_run_table(metrics: pd.DataFrame, horizons: Mapping[str, float],
-                      criterion: CollapseCriterion | None = None, window_fraction: float = WINDOW_FRACTION,
-                      models: Mapping[str, str] | None = None) -> pd.DataFrame:
+def horizon_run_table(
+    metrics: pd.DataFrame,
+    horizons: Mapping[str, float],
+    criterion: CollapseCriterion | None = None,
+    window_fraction: float = WINDOW_FRACTION,
+    models: Mapping[str, str] | None = None,
+) -> pd.DataFrame:
     """`sweep_run_table` with each run's `horizon` (from `horizons`, by model), in fractions.
     ValueError naming a model of the logs that has no horizon."""
     unlabelled = sorted(set(metrics["model"]) - set(horizons))
@@ -62,14 +92,23 @@ def horizon_run_table(metrics: pd.DataFrame, horizons: Mapping[str, float],
 
 def sort_horizon(frame: pd.DataFrame, models: Mapping[str, str] | None = None) -> pd.DataFrame:
     """Rows in reading order: families as in `models`, recipes in Figure 2 order, optimizers, then horizon."""
-    return sort_rows(frame, {"paper_model": ordered(frame["paper_model"],
-                                                    [paper_model(m, models) for m in (models or {})]),
-                             "recipe": ordered(frame["recipe"], list(FIGURE2_RECIPES)), "optimizer": None,
-                             "horizon": None})
+    return sort_rows(
+        frame,
+        {
+            "paper_model": ordered(frame["paper_model"], [paper_model(m, models) for m in (models or {})]),
+            "recipe": ordered(frame["recipe"], list(FIGURE2_RECIPES)),
+            "optimizer": None,
+            "horizon": None,
+        },
+    )
 
 
-def horizon_summary_table(runs: pd.DataFrame, bootstrap_seed: int = BOOTSTRAP_SEED,
-                          models: Mapping[str, str] | None = None, level: float = 0.95) -> pd.DataFrame:
+def horizon_summary_table(
+    runs: pd.DataFrame,
+    bootstrap_seed: int = BOOTSTRAP_SEED,
+    models: Mapping[str, str] | None = None,
+    level: float = 0.95,
+) -> pd.DataFrame:
     """One row per model (= family and horizon) x recipe x optimizer, in percent: final training success and
     learning (mean, bootstrap interval), held-out AUC and last evaluation, seeds and collapsed seeds."""
     rows = []
@@ -78,35 +117,76 @@ def horizon_summary_table(runs: pd.DataFrame, bootstrap_seed: int = BOOTSTRAP_SE
         final, final_low, final_high = seed_stats(cell, "window_success", bootstrap_seed, level)
         gain, gain_low, gain_high = seed_stats(cell, "gain", bootstrap_seed, level)
         collapsed = cell["collapsed"].astype(bool)
-        rows.append({"paper_model": paper_model(model, models), "horizon": float(cell["horizon"].iloc[0]),
-                     "model": model, "recipe": recipe, "optimizer": optimizer, "n_seeds": len(cell),
-                     "seeds": ",".join(str(s) for s in cell["seed"]),
-                     "final_pct_mean": final, "final_pct_ci_low": final_low, "final_pct_ci_high": final_high,
-                     "gain_pp_mean": gain, "gain_pp_ci_low": gain_low, "gain_pp_ci_high": gain_high,
-                     "auc_pct_mean": seed_stats(cell, "heldout_auc", bootstrap_seed, level)[0],
-                     "heldout_last_pct_mean": seed_stats(cell, "eval_success", bootstrap_seed, level)[0],
-                     "n_collapsed": int(collapsed.sum()),
-                     "collapsed_seeds": ",".join(str(s) for s in cell.loc[collapsed, "seed"])})
+        rows.append(
+            {
+                "paper_model": paper_model(model, models),
+                "horizon": float(cell["horizon"].iloc[0]),
+                "model": model,
+                "recipe": recipe,
+                "optimizer": optimizer,
+                "n_seeds": len(cell),
+                "seeds": ",".join(str(s) for s in cell["seed"]),
+                "final_pct_mean": final,
+                "final_pct_ci_low": final_low,
+                "final_pct_ci_high": final_high,
+                "gain_pp_mean": gain,
+                "gain_pp_ci_low": gain_low,
+                "gain_pp_ci_high": gain_high,
+                "auc_pct_mean": seed_stats(cell, "heldout_auc", bootstrap_seed, level)[0],
+                "heldout_last_pct_mean": seed_stats(cell, "eval_success", bootstrap_seed, level)[0],
+                "n_collapsed": int(collapsed.sum()),
+                "collapsed_seeds": ",".join(str(s) for s in cell.loc[collapsed, "seed"]),
+            }
+        )
     return sort_horizon(pd.DataFrame(rows), models)
 
 
-def horizon_markdown(summary: pd.DataFrame, notes: Sequence[str] = (),
-                     window_fraction: float = WINDOW_FRACTION) -> str:
+def horizon_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_fraction: float = WINDOW_FRACTION) -> str:
     """The summary as a Markdown page: method, notes, one row per family, horizon, recipe and optimizer."""
-    method = (f"Final = mean unsmoothed training success over the last {window_fraction:.0%} of each run's updates; "
-              "learning = mean training success over the last fifth of the updates minus over the first fifth "
-              "(percentage points, as the main summary's); "
-              "held-out AUC = mean of every held-out evaluation of the run; last held-out = the final evaluation. "
-              "In percent, averaged over seeds; interval = 95% percentile bootstrap over seeds (n/a with one "
-              "seed). Collapse = the rule in `trainer/analysis/collapse.py`.")
+    method = (
+        f"Final = mean unsmoothed training success over the last {window_fraction:.0%} of each run's updates; "
+        "learning = mean training success over the last fifth of the updates minus over the first fifth "
+        "(percentage points, as the main summary's); "
+        "held-out AUC = mean of every held-out evaluation of the run; last held-out = the final evaluation. "
+        "In percent, averaged over seeds; interval = 95% percentile bootstrap over seeds (n/a with one "
+        "seed). Collapse = the rule in `trainer/analysis/collapse.py`."
+    )
     lines = markdown_head("Training success against the task's horizon", method, notes)
-    lines += table_head(["family", "horizon", "model", "recipe", "optimizer", "final %", "95% CI", "learning (pp)",
-                         "95% CI", "held-out AUC %", "last held-out %", "collapsed"])
+    lines += table_head(
+        [
+            "family",
+            "horizon",
+            "model",
+            "recipe",
+            "optimizer",
+            "final %",
+            "95% CI",
+            "learning (pp)",
+            "95% CI",
+            "held-out AUC %",
+            "last held-out %",
+            "collapsed",
+        ]
+    )
     for row in summary.itertuples(index=False):
-        lines.append(table_row([row.paper_model, f"{row.horizon:g}", row.model, row.recipe, row.optimizer,
-                                pct(row.final_pct_mean), ci_text(row.final_pct_ci_low, row.final_pct_ci_high),
-                                pct(row.gain_pp_mean), ci_text(row.gain_pp_ci_low, row.gain_pp_ci_high),
-                                pct(row.auc_pct_mean), pct(row.heldout_last_pct_mean), collapsed_text(row)]))
+        lines.append(
+            table_row(
+                [
+                    row.paper_model,
+                    f"{row.horizon:g}",
+                    row.model,
+                    row.recipe,
+                    row.optimizer,
+                    pct(row.final_pct_mean),
+                    ci_text(row.final_pct_ci_low, row.final_pct_ci_high),
+                    pct(row.gain_pp_mean),
+                    ci_text(row.gain_pp_ci_low, row.gain_pp_ci_high),
+                    pct(row.auc_pct_mean),
+                    pct(row.heldout_last_pct_mean),
+                    collapsed_text(row),
+                ]
+            )
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -120,8 +200,10 @@ def horizon_notes(runs: pd.DataFrame, horizons: Mapping[str, float]) -> list[str
 def horizon_lines(summary: pd.DataFrame) -> dict[tuple[str, str], tuple[Any, str]]:
     """(recipe, optimizer) -> (colour, label), in Figure 2 order: the paper's colours for SPO + Adam, SPO + Muon
     and the full recipe, a colour-blind palette for the rest."""
-    pairs = sorted(set(zip(summary["recipe"], summary["optimizer"])),
-                   key=lambda p: (ordered(summary["recipe"], list(FIGURE2_RECIPES)).index(p[0]), p[1]))
+    pairs = sorted(
+        set(zip(summary["recipe"], summary["optimizer"])),
+        key=lambda p: (ordered(summary["recipe"], list(FIGURE2_RECIPES)).index(p[0]), p[1]),
+    )
     palette = sns.color_palette("colorblind", len(pairs))
     lines = {}
     for i, (recipe, optimizer) in enumerate(pairs):
@@ -148,9 +230,14 @@ def figure_horizon(summary: pd.DataFrame, models: Mapping[str, str] | None = Non
                 if line.empty:
                     continue
                 x = line["horizon"].to_numpy(dtype=float)
-                interval_line(success_ax, x, line["final_pct_mean"].to_numpy(dtype=float),
-                              line["final_pct_ci_low"].to_numpy(dtype=float),
-                              line["final_pct_ci_high"].to_numpy(dtype=float), color)
+                interval_line(
+                    success_ax,
+                    x,
+                    line["final_pct_mean"].to_numpy(dtype=float),
+                    line["final_pct_ci_low"].to_numpy(dtype=float),
+                    line["final_pct_ci_high"].to_numpy(dtype=float),
+                    color,
+                )
                 shift = 2 ** (0.05 * (k - (len(lines) - 1) / 2))  # side by side on the log axis
                 collapse_ax.plot(x * shift, line["n_collapsed"], color=color, lw=1.4, marker="o", markersize=4)
             for ax in (success_ax, collapse_ax):
@@ -160,23 +247,36 @@ def figure_horizon(summary: pd.DataFrame, models: Mapping[str, str] | None = Non
             success_ax.set_ylabel("Final training success (%)")
             collapse_ax.set_ylim(-0.3, most_seeds + 0.3)
             collapse_ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-            collapse_ax.set_ylabel(f"Collapsed seeds (of {most_seeds})"
-                                   if (rows["n_seeds"] == most_seeds).all() else "Collapsed seeds")
+            collapse_ax.set_ylabel(
+                f"Collapsed seeds (of {most_seeds})" if (rows["n_seeds"] == most_seeds).all() else "Collapsed seeds"
+            )
             success_ax.set_title(f"{family}: final success", fontsize=10)
             collapse_ax.set_title(f"{family}: collapses", fontsize=10)
-        handles = [Line2D([], [], color=color, lw=1.6, marker="o", markersize=4, label=label)
-                   for color, label in lines.values()]
-        legend(fig, handles + [Line2D([], [], color=MUTED, lw=1.0, label="95% bootstrap CI (error bars)")],
-               ncol=min(len(handles) + 1, 4))
+        handles = [
+            Line2D([], [], color=color, lw=1.6, marker="o", markersize=4, label=label)
+            for color, label in lines.values()
+        ]
+        legend(
+            fig,
+            handles + [Line2D([], [], color=MUTED, lw=1.0, label="95% bootstrap CI (error bars)")],
+            ncol=min(len(handles) + 1, 4),
+        )
     return fig
 
 
 # -- entry points (named by `kinds.HORIZON`, called by the workflow's scripts) ---------------------------------
-def summarize_horizon(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
-                      csv: str | os.PathLike, md: str | os.PathLike, runs_path: str | os.PathLike,
-                      horizons: Mapping[str, float], collapse: Mapping[str, Any] | None = None,
-                      models: Mapping[str, str] | None = None, window_fraction: float = WINDOW_FRACTION,
-                      bootstrap_seed: int = BOOTSTRAP_SEED) -> list[str]:
+def summarize_horizon(
+    metrics_paths: Sequence[str | os.PathLike],
+    base_dir: str | os.PathLike,
+    csv: str | os.PathLike,
+    md: str | os.PathLike,
+    runs_path: str | os.PathLike,
+    horizons: Mapping[str, float],
+    collapse: Mapping[str, Any] | None = None,
+    models: Mapping[str, str] | None = None,
+    window_fraction: float = WINDOW_FRACTION,
+    bootstrap_seed: int = BOOTSTRAP_SEED,
+) -> list[str]:
     """Read the logs, judge every run, write the summary CSV and Markdown and the per-run Parquet table."""
     criterion = CollapseCriterion.from_dict(collapse)
     metrics = load_metrics(metrics_paths, base_dir, STABILITY_COLUMNS)
@@ -188,9 +288,14 @@ def summarize_horizon(metrics_paths: Sequence[str | os.PathLike], base_dir: str 
     return summary_notes(metrics_paths, runs, summary, criterion, notes)
 
 
-def plot_horizon(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
-                 runs_path: str | os.PathLike, outputs: Sequence[str | os.PathLike],
-                 models: Mapping[str, str] | None = None, bootstrap_seed: int = BOOTSTRAP_SEED) -> list[str]:
+def plot_horizon(
+    metrics_paths: Sequence[str | os.PathLike],
+    base_dir: str | os.PathLike,
+    runs_path: str | os.PathLike,
+    outputs: Sequence[str | os.PathLike],
+    models: Mapping[str, str] | None = None,
+    bootstrap_seed: int = BOOTSTRAP_SEED,
+) -> list[str]:
     """Read the logs' run keys and `summarize_horizon`'s per-run table, draw and write exactly `outputs`."""
     by_name = outputs_by_figure(outputs, HORIZON_FIGURES)
     runs = read_judged_runs(metrics_paths, base_dir, runs_path)

@@ -4,6 +4,7 @@ its two functions in `trainer.analysis`; the rules stay as they are.
 
 Standard library only: the workflow imports this while it builds the DAG, where matplotlib would only cost time.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -52,22 +53,46 @@ class StudyKind:
 
 
 MAIN = StudyKind(
-    "main", {"fig2": "Figure 2", "fig3": "Figure 3", "fig4": "Figure 4", "fig5": "Figure 5",
-             "diagnostics": "Diagnostics"},
-    "summary", "summarize", "plot", numbers=PAPER_NUMBERS, ema_span=True)
+    "main",
+    {"fig2": "Figure 2", "fig3": "Figure 3", "fig4": "Figure 4", "fig5": "Figure 5", "diagnostics": "Diagnostics"},
+    "summary",
+    "summarize",
+    "plot",
+    numbers=PAPER_NUMBERS,
+    ema_span=True,
+)
 COMPANION = StudyKind(
-    "companion", {"companion_curves": "Curves", "companion_bars": "Bars", "companion_diagnostics": "Diagnostics"},
-    "companion_summary", "summarize_companion", "plot_companion", numbers=COMPANION_NUMBERS,
-    default_models=COMPANION_MODELS)
+    "companion",
+    {"companion_curves": "Curves", "companion_bars": "Bars", "companion_diagnostics": "Diagnostics"},
+    "companion_summary",
+    "summarize_companion",
+    "plot_companion",
+    numbers=COMPANION_NUMBERS,
+    default_models=COMPANION_MODELS,
+)
 STABILITY = StudyKind(
-    "stability", {"stability": "Stability"}, "stability_summary", "summarize_stability", "plot_stability",
-    extra_outputs={"selected": "results/selected_lr.yaml"}, collapse_note=False)
+    "stability",
+    {"stability": "Stability"},
+    "stability_summary",
+    "summarize_stability",
+    "plot_stability",
+    extra_outputs={"selected": "results/selected_lr.yaml"},
+    collapse_note=False,
+)
 HORIZON = StudyKind(
-    "horizon", {"horizon": "Horizon"}, "horizon_summary", "summarize_horizon", "plot_horizon", horizons=True)
+    "horizon", {"horizon": "Horizon"}, "horizon_summary", "summarize_horizon", "plot_horizon", horizons=True
+)
 
 ARMS = StudyKind(
-    "arms", {"arms_curves": "Curves", "arms_predictors": "Predictors"}, "arms_summary", "summarize_arms",
-    "plot_arms", extra_outputs={"predictors": "results/predictors.csv"}, ema_span=True, collapse_note=False)
+    "arms",
+    {"arms_curves": "Curves", "arms_predictors": "Predictors"},
+    "arms_summary",
+    "summarize_arms",
+    "plot_arms",
+    extra_outputs={"predictors": "results/predictors.csv"},
+    ema_span=True,
+    collapse_note=False,
+)
 
 STUDY_KINDS: dict[str, StudyKind] = {kind.name: kind for kind in (MAIN, COMPANION, STABILITY, HORIZON, ARMS)}
 """Every kind, by the name a config's `study:` gives."""

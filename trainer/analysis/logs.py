@@ -29,6 +29,7 @@ Choices and why:
   name at paper scale); `paper_model` maps them through a parameter, defaulting to `DEFAULT_MODELS`, and a
   name without an entry maps to itself.
 """
+
 from __future__ import annotations
 
 import json
@@ -58,8 +59,9 @@ LR_RUN_KEYS: tuple[str, ...] = ("model", "recipe", "optimizer", "lr", "seed")
 ARM_RUN_KEYS: tuple[str, ...] = ("model", "recipe", "optimizer", "arm", "seed")
 """The keys that name one run of a study of arms, in folder order."""
 
-PARTITION_SCHEMA = pa.schema([("model", pa.string()), ("recipe", pa.string()), ("optimizer", pa.string()),
-                              ("seed", pa.int64())])
+PARTITION_SCHEMA = pa.schema(
+    [("model", pa.string()), ("recipe", pa.string()), ("optimizer", pa.string()), ("seed", pa.int64())]
+)
 
 
 def run_keys(frame: pd.DataFrame) -> list[str]:
@@ -72,11 +74,15 @@ def check_no_axes(metrics: pd.DataFrame, analysis: str) -> None:
     """ValueError if `metrics` (read without the logged `lr` metric) has the folders' lr or arm key: an analysis
     keyed by `RUN_KEYS` alone would pool the runs of different learning rates or arms."""
     if "lr" in metrics.columns:
-        raise ValueError(f"the {analysis} analysis has no learning-rate axis, but these cells' folders name lr=...: "
-                         f"analyse a grid with `lrs` as `study: stability`")
+        raise ValueError(
+            f"the {analysis} analysis has no learning-rate axis, but these cells' folders name lr=...: "
+            f"analyse a grid with `lrs` as `study: stability`"
+        )
     if "arm" in metrics.columns:
-        raise ValueError(f"the {analysis} analysis has no arms, but these cells' folders name arm=...: analyse a "
-                         f"grid of arms as `study: arms`")
+        raise ValueError(
+            f"the {analysis} analysis has no arms, but these cells' folders name arm=...: analyse a "
+            f"grid of arms as `study: arms`"
+        )
 
 
 NONFINITE_COLUMNS: tuple[str, ...] = ("loss", "grad_norm")
@@ -108,8 +114,10 @@ def _check_paths(paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike
         missing = [key for key in RUN_KEYS if keys.count(key) != 1]
         missing += [key for key in OPTIONAL_KEYS if keys.count(key) > 1]
         if missing:
-            raise ValueError(f"metrics file {str(path)!r}: its folders below {str(base_dir)!r} must name each of "
-                             f"{list(RUN_KEYS)} once as key=value; bad or missing: {missing}")
+            raise ValueError(
+                f"metrics file {str(path)!r}: its folders below {str(base_dir)!r} must name each of "
+                f"{list(RUN_KEYS)} once as key=value; bad or missing: {missing}"
+            )
         if not absolute.is_file():
             raise FileNotFoundError(f"metrics file {str(path)!r} does not exist")
         if absolute in seen:
@@ -119,13 +127,16 @@ def _check_paths(paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike
         optional.add(tuple(key for key in OPTIONAL_KEYS if key in keys))
     if len(optional) > 1:
         named = sorted({key for keys in optional for key in keys})
-        raise ValueError(f"metrics files under {str(base_dir)!r}: some name {'/'.join(f'{k}=...' for k in named)} "
-                         f"folders and some do not; one read takes the cells of one study")
+        raise ValueError(
+            f"metrics files under {str(base_dir)!r}: some name {'/'.join(f'{k}=...' for k in named)} "
+            f"folders and some do not; one read takes the cells of one study"
+        )
     return checked, list(next(iter(optional)))
 
 
-def load_metrics(paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
-                 columns: Sequence[str] | None = None) -> pd.DataFrame:
+def load_metrics(
+    paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike, columns: Sequence[str] | None = None
+) -> pd.DataFrame:
     """All rows of the given metrics files, with the run keys as columns, sorted by run and update.
 
     Columns: `RUN_KEYS` (and `arm`, a string, and `lr`, a float, where the folders name them: the folders' `lr`
@@ -144,8 +155,13 @@ def load_metrics(paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike
     if has_lr:  # the folder's lr (the cell's configured rate) is the `lr` column, not the logged metric
         wanted = [c for c in wanted if c != "lr"]
     schema = pa.schema([*((c, METRIC_COLUMNS[c]) for c in dict.fromkeys(wanted)), *partitions])
-    dataset = ds.dataset(files, format="parquet", schema=schema, partition_base_dir=os.path.abspath(base_dir),
-                         partitioning=ds.partitioning(partitions, flavor="hive"))
+    dataset = ds.dataset(
+        files,
+        format="parquet",
+        schema=schema,
+        partition_base_dir=os.path.abspath(base_dir),
+        partitioning=ds.partitioning(partitions, flavor="hive"),
+    )
     table = dataset.to_table()
     for key in partitions.names:
         if table[key].null_count:
@@ -181,8 +197,10 @@ def _cell_updates(metrics: Path) -> int:
     else:
         stored = (pq.read_schema(metrics).metadata or {}).get(CONFIG_KEY)
         if stored is None:
-            raise ValueError(f"metrics file {str(metrics)!r}: no cell.yaml beside it and no config in its metadata, "
-                             "so its length cannot be checked (not a log the trainer wrote)")
+            raise ValueError(
+                f"metrics file {str(metrics)!r}: no cell.yaml beside it and no config in its metadata, "
+                "so its length cannot be checked (not a log the trainer wrote)"
+            )
         config = json.loads(stored)
         where = f"{metrics} (stored config)"
     updates = (config.get("run") or {}).get("updates", RunConfig.updates)
@@ -207,23 +225,32 @@ def check_cell_logs(paths: Sequence[str | os.PathLike]) -> None:
         updates = _cell_updates(metrics)
         logged = sorted(column.drop_null().to_pylist())
         if logged != list(range(updates)):
-            raise ValueError(f"metrics file {str(metrics)!r} has {len(column)} row(s) (updates "
-                             f"{_span(logged)}) but its cell ran {updates} update(s) (0..{updates - 1}): a "
-                             "truncated or replaced log; rerun the cell (delete its folder, then snakemake)")
+            raise ValueError(
+                f"metrics file {str(metrics)!r} has {len(column)} row(s) (updates "
+                f"{_span(logged)}) but its cell ran {updates} update(s) (0..{updates - 1}): a "
+                "truncated or replaced log; rerun the cell (delete its folder, then snakemake)"
+            )
         episodes = metrics.with_name("episodes.parquet")
         if not episodes.is_file():
             raise ValueError(f"episode log {str(episodes)!r} is missing beside its metrics log; rerun the cell")
         try:
             frame = pq.read_table(episodes, columns=["update", "split"]).to_pandas()
         except (OSError, pa.ArrowException, KeyError) as e:
-            raise ValueError(f"episode log {str(episodes)!r} cannot be read (needs columns update, split): {e}") \
-                from None
+            raise ValueError(
+                f"episode log {str(episodes)!r} cannot be read (needs columns update, split): {e}"
+            ) from None
         covered = sorted(set(frame.loc[frame["split"] == "train", "update"].dropna().astype(int)))
         if covered != list(range(updates)):
-            raise ValueError(f"episode log {str(episodes)!r} has training episodes for updates {_span(covered)}, "
-                             f"not 0..{updates - 1}: a truncated or replaced log; rerun the cell")
+            raise ValueError(
+                f"episode log {str(episodes)!r} has training episodes for updates {_span(covered)}, "
+                f"not 0..{updates - 1}: a truncated or replaced log; rerun the cell"
+            )
 
 
 def _span(values: Sequence[int]) -> str:
-    return "none" if not values else f"{values[0]}..{values[-1]}" + (
-        "" if len(values) == values[-1] - values[0] + 1 else f", {len(values)} distinct")
+    return (
+        "none"
+        if not values
+        else f"{values[0]}..{values[-1]}"
+        + ("" if len(values) == values[-1] - values[0] + 1 else f", {len(values)} distinct")
+    )

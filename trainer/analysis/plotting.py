@@ -7,6 +7,7 @@ close. Panels and margins have fixed sizes in inches (`grid`) instead of `tight_
 text twice more, and many lines of one style are one `LineCollection`: a 1,000-run grid draws in seconds. The
 PDF has no creation date, so a rerun writes identical bytes.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,10 +35,16 @@ LINE_STYLES = ("-", "--", ":", "-.")
 SELECTED_COLORS = {("spo_adam", "adam"): ADAM, ("spo_muon", "muon"): MUON, ("full", "muon"): FULL}
 """The colours of the paper's three selected runs (its Figure 3), wherever they are drawn."""
 
-RECIPE_LABELS = {"spo_adam": "SPO + Adam", "spo_muon": "SPO + Muon", "full": "Full recipe (SPO++ + Muon)",
-                 "no_length": "w/o length penalty", "no_tool": "w/o tool-error penalty",
-                 "no_penalties": "w/o both penalties", "no_length_seqmean": "w/o length pen., seq-mean",
-                 "no_length_seqmean_no_tis": "w/o length pen., seq-mean, no TIS"}
+RECIPE_LABELS = {
+    "spo_adam": "SPO + Adam",
+    "spo_muon": "SPO + Muon",
+    "full": "Full recipe (SPO++ + Muon)",
+    "no_length": "w/o length penalty",
+    "no_tool": "w/o tool-error penalty",
+    "no_penalties": "w/o both penalties",
+    "no_length_seqmean": "w/o length pen., seq-mean",
+    "no_length_seqmean_no_tis": "w/o length pen., seq-mean, no TIS",
+}
 """Display names of the Figure 2 recipes; an unknown recipe is shown by its own name."""
 
 FORMATS: tuple[str, ...] = ("png", "pdf")
@@ -47,17 +54,29 @@ PNG_COMPRESSION = 1
 """zlib level of the PNG: level 1 instead of the default 6 saves a few tenths of a second per figure of a
 1,000-run grid, for files about 10% larger (these figures are mostly flat colour)."""
 
-STYLE = {**sns.axes_style("ticks"), **sns.plotting_context("paper", font_scale=1.15),
-         "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True, "grid.color": "#e6e6e6",
-         "grid.linewidth": 0.6, "axes.axisbelow": True, "legend.frameon": False, "figure.dpi": 100,
-         "pdf.fonttype": 42, "figure.autolayout": False, "figure.constrained_layout.use": False}
+STYLE = {
+    **sns.axes_style("ticks"),
+    **sns.plotting_context("paper", font_scale=1.15),
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.color": "#e6e6e6",
+    "grid.linewidth": 0.6,
+    "axes.axisbelow": True,
+    "legend.frameon": False,
+    "figure.dpi": 100,
+    "pdf.fonttype": 42,
+    "figure.autolayout": False,
+    "figure.constrained_layout.use": False,
+}
 """seaborn's "ticks" style and "paper" context, light grid; applied per figure with `rc_context`, never globally."""
 
 PLAIN = FuncFormatter(lambda value, _: f"{value:g}")
 """Log-axis tick labels as plain numbers (0.01, 1, 10): easier to read than 10^-2, and no mathtext to typeset."""
 
-COLLAPSE_HANDLE = Line2D([], [], marker="X", ls="", color=COLLAPSE, markersize=7, markeredgecolor="white",
-                         label="collapse")
+COLLAPSE_HANDLE = Line2D(
+    [], [], marker="X", ls="", color=COLLAPSE, markersize=7, markeredgecolor="white", label="collapse"
+)
 SEED_HANDLE = Line2D([], [], marker="o", ls="", color="#222222", markersize=4, label="one seed")
 COLLAPSED_SEED_HANDLE = Line2D([], [], marker="o", ls="", color=COLLAPSE, markersize=4, label="collapsed seed")
 
@@ -68,35 +87,61 @@ def recipe_label(recipe: str) -> str:
 
 
 def family_title(model: str, models: Mapping[str, str] | None) -> str:
-    """"MiniCPM5-2B stand-in (minicpm-tiny)" at the embedded scale; the paper's name alone at paper scale."""
+    """ "MiniCPM5-2B stand-in (minicpm-tiny)" at the embedded scale; the paper's name alone at paper scale."""
     name = paper_model(model, models)
     return name if name == model else f"{name} stand-in ({model})"
 
 
 def family_handles(model_list: Sequence[str], models: Mapping[str, str] | None) -> list[Line2D]:
     """Legend entries of the model families' line styles (`LINE_STYLES`, in `model_list` order)."""
-    return [Line2D([], [], color=MUTED, lw=1.5, ls=LINE_STYLES[m % len(LINE_STYLES)],
-                   label=family_title(model, models)) for m, model in enumerate(model_list)]
+    return [
+        Line2D([], [], color=MUTED, lw=1.5, ls=LINE_STYLES[m % len(LINE_STYLES)], label=family_title(model, models))
+        for m, model in enumerate(model_list)
+    ]
 
 
 # -- layout ------------------------------------------------------------------------------------------------
-def grid(nrows: int, ncols: int, panel: tuple[float, float], margins: tuple[float, float, float, float],
-         gaps: tuple[float, float], **subplot_kw) -> tuple[Figure, np.ndarray]:
+def grid(
+    nrows: int,
+    ncols: int,
+    panel: tuple[float, float],
+    margins: tuple[float, float, float, float],
+    gaps: tuple[float, float],
+    **subplot_kw,
+) -> tuple[Figure, np.ndarray]:
     """A figure of nrows x ncols panels of `panel` (w, h) inches; margins (left, right, top, bottom) and gaps
     (between columns, between rows) in inches too, so text space does not shrink as panels are added."""
     (w, h), (left, right, top, bottom), (wgap, hgap) = panel, margins, gaps
     width, height = left + right + ncols * w + (ncols - 1) * wgap, top + bottom + nrows * h + (nrows - 1) * hgap
     fig = Figure(figsize=(width, height))
-    axes = fig.subplots(nrows, ncols, squeeze=False, gridspec_kw={
-        "left": left / width, "right": 1 - right / width, "top": 1 - top / height, "bottom": bottom / height,
-        "wspace": wgap / w, "hspace": hgap / h}, **subplot_kw)
+    axes = fig.subplots(
+        nrows,
+        ncols,
+        squeeze=False,
+        gridspec_kw={
+            "left": left / width,
+            "right": 1 - right / width,
+            "top": 1 - top / height,
+            "bottom": bottom / height,
+            "wspace": wgap / w,
+            "hspace": hgap / h,
+        },
+        **subplot_kw,
+    )
     return fig, axes.ravel()
 
 
 def legend(fig: Figure, handles: list, ncol: int | None = None) -> None:
     """One legend for the whole figure, centred in the bottom margin."""
-    fig.legend(handles=handles, loc="lower center", ncol=ncol or len(handles), bbox_to_anchor=(0.5, 0.0),
-               fontsize=8.5, handlelength=2.2, columnspacing=1.4)
+    fig.legend(
+        handles=handles,
+        loc="lower center",
+        ncol=ncol or len(handles),
+        bbox_to_anchor=(0.5, 0.0),
+        fontsize=8.5,
+        handlelength=2.2,
+        columnspacing=1.4,
+    )
 
 
 def suptitle(fig: Figure, text: str) -> None:
@@ -135,8 +180,9 @@ def log_y(ax) -> None:
     ax.yaxis.set_minor_formatter(NullFormatter())
 
 
-def fixed_log_x(ax, values: Sequence[float], labels: Sequence[str], margin: float, base: float = 10,
-                **label_kw) -> None:
+def fixed_log_x(
+    ax, values: Sequence[float], labels: Sequence[str], margin: float, base: float = 10, **label_kw
+) -> None:
     """A log x axis with a tick (and `labels`) at each of `values` only, `margin` times wider on each side."""
     ax.set_xscale("log", **({} if base == 10 else {"base": base}))
     ax.xaxis.set_major_locator(FixedLocator(list(values)))
@@ -155,8 +201,16 @@ def lines(ax, curves: Sequence[np.ndarray], column: int, **style) -> None:
 def mark_collapses(ax, points: pd.DataFrame) -> int:
     """Red crosses at the collapse points' (`update`, `ema_pct`); returns how many."""
     if len(points):
-        ax.scatter(points["update"], points["ema_pct"], marker="X", s=55, color=COLLAPSE, edgecolor="white",
-                   linewidth=0.6, zorder=5)
+        ax.scatter(
+            points["update"],
+            points["ema_pct"],
+            marker="X",
+            s=55,
+            color=COLLAPSE,
+            edgecolor="white",
+            linewidth=0.6,
+            zorder=5,
+        )
     return len(points)
 
 
@@ -165,14 +219,29 @@ def seed_dots(ax, x, y, dead: np.ndarray) -> None:
     ax.scatter(x, y, s=np.where(dead, 16, 11), color=np.where(dead, COLLAPSE, "#222222"), zorder=5, linewidth=0)
 
 
-def error_bars(ax, x: np.ndarray, y: np.ndarray, low: np.ndarray, high: np.ndarray, color: str = "black",
-               zorder: float = 4, horizontal: bool = False) -> None:
+def error_bars(
+    ax,
+    x: np.ndarray,
+    y: np.ndarray,
+    low: np.ndarray,
+    high: np.ndarray,
+    color: str = "black",
+    zorder: float = 4,
+    horizontal: bool = False,
+) -> None:
     """Interval whiskers low..high around y at x (x and y swapped when `horizontal`), where the interval exists."""
     ok = np.isfinite(low)
     err = [y[ok] - low[ok], high[ok] - y[ok]]
     where = (y[ok], x[ok]) if horizontal else (x[ok], y[ok])
-    ax.errorbar(*where, **{"xerr" if horizontal else "yerr": err}, fmt="none", ecolor=color, elinewidth=1.0,
-                capsize=2.5, zorder=zorder)
+    ax.errorbar(
+        *where,
+        **{"xerr" if horizontal else "yerr": err},
+        fmt="none",
+        ecolor=color,
+        elinewidth=1.0,
+        capsize=2.5,
+        zorder=zorder,
+    )
 
 
 def interval_line(ax, x: np.ndarray, y: np.ndarray, low: np.ndarray, high: np.ndarray, color, style: str = "-"):
@@ -181,8 +250,9 @@ def interval_line(ax, x: np.ndarray, y: np.ndarray, low: np.ndarray, high: np.nd
     error_bars(ax, x, y, low, high, color, zorder=3)
 
 
-def median_band(ax, q: pd.DataFrame, column: str, stats: tuple[str, str, str], color, style: str,
-                band_gaps: bool = False) -> bool:
+def median_band(
+    ax, q: pd.DataFrame, column: str, stats: tuple[str, str, str], color, style: str, band_gaps: bool = False
+) -> bool:
     """The `stats` (low, middle, high suffixes of `column`) of `q` over its `update`: middle as a line, low..high
     shaded, where the middle is known. `band_gaps`: the band is cut where a value is missing instead of bridged.
     Returns whether anything was drawn."""

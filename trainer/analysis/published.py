@@ -16,6 +16,7 @@ not rerun) or **extra** (rerun, not published). It exits 1 when any run is outsi
     python -m trainer.analysis.published publish --results results --study config.yaml --out docs/results/default
     python -m trainer.analysis.published compare --results results --published docs/results/default
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,12 +59,15 @@ def cell_provenance(metrics_path: Path) -> dict:
 
 def version_at(commit: str, repo: Path) -> str:
     """TRAINER_VERSION as `trainer/__init__.py` names it at `commit` (ValueError where git cannot say)."""
-    run = subprocess.run(["git", "-C", str(repo), "show", f"{commit}:trainer/__init__.py"], capture_output=True,
-                         text=True)
+    run = subprocess.run(
+        ["git", "-C", str(repo), "show", f"{commit}:trainer/__init__.py"], capture_output=True, text=True
+    )
     found = re.search(r'^TRAINER_VERSION = "([^"]+)"', run.stdout, flags=re.M) if run.returncode == 0 else None
     if found is None:
-        raise ValueError(f"commit {commit}: cannot read its TRAINER_VERSION from git in {repo} "
-                         f"({run.stderr.strip() or 'no TRAINER_VERSION line'})")
+        raise ValueError(
+            f"commit {commit}: cannot read its TRAINER_VERSION from git in {repo} "
+            f"({run.stderr.strip() or 'no TRAINER_VERSION line'})"
+        )
     return found.group(1)
 
 
@@ -76,21 +80,32 @@ def study_provenance(results: Path, study_file: Path, repo: Path, wall_time_s: f
     provs = [cell_provenance(p) for p in paths]
     dirty = [str(p) for p, prov in zip(paths, provs) if prov["git"].get("dirty")]
     if dirty:
-        raise ValueError(f"{dirty[0]} (and {len(dirty) - 1} more): written from a checkout with uncommitted "
-                         f"changes, so no commit reproduces it")
+        raise ValueError(
+            f"{dirty[0]} (and {len(dirty) - 1} more): written from a checkout with uncommitted "
+            f"changes, so no commit reproduces it"
+        )
     commits = sorted({prov["git"]["commit"] for prov in provs})
     versions = {prov.get("trainer_version") or version_at(prov["git"]["commit"], repo) for prov in provs}
     if len(versions) != 1:
-        raise ValueError(f"{results}: the cells were trained by trainer versions {sorted(versions)}; a published "
-                         f"study is one version")
+        raise ValueError(
+            f"{results}: the cells were trained by trainer versions {sorted(versions)}; a published "
+            f"study is one version"
+        )
     first = provs[0]
-    return {"trainer_version": versions.pop(), "commits": commits, "study_file": str(study_file),
-            "study_sha256": hashlib.sha256(study_file.read_bytes()).hexdigest(), "n_cells": len(paths),
-            "machine": {k: first["hardware"].get(k) for k in ("processor", "cpu_features", "machine", "logical_cores",
-                                                              "cuda_devices")},
-            "versions": first["versions"],
-            "trained_utc": [min(p["timestamp_utc"] for p in provs), max(p["timestamp_utc"] for p in provs)],
-            "wall_time_s": wall_time_s}
+    return {
+        "trainer_version": versions.pop(),
+        "commits": commits,
+        "study_file": str(study_file),
+        "study_sha256": hashlib.sha256(study_file.read_bytes()).hexdigest(),
+        "n_cells": len(paths),
+        "machine": {
+            k: first["hardware"].get(k)
+            for k in ("processor", "cpu_features", "machine", "logical_cores", "cuda_devices")
+        },
+        "versions": first["versions"],
+        "trained_utc": [min(p["timestamp_utc"] for p in provs), max(p["timestamp_utc"] for p in provs)],
+        "wall_time_s": wall_time_s,
+    }
 
 
 def publish(results: Path, study_file: Path, out: Path, repo: Path, wall_time_s: float | None = None) -> dict:
@@ -195,9 +210,13 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"{runs_file}: missing; run the study's summarize rule first")
         published, prov = read_published(args.published)
         from trainer import TRAINER_VERSION
+
         if prov["trainer_version"] != TRAINER_VERSION:
-            print(f"note: {args.published} was measured with trainer version {prov['trainer_version']}, this "
-                  f"checkout is version {TRAINER_VERSION}: expect differences", file=sys.stderr)
+            print(
+                f"note: {args.published} was measured with trainer version {prov['trainer_version']}, this "
+                f"checkout is version {TRAINER_VERSION}: expect differences",
+                file=sys.stderr,
+            )
         table = compare(pd.read_parquet(runs_file), published)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -28,6 +28,7 @@ with the bootstrap interval as error bars, each seed a small dot and each collap
 ring marks the selected lr on the AUC row, and a dotted line Muon's selected lr, where AdamW's curve gives the
 companion's control ("AdamW at Muon's learning rate").
 """
+
 from __future__ import annotations
 
 import math
@@ -46,12 +47,42 @@ from matplotlib.lines import Line2D
 from trainer.analysis.collapse import CollapseCriterion
 from trainer.analysis.kinds import STABILITY
 from trainer.analysis.logs import NONFINITE_COLUMNS, load_metrics, paper_model, run_keys
-from trainer.analysis.plotting import (COLLAPSE, LINE_STYLES, MUTED, OPTIMIZER_COLORS, OPTIMIZER_LABELS, STYLE,
-                                       empty, family_title, fixed_log_x, grid, interval_line, legend,
-                                       outputs_by_figure, recipe_label, save_figures, suptitle)
-from trainer.analysis.summary import (BOOTSTRAP_SEED, WINDOW_FRACTION, ci_text, collapsed_text, markdown_head,
-                                      native_optimizer, ordered, pct, read_judged_runs, run_table, seed_stats,
-                                      sort_cells, summary_notes, table_head, table_row, write_tables)
+from trainer.analysis.plotting import (
+    COLLAPSE,
+    LINE_STYLES,
+    MUTED,
+    OPTIMIZER_COLORS,
+    OPTIMIZER_LABELS,
+    STYLE,
+    empty,
+    family_title,
+    fixed_log_x,
+    grid,
+    interval_line,
+    legend,
+    outputs_by_figure,
+    recipe_label,
+    save_figures,
+    suptitle,
+)
+from trainer.analysis.summary import (
+    BOOTSTRAP_SEED,
+    WINDOW_FRACTION,
+    ci_text,
+    collapsed_text,
+    markdown_head,
+    native_optimizer,
+    ordered,
+    pct,
+    read_judged_runs,
+    run_table,
+    seed_stats,
+    sort_cells,
+    summary_notes,
+    table_head,
+    table_row,
+    write_tables,
+)
 from trainer.study import lr_label
 
 STABILITY_COLUMNS: tuple[str, ...] = ("update", "success_rate", "eval_success", "entropy", *NONFINITE_COLUMNS)
@@ -60,16 +91,22 @@ STABILITY_FIGURES: tuple[str, ...] = tuple(STABILITY.figures)
 
 
 # -- per run -----------------------------------------------------------------------------------------------
-def sweep_run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | None = None,
-                    window_fraction: float = WINDOW_FRACTION, models: Mapping[str, str] | None = None) -> pd.DataFrame:
+def sweep_run_table(
+    metrics: pd.DataFrame,
+    criterion: CollapseCriterion | None = None,
+    window_fraction: float = WINDOW_FRACTION,
+    models: Mapping[str, str] | None = None,
+) -> pd.DataFrame:
     """One row per run (fractions): `summary.run_table`'s columns (per lr where the logs have one, with `lr`
     before `seed`), plus `heldout_auc` (see the module docstring)."""
     if len(metrics) == 0:
         raise ValueError("sweep_run_table: the metrics table is empty")
     keys = run_keys(metrics)
     if "lr" in metrics.columns:
-        parts = [run_table(part.drop(columns="lr"), criterion, window_fraction, models).assign(lr=float(lr))
-                 for lr, part in metrics.groupby("lr", sort=True)]
+        parts = [
+            run_table(part.drop(columns="lr"), criterion, window_fraction, models).assign(lr=float(lr))
+            for lr, part in metrics.groupby("lr", sort=True)
+        ]
         runs = pd.concat(parts, ignore_index=True)
     else:
         runs = run_table(metrics, criterion, window_fraction, models)
@@ -85,8 +122,12 @@ def sweep_run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | None =
 
 
 # -- tables ------------------------------------------------------------------------------------------------
-def stability_summary_table(runs: pd.DataFrame, bootstrap_seed: int = BOOTSTRAP_SEED,
-                            models: Mapping[str, str] | None = None, level: float = 0.95) -> pd.DataFrame:
+def stability_summary_table(
+    runs: pd.DataFrame,
+    bootstrap_seed: int = BOOTSTRAP_SEED,
+    models: Mapping[str, str] | None = None,
+    level: float = 0.95,
+) -> pd.DataFrame:
     """One row per model x recipe x optimizer x lr (percent): final training success and held-out AUC (mean over
     seeds, bootstrap interval), held-out success at the last evaluation, seeds and collapsed seeds."""
     rows = []
@@ -95,14 +136,26 @@ def stability_summary_table(runs: pd.DataFrame, bootstrap_seed: int = BOOTSTRAP_
         final, final_low, final_high = seed_stats(cell, "window_success", bootstrap_seed, level)
         auc, auc_low, auc_high = seed_stats(cell, "heldout_auc", bootstrap_seed, level)
         collapsed = cell["collapsed"].astype(bool)
-        rows.append({"model": model, "paper_model": paper_model(model, models), "recipe": recipe,
-                     "optimizer": optimizer, "lr": float(lr), "n_seeds": len(cell),
-                     "seeds": ",".join(str(s) for s in cell["seed"]),
-                     "final_pct_mean": final, "final_pct_ci_low": final_low, "final_pct_ci_high": final_high,
-                     "heldout_last_pct_mean": seed_stats(cell, "eval_success", bootstrap_seed, level)[0],
-                     "auc_pct_mean": auc, "auc_pct_ci_low": auc_low, "auc_pct_ci_high": auc_high,
-                     "n_collapsed": int(collapsed.sum()),
-                     "collapsed_seeds": ",".join(str(s) for s in cell.loc[collapsed, "seed"])})
+        rows.append(
+            {
+                "model": model,
+                "paper_model": paper_model(model, models),
+                "recipe": recipe,
+                "optimizer": optimizer,
+                "lr": float(lr),
+                "n_seeds": len(cell),
+                "seeds": ",".join(str(s) for s in cell["seed"]),
+                "final_pct_mean": final,
+                "final_pct_ci_low": final_low,
+                "final_pct_ci_high": final_high,
+                "heldout_last_pct_mean": seed_stats(cell, "eval_success", bootstrap_seed, level)[0],
+                "auc_pct_mean": auc,
+                "auc_pct_ci_low": auc_low,
+                "auc_pct_ci_high": auc_high,
+                "n_collapsed": int(collapsed.sum()),
+                "collapsed_seeds": ",".join(str(s) for s in cell.loc[collapsed, "seed"]),
+            }
+        )
     return sort_cells(pd.DataFrame(rows), models, extra=("lr",))
 
 
@@ -114,20 +167,33 @@ def select_lrs(summary: pd.DataFrame) -> pd.DataFrame:
         per_lr = part.groupby("lr", sort=True).agg(auc=("auc_pct_mean", "mean"), collapsed=("n_collapsed", "sum"))
         candidates = per_lr[per_lr["auc"].notna()].reset_index()
         best = candidates.sort_values(["auc", "lr"], ascending=[False, True], kind="stable").head(1)
-        rows.append({"model": model, "paper_model": part["paper_model"].iloc[0], "optimizer": optimizer,
-                     "selected_lr": float(best["lr"].iloc[0]) if len(best) else math.nan,
-                     "auc_pct": float(best["auc"].iloc[0]) if len(best) else math.nan,
-                     "lrs": [float(lr) for lr in per_lr.index],
-                     "stable_lrs": [float(lr) for lr in per_lr.index[per_lr["collapsed"] == 0]]})
-    return pd.DataFrame(rows, columns=["model", "paper_model", "optimizer", "selected_lr", "auc_pct", "lrs",
-                                       "stable_lrs"])
+        rows.append(
+            {
+                "model": model,
+                "paper_model": part["paper_model"].iloc[0],
+                "optimizer": optimizer,
+                "selected_lr": float(best["lr"].iloc[0]) if len(best) else math.nan,
+                "auc_pct": float(best["auc"].iloc[0]) if len(best) else math.nan,
+                "lrs": [float(lr) for lr in per_lr.index],
+                "stable_lrs": [float(lr) for lr in per_lr.index[per_lr["collapsed"] == 0]],
+            }
+        )
+    return pd.DataFrame(
+        rows, columns=["model", "paper_model", "optimizer", "selected_lr", "auc_pct", "lrs", "stable_lrs"]
+    )
 
 
 def select_pooled_lrs(summary: pd.DataFrame) -> dict[str, float]:
     """Per optimizer, one lr for every family (what a study's `lr:` table holds): the best held-out AUC averaged
     over the families that ran it (each family's mean over seeds, then their mean; ties to the smaller lr)."""
-    per_lr = (summary.groupby(["optimizer", "lr", "model"], sort=True)["auc_pct_mean"].mean()
-              .groupby(["optimizer", "lr"], sort=True).mean().dropna().reset_index())
+    per_lr = (
+        summary.groupby(["optimizer", "lr", "model"], sort=True)["auc_pct_mean"]
+        .mean()
+        .groupby(["optimizer", "lr"], sort=True)
+        .mean()
+        .dropna()
+        .reset_index()
+    )
     chosen = {}
     for optimizer, part in per_lr.groupby("optimizer", sort=False):
         best = part.sort_values(["auc_pct_mean", "lr"], ascending=[False, True], kind="stable").iloc[0]
@@ -144,9 +210,11 @@ def selected_lr_yaml(selection: pd.DataFrame, pooled: Mapping[str, float] | None
             table.setdefault(row.model, {})[row.optimizer] = float(row.selected_lr)
     if pooled:
         table["lr"] = dict(pooled)
-    header = ("# The stability study's selected learning rates: per model and optimizer, the lr with the best mean\n"
-              "# held-out AUC (ties: the smaller lr); under `lr`, per optimizer, the best AUC averaged over the\n"
-              "# families: the default study's top-level `lr:` table (config.yaml).\n")
+    header = (
+        "# The stability study's selected learning rates: per model and optimizer, the lr with the best mean\n"
+        "# held-out AUC (ties: the smaller lr); under `lr`, per optimizer, the best AUC averaged over the\n"
+        "# families: the default study's top-level `lr:` table (config.yaml).\n"
+    )
     return header + (yaml.safe_dump(table, sort_keys=False) if table else "{}\n")
 
 
@@ -154,34 +222,91 @@ def _lrs(values: Sequence[float]) -> str:
     return ", ".join(lr_label(v) for v in values) if len(values) else "none"
 
 
-def stability_markdown(summary: pd.DataFrame, selection: pd.DataFrame, notes: Sequence[str] = (),
-                       window_fraction: float = WINDOW_FRACTION, pooled: Mapping[str, float] | None = None) -> str:
+def stability_markdown(
+    summary: pd.DataFrame,
+    selection: pd.DataFrame,
+    notes: Sequence[str] = (),
+    window_fraction: float = WINDOW_FRACTION,
+    pooled: Mapping[str, float] | None = None,
+) -> str:
     """The summary as a Markdown page: method, notes, the selection per model and optimizer, then every lr."""
-    method = (f"Final = mean unsmoothed training success over the last {window_fraction:.0%} of each run's updates; "
-              "held-out AUC = mean of every held-out evaluation (`eval_success`) of the run, i.e. the normalised "
-              "area under its held-out curve; last held-out = the final evaluation. All in percent, averaged over "
-              "seeds; interval = 95% percentile bootstrap over seeds (n/a with one seed). Collapse = the rule in "
-              "`trainer/analysis/collapse.py`. Selected lr = per model and optimizer, the lr with the best mean "
-              "held-out AUC (ties: the smaller lr); stable lrs = those at which no seed collapsed.")
+    method = (
+        f"Final = mean unsmoothed training success over the last {window_fraction:.0%} of each run's updates; "
+        "held-out AUC = mean of every held-out evaluation (`eval_success`) of the run, i.e. the normalised "
+        "area under its held-out curve; last held-out = the final evaluation. All in percent, averaged over "
+        "seeds; interval = 95% percentile bootstrap over seeds (n/a with one seed). Collapse = the rule in "
+        "`trainer/analysis/collapse.py`. Selected lr = per model and optimizer, the lr with the best mean "
+        "held-out AUC (ties: the smaller lr); stable lrs = those at which no seed collapsed."
+    )
     lines = markdown_head("Learning-rate stability", method, notes)
     if pooled:
-        lines += ["## One learning rate per optimizer", "", "Per optimizer, the lr with the best held-out AUC averaged "
-                  "over the families (the default study's `lr:` table): " + ", ".join(
-                      f"{optimizer} {lr_label(lr)}" for optimizer, lr in pooled.items()) + ".", ""]
-    lines += ["## Selected learning rates", "", *table_head(["model", "paper model", "optimizer", "selected lr",
-                                                             "held-out AUC %", "stable lrs", "swept lrs"])]
+        lines += [
+            "## One learning rate per optimizer",
+            "",
+            "Per optimizer, the lr with the best held-out AUC averaged "
+            "over the families (the default study's `lr:` table): "
+            + ", ".join(f"{optimizer} {lr_label(lr)}" for optimizer, lr in pooled.items())
+            + ".",
+            "",
+        ]
+    lines += [
+        "## Selected learning rates",
+        "",
+        *table_head(["model", "paper model", "optimizer", "selected lr", "held-out AUC %", "stable lrs", "swept lrs"]),
+    ]
     for row in selection.itertuples(index=False):
         chosen = lr_label(row.selected_lr) if np.isfinite(row.selected_lr) else "– (never evaluated)"
-        lines.append(table_row([row.model, row.paper_model, row.optimizer, chosen, pct(row.auc_pct),
-                                _lrs(row.stable_lrs), _lrs(row.lrs)]))
-    lines += ["", "## Every learning rate", "", *table_head(["model", "recipe", "optimizer", "lr", "seeds", "final %",
-                                                             "95% CI", "held-out AUC %", "95% CI", "last held-out %",
-                                                             "collapsed"])]
+        lines.append(
+            table_row(
+                [
+                    row.model,
+                    row.paper_model,
+                    row.optimizer,
+                    chosen,
+                    pct(row.auc_pct),
+                    _lrs(row.stable_lrs),
+                    _lrs(row.lrs),
+                ]
+            )
+        )
+    lines += [
+        "",
+        "## Every learning rate",
+        "",
+        *table_head(
+            [
+                "model",
+                "recipe",
+                "optimizer",
+                "lr",
+                "seeds",
+                "final %",
+                "95% CI",
+                "held-out AUC %",
+                "95% CI",
+                "last held-out %",
+                "collapsed",
+            ]
+        ),
+    ]
     for row in summary.itertuples(index=False):
-        lines.append(table_row([row.model, row.recipe, row.optimizer, lr_label(row.lr), str(row.n_seeds),
-                                pct(row.final_pct_mean), ci_text(row.final_pct_ci_low, row.final_pct_ci_high),
-                                pct(row.auc_pct_mean), ci_text(row.auc_pct_ci_low, row.auc_pct_ci_high),
-                                pct(row.heldout_last_pct_mean), collapsed_text(row)]))
+        lines.append(
+            table_row(
+                [
+                    row.model,
+                    row.recipe,
+                    row.optimizer,
+                    lr_label(row.lr),
+                    str(row.n_seeds),
+                    pct(row.final_pct_mean),
+                    ci_text(row.final_pct_ci_low, row.final_pct_ci_high),
+                    pct(row.auc_pct_mean),
+                    ci_text(row.auc_pct_ci_low, row.auc_pct_ci_high),
+                    pct(row.heldout_last_pct_mean),
+                    collapsed_text(row),
+                ]
+            )
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -191,8 +316,10 @@ def evaluation_notes(runs: pd.DataFrame) -> list[str]:
     if len(never) == 0:
         return []
     keys = run_keys(never)
-    labels = ["/".join(f"{k}={lr_label(v) if k == 'lr' else v}" for k, v in zip(keys, row))
-              for row in never[keys].itertuples(index=False, name=None)]
+    labels = [
+        "/".join(f"{k}={lr_label(v) if k == 'lr' else v}" for k, v in zip(keys, row))
+        for row in never[keys].itertuples(index=False, name=None)
+    ]
     return [f"{len(never)} run(s) never evaluated (no held-out metrics): {', '.join(labels)}"]
 
 
@@ -211,51 +338,80 @@ def line_styles(summary: pd.DataFrame) -> dict[tuple[str, str], tuple[str, str, 
     return styles
 
 
-def figure_stability(runs: pd.DataFrame, summary: pd.DataFrame, selection: pd.DataFrame,
-                     models: Mapping[str, str] | None = None) -> Figure:
+def figure_stability(
+    runs: pd.DataFrame, summary: pd.DataFrame, selection: pd.DataFrame, models: Mapping[str, str] | None = None
+) -> Figure:
     """Final training success (top) and held-out AUC (bottom) against lr, one column per model family."""
     if summary.empty:
         return empty("stability: no runs in these logs")
     model_list = ordered(summary["model"], list(models or {}))
     lrs = sorted(set(summary["lr"]))
     styles = line_styles(summary)
-    panels = (("final_pct", "window_success", "Final training success (%)"),
-              ("auc_pct", "heldout_auc", "Held-out AUC (%)"))
+    panels = (
+        ("final_pct", "window_success", "Final training success (%)"),
+        ("auc_pct", "heldout_auc", "Held-out AUC (%)"),
+    )
     ncol = 3 if len(model_list) > 1 else 2  # legend columns: a one-model figure is narrow
     legend_rows = -(-(len(styles) + 5) // ncol)  # the optimizers' lines and at most 5 marker entries
     with matplotlib.rc_context(STYLE):
-        fig, axes = grid(2, len(model_list), (3.8, 2.6), (0.75, 0.15, 0.75, 0.95 + 0.25 * legend_rows),
-                         (0.35, 0.75), sharey=True)
+        fig, axes = grid(
+            2, len(model_list), (3.8, 2.6), (0.75, 0.15, 0.75, 0.95 + 0.25 * legend_rows), (0.35, 0.75), sharey=True
+        )
         collapsed_seen = selected_seen = muon_lr_seen = False
         for j, model in enumerate(model_list):
             for i, (stat, column, ylabel) in enumerate(panels):
                 ax = axes[i * len(model_list) + j]
                 for k, ((recipe, optimizer), (color, style, _)) in enumerate(styles.items()):
-                    line = summary[(summary["model"] == model) & (summary["recipe"] == recipe)
-                                   & (summary["optimizer"] == optimizer)].sort_values("lr")
+                    line = summary[
+                        (summary["model"] == model)
+                        & (summary["recipe"] == recipe)
+                        & (summary["optimizer"] == optimizer)
+                    ].sort_values("lr")
                     if line.empty:
                         continue
-                    interval_line(ax, line["lr"].to_numpy(dtype=float), line[f"{stat}_mean"].to_numpy(dtype=float),
-                                  line[f"{stat}_ci_low"].to_numpy(dtype=float),
-                                  line[f"{stat}_ci_high"].to_numpy(dtype=float), color, style)
-                    seeds = runs[(runs["model"] == model) & (runs["recipe"] == recipe)
-                                 & (runs["optimizer"] == optimizer)]
+                    interval_line(
+                        ax,
+                        line["lr"].to_numpy(dtype=float),
+                        line[f"{stat}_mean"].to_numpy(dtype=float),
+                        line[f"{stat}_ci_low"].to_numpy(dtype=float),
+                        line[f"{stat}_ci_high"].to_numpy(dtype=float),
+                        color,
+                        style,
+                    )
+                    seeds = runs[
+                        (runs["model"] == model) & (runs["recipe"] == recipe) & (runs["optimizer"] == optimizer)
+                    ]
                     shift = 1.0 + 0.06 * (k - (len(styles) - 1) / 2)  # side by side on the log axis
                     values = 100 * seeds[column].to_numpy(dtype=float)
                     dead = seeds["collapsed"].to_numpy(dtype=bool)
                     xs = seeds["lr"].to_numpy(dtype=float) * shift
                     ax.scatter(xs[~dead], values[~dead], s=9, color=color, alpha=0.55, linewidth=0, zorder=4)
                     if dead.any():
-                        ax.scatter(xs[dead], values[dead], marker="X", s=45, color=COLLAPSE, edgecolor="white",
-                                   linewidth=0.5, zorder=5)
+                        ax.scatter(
+                            xs[dead],
+                            values[dead],
+                            marker="X",
+                            s=45,
+                            color=COLLAPSE,
+                            edgecolor="white",
+                            linewidth=0.5,
+                            zorder=5,
+                        )
                         collapsed_seen = True
                     if stat == "auc_pct":
                         chosen = selection[(selection["model"] == model) & (selection["optimizer"] == optimizer)]
                         for lr in chosen["selected_lr"].dropna():
                             at = line[line["lr"] == lr]
                             if len(at):
-                                ax.scatter([lr], at["auc_pct_mean"], s=130, facecolor="none", edgecolor=color,
-                                           linewidth=1.6, zorder=6)
+                                ax.scatter(
+                                    [lr],
+                                    at["auc_pct_mean"],
+                                    s=130,
+                                    facecolor="none",
+                                    edgecolor=color,
+                                    linewidth=1.6,
+                                    zorder=6,
+                                )
                                 selected_seen = True
                 muon = selection[(selection["model"] == model) & (selection["optimizer"] == "muon")]["selected_lr"]
                 for lr in muon.dropna():  # where AdamW's curve crosses it: the companion's "AdamW at Muon's lr"
@@ -269,30 +425,67 @@ def figure_stability(runs: pd.DataFrame, summary: pd.DataFrame, selection: pd.Da
                     ax.set_title(family_title(model, models), fontsize=10)
                 else:
                     ax.set_xlabel("Learning rate")
-        handles = [Line2D([], [], color=c, ls=s, lw=1.6, marker="o", markersize=4, label=label)
-                   for c, s, label in styles.values()]
+        handles = [
+            Line2D([], [], color=c, ls=s, lw=1.6, marker="o", markersize=4, label=label)
+            for c, s, label in styles.values()
+        ]
         handles.append(Line2D([], [], color=MUTED, lw=1.0, label="95% bootstrap CI over seeds"))
         handles.append(Line2D([], [], marker="o", ls="", color=MUTED, alpha=0.55, markersize=3, label="one seed"))
         if collapsed_seen:
-            handles.append(Line2D([], [], marker="X", ls="", color=COLLAPSE, markersize=7, markeredgecolor="white",
-                                  label="collapsed seed"))
+            handles.append(
+                Line2D(
+                    [],
+                    [],
+                    marker="X",
+                    ls="",
+                    color=COLLAPSE,
+                    markersize=7,
+                    markeredgecolor="white",
+                    label="collapsed seed",
+                )
+            )
         if selected_seen:
-            handles.append(Line2D([], [], marker="o", ls="", markerfacecolor="none", markeredgecolor=MUTED,
-                                  markersize=10, label="selected lr (best held-out AUC)"))
+            handles.append(
+                Line2D(
+                    [],
+                    [],
+                    marker="o",
+                    ls="",
+                    markerfacecolor="none",
+                    markeredgecolor=MUTED,
+                    markersize=10,
+                    label="selected lr (best held-out AUC)",
+                )
+            )
         if muon_lr_seen:
-            handles.append(Line2D([], [], color=OPTIMIZER_COLORS["muon"], ls=":", lw=1.0,
-                                  label="Muon's selected lr (AdamW there:\nthe companion's control)"))
+            handles.append(
+                Line2D(
+                    [],
+                    [],
+                    color=OPTIMIZER_COLORS["muon"],
+                    ls=":",
+                    lw=1.0,
+                    label="Muon's selected lr (AdamW there:\nthe companion's control)",
+                )
+            )
         legend(fig, handles, ncol=min(len(handles), ncol))
         suptitle(fig, "Learning-rate stability")
     return fig
 
 
 # -- entry points (named by `kinds.STABILITY`, called by the workflow's scripts) -------------------------------
-def summarize_stability(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
-                        csv: str | os.PathLike, md: str | os.PathLike, runs_path: str | os.PathLike,
-                        selected: str | os.PathLike, collapse: Mapping[str, Any] | None = None,
-                        models: Mapping[str, str] | None = None, window_fraction: float = WINDOW_FRACTION,
-                        bootstrap_seed: int = BOOTSTRAP_SEED) -> list[str]:
+def summarize_stability(
+    metrics_paths: Sequence[str | os.PathLike],
+    base_dir: str | os.PathLike,
+    csv: str | os.PathLike,
+    md: str | os.PathLike,
+    runs_path: str | os.PathLike,
+    selected: str | os.PathLike,
+    collapse: Mapping[str, Any] | None = None,
+    models: Mapping[str, str] | None = None,
+    window_fraction: float = WINDOW_FRACTION,
+    bootstrap_seed: int = BOOTSTRAP_SEED,
+) -> list[str]:
     """Read the logs, judge every run, write the summary CSV and Markdown, the per-run Parquet table and the
     selected lrs (YAML, to `selected`). Returns notes for the log."""
     criterion = CollapseCriterion.from_dict(collapse)
@@ -306,18 +499,31 @@ def summarize_stability(metrics_paths: Sequence[str | os.PathLike], base_dir: st
     selection = select_lrs(summary)
     pooled = select_pooled_lrs(summary)
     notes = evaluation_notes(runs)
-    write_tables(summary, stability_markdown(summary, selection, notes, window_fraction, pooled), runs, csv, md,
-                 runs_path)
+    write_tables(
+        summary, stability_markdown(summary, selection, notes, window_fraction, pooled), runs, csv, md, runs_path
+    )
     Path(selected).write_text(selected_lr_yaml(selection, pooled))
-    chosen = [f"{r.model}/{r.optimizer}: {lr_label(r.selected_lr) if np.isfinite(r.selected_lr) else 'none'}"
-              for r in selection.itertuples(index=False)]
-    return summary_notes(metrics_paths, runs, summary, criterion,
-                         ["selected lr: " + "; ".join(chosen), f"one lr per optimizer: {pooled}", *notes])
+    chosen = [
+        f"{r.model}/{r.optimizer}: {lr_label(r.selected_lr) if np.isfinite(r.selected_lr) else 'none'}"
+        for r in selection.itertuples(index=False)
+    ]
+    return summary_notes(
+        metrics_paths,
+        runs,
+        summary,
+        criterion,
+        ["selected lr: " + "; ".join(chosen), f"one lr per optimizer: {pooled}", *notes],
+    )
 
 
-def plot_stability(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
-                   runs_path: str | os.PathLike, outputs: Sequence[str | os.PathLike],
-                   models: Mapping[str, str] | None = None, bootstrap_seed: int = BOOTSTRAP_SEED) -> list[str]:
+def plot_stability(
+    metrics_paths: Sequence[str | os.PathLike],
+    base_dir: str | os.PathLike,
+    runs_path: str | os.PathLike,
+    outputs: Sequence[str | os.PathLike],
+    models: Mapping[str, str] | None = None,
+    bootstrap_seed: int = BOOTSTRAP_SEED,
+) -> list[str]:
     """Read the logs' run keys and `summarize_stability`'s per-run table, draw and write exactly `outputs`."""
     by_name = outputs_by_figure(outputs, STABILITY_FIGURES)
     runs = read_judged_runs(metrics_paths, base_dir, runs_path)

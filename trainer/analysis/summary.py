@@ -25,6 +25,7 @@ Choices and why:
   quarter of runs at some settings) that a count means little without it. It is simulated (`calibration.py`)
   at the study's median `n_trajectories` and logged updates, so no workflow parameter is needed.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,8 +40,7 @@ import pandas as pd
 from trainer.analysis import calibration
 from trainer.analysis.collapse import CollapseCriterion, ema_by_run, judge, nonfinite_flags
 from trainer.analysis.kinds import MAIN, PAPER_NUMBERS
-from trainer.analysis.logs import (NONFINITE_COLUMNS, RUN_KEYS, check_no_axes, load_metrics, paper_model,
-                                   run_keys)
+from trainer.analysis.logs import NONFINITE_COLUMNS, RUN_KEYS, check_no_axes, load_metrics, paper_model, run_keys
 from trainer.config import FIGURE2_RECIPES, RECIPES
 
 WINDOW_FRACTION = 0.1
@@ -48,8 +48,15 @@ WINDOW_FRACTION = 0.1
 BOOTSTRAP_SEED = 0
 """Seed of the bootstrap intervals where a call gives none (the workflow passes its config's)."""
 
-SUMMARY_COLUMNS = ("update", "success_rate", "eval_success", "entropy", "baseline_informed_frac", "cheat_rate",
-                   *NONFINITE_COLUMNS)
+SUMMARY_COLUMNS = (
+    "update",
+    "success_rate",
+    "eval_success",
+    "entropy",
+    "baseline_informed_frac",
+    "cheat_rate",
+    *NONFINITE_COLUMNS,
+)
 """The metrics `summarize` reads (window means, held-out success, every collapse rule)."""
 
 CELL_KEYS: tuple[str, ...] = ("model", "recipe", "optimizer")
@@ -91,8 +98,12 @@ def run_bounds(frame: pd.DataFrame) -> list[tuple[tuple, int, int]]:
     return list(zip(keys, starts.tolist(), ends.tolist()))
 
 
-def run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | None = None,
-              window_fraction: float = WINDOW_FRACTION, models: Mapping[str, str] | None = None) -> pd.DataFrame:
+def run_table(
+    metrics: pd.DataFrame,
+    criterion: CollapseCriterion | None = None,
+    window_fraction: float = WINDOW_FRACTION,
+    models: Mapping[str, str] | None = None,
+) -> pd.DataFrame:
     """One row per run: its window, window mean success, final held-out success and collapse verdict.
 
     `metrics` is `load_metrics`' table. Columns: the run keys, `paper_model`, `n_updates`, `window_first`,
@@ -115,8 +126,9 @@ def run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | None = None,
     success = frame["success_rate"].to_numpy(dtype=float)
     evals = frame["eval_success"].to_numpy(dtype=float) if "eval_success" in frame.columns else None
     entropy = frame["entropy"].to_numpy(dtype=float) if "entropy" in frame.columns else None
-    informed = (frame["baseline_informed_frac"].to_numpy(dtype=float) if "baseline_informed_frac" in frame.columns
-                else None)
+    informed = (
+        frame["baseline_informed_frac"].to_numpy(dtype=float) if "baseline_informed_frac" in frame.columns else None
+    )
     cheat = frame["cheat_rate"].to_numpy(dtype=float) if "cheat_rate" in frame.columns else None
     flags = nonfinite_flags(frame, criterion.nonfinite)
     rows = []
@@ -125,25 +137,39 @@ def run_table(metrics: pd.DataFrame, criterion: CollapseCriterion | None = None,
         w = b - window_size(n, window_fraction)
         fifth = window_size(n, LEARNING_FRACTION)
         if np.isnan(success[w:b]).all():
-            raise ValueError(f"run {dict(zip(RUN_KEYS, key))}: no success_rate logged in its final window "
-                             f"(updates {update[w]}..{update[b - 1]})")
+            raise ValueError(
+                f"run {dict(zip(RUN_KEYS, key))}: no success_rate logged in its final window "
+                f"(updates {update[w]}..{update[b - 1]})"
+            )
         evaluated = np.flatnonzero(~np.isnan(evals[a:b])) if evals is not None else np.array([], dtype=int)
-        index, reason = judge(smoothed[a:b], {c: f[a:b] for c, f in flags.items()},
-                              None if entropy is None else entropy[a:b], criterion)
-        rows.append({**dict(zip(RUN_KEYS, key)), "paper_model": paper_model(key[0], models), "n_updates": n,
-                     "window_first": int(update[w]), "window_last": int(update[b - 1]),
-                     "window_success": float(np.nanmean(success[w:b])),
-                     "eval_success": float(evals[a + evaluated[-1]]) if len(evaluated) else np.nan,
-                     "eval_update": int(update[a + evaluated[-1]]) if len(evaluated) else None,
-                     "eval_first": float(evals[a + evaluated[0]]) if len(evaluated) > 1 else np.nan,
-                     "gain": float(np.nanmean(success[b - fifth:b]) - np.nanmean(success[a:a + fifth])),
-                     "informed_frac": (float(np.nanmean(informed[a:b])) if informed is not None
-                                       and not np.isnan(informed[a:b]).all() else np.nan),
-                     "cheat_frac": (float(np.nanmean(cheat[a:b])) if cheat is not None
-                                    and not np.isnan(cheat[a:b]).all() else np.nan),
-                     "collapsed": index is not None,
-                     "collapse_update": None if index is None else int(update[a + index]),
-                     "collapse_reason": reason})
+        index, reason = judge(
+            smoothed[a:b], {c: f[a:b] for c, f in flags.items()}, None if entropy is None else entropy[a:b], criterion
+        )
+        rows.append(
+            {
+                **dict(zip(RUN_KEYS, key)),
+                "paper_model": paper_model(key[0], models),
+                "n_updates": n,
+                "window_first": int(update[w]),
+                "window_last": int(update[b - 1]),
+                "window_success": float(np.nanmean(success[w:b])),
+                "eval_success": float(evals[a + evaluated[-1]]) if len(evaluated) else np.nan,
+                "eval_update": int(update[a + evaluated[-1]]) if len(evaluated) else None,
+                "eval_first": float(evals[a + evaluated[0]]) if len(evaluated) > 1 else np.nan,
+                "gain": float(np.nanmean(success[b - fifth : b]) - np.nanmean(success[a : a + fifth])),
+                "informed_frac": (
+                    float(np.nanmean(informed[a:b]))
+                    if informed is not None and not np.isnan(informed[a:b]).all()
+                    else np.nan
+                ),
+                "cheat_frac": (
+                    float(np.nanmean(cheat[a:b])) if cheat is not None and not np.isnan(cheat[a:b]).all() else np.nan
+                ),
+                "collapsed": index is not None,
+                "collapse_update": None if index is None else int(update[a + index]),
+                "collapse_reason": reason,
+            }
+        )
     runs = pd.DataFrame(rows)
     runs["eval_update"] = runs["eval_update"].astype("Int64")
     runs["collapse_update"] = runs["collapse_update"].astype("Int64")
@@ -162,15 +188,22 @@ def sort_rows(frame: pd.DataFrame, order: Mapping[str, Sequence | None], extra: 
     return frame.loc[key.sort_values(list(key.columns), kind="stable").index].reset_index(drop=True)
 
 
-def sort_cells(frame: pd.DataFrame, models: Mapping[str, str] | None = None,
-               extra: Sequence[str] = ()) -> pd.DataFrame:
+def sort_cells(frame: pd.DataFrame, models: Mapping[str, str] | None = None, extra: Sequence[str] = ()) -> pd.DataFrame:
     """Rows in reading order: models as in `models`, recipes in Figure 2 order, optimizers by name, then `extra`."""
-    return sort_rows(frame, {"model": ordered(frame["model"], list(models or {})),
-                             "recipe": ordered(frame["recipe"], list(FIGURE2_RECIPES)), "optimizer": None}, extra)
+    return sort_rows(
+        frame,
+        {
+            "model": ordered(frame["model"], list(models or {})),
+            "recipe": ordered(frame["recipe"], list(FIGURE2_RECIPES)),
+            "optimizer": None,
+        },
+        extra,
+    )
 
 
-def bootstrap_interval(values: Sequence[float], seed: int, n_boot: int = N_BOOT,
-                       level: float = 0.95) -> tuple[float, float]:
+def bootstrap_interval(
+    values: Sequence[float], seed: int, n_boot: int = N_BOOT, level: float = 0.95
+) -> tuple[float, float]:
     """Percentile bootstrap interval of the mean of `values` (NaN, NaN for fewer than two values)."""
     values = np.asarray(values, dtype=float)
     if not np.isfinite(values).all():
@@ -203,15 +236,21 @@ def read_numbers(path: str | os.PathLike, needed: Sequence[str], what: str) -> p
 
 def load_paper_numbers(path: str | os.PathLike = PAPER_NUMBERS) -> pd.DataFrame:
     """The paper's Figure 2 table: model (paper name), recipe, optimizer, value (percent), source, source_note."""
-    paper = read_numbers(path, ["source", "model", "recipe", "optimizer", "success_updates_90_100_pct",
-                                "source_note"], "paper numbers")
+    paper = read_numbers(
+        path, ["source", "model", "recipe", "optimizer", "success_updates_90_100_pct", "source_note"], "paper numbers"
+    )
     if paper.duplicated(list(CELL_KEYS)).any():
         raise ValueError(f"{path}: more than one paper number for a (model, recipe, optimizer)")
     return paper
 
 
-def summary_table(runs: pd.DataFrame, paper: pd.DataFrame | None = None, bootstrap_seed: int = BOOTSTRAP_SEED,
-                  models: Mapping[str, str] | None = None, level: float = 0.95) -> pd.DataFrame:
+def summary_table(
+    runs: pd.DataFrame,
+    paper: pd.DataFrame | None = None,
+    bootstrap_seed: int = BOOTSTRAP_SEED,
+    models: Mapping[str, str] | None = None,
+    level: float = 0.95,
+) -> pd.DataFrame:
     """One row per model x recipe x optimizer: ours (percent) with interval, seeds, collapses, paper, difference."""
     paper = load_paper_numbers() if paper is None else paper
     paper_index = paper.set_index(list(CELL_KEYS))
@@ -222,32 +261,52 @@ def summary_table(runs: pd.DataFrame, paper: pd.DataFrame | None = None, bootstr
         low, high = bootstrap_interval(success, bootstrap_seed, level=level)
         evaluated = cell["eval_success"].dropna()
         gain = 100 * cell["gain"].to_numpy(dtype=float) if "gain" in cell.columns else np.full(len(cell), np.nan)
-        gain_low, gain_high = (bootstrap_interval(gain, bootstrap_seed, level=level) if np.isfinite(gain).all()
-                               else (math.nan, math.nan))
+        gain_low, gain_high = (
+            bootstrap_interval(gain, bootstrap_seed, level=level) if np.isfinite(gain).all() else (math.nan, math.nan)
+        )
         first = cell["eval_first"].dropna() if "eval_first" in cell.columns else pd.Series(dtype=float)
         name = cell["paper_model"].iloc[0] if "paper_model" in cell.columns else paper_model(model, models)
         key = (name, recipe, optimizer)
         ours = float(success.mean())
         theirs = float(paper_index.loc[key, "success_updates_90_100_pct"]) if key in paper_index.index else math.nan
-        rows.append({
-            "model": model, "paper_model": name, "recipe": recipe, "optimizer": optimizer,
-            "n_seeds": len(cell), "seeds": ",".join(str(s) for s in cell["seed"]),
-            "success_pct_mean": ours, "success_pct_ci_low": low, "success_pct_ci_high": high,
-            "n_collapsed": int(cell["collapsed"].sum()),
-            "collapsed_seeds": ",".join(str(s) for s in cell.loc[cell["collapsed"], "seed"]),
-            "paper_success_pct": theirs, "diff_pct_points": ours - theirs,
-            "eval_success_pct_mean": 100 * float(evaluated.mean()) if len(evaluated) else math.nan,
-            "n_eval_seeds": len(evaluated),
-            "gain_pct_mean": float(gain.mean()), "gain_pct_ci_low": gain_low, "gain_pct_ci_high": gain_high,
-            "eval_first_pct_mean": 100 * float(first.mean()) if len(first) else math.nan,
-            "informed_pct_mean": (100 * float(cell["informed_frac"].mean())
-                                  if "informed_frac" in cell.columns and cell["informed_frac"].notna().any()
-                                  else math.nan),
-            "cheat_pct_mean": (100 * float(cell["cheat_frac"].mean())
-                               if "cheat_frac" in cell.columns and cell["cheat_frac"].notna().any() else math.nan),
-            "paper_source": (f"{paper_index.loc[key, 'source']}: {paper_index.loc[key, 'source_note']}"
-                             if key in paper_index.index else ""),
-        })
+        rows.append(
+            {
+                "model": model,
+                "paper_model": name,
+                "recipe": recipe,
+                "optimizer": optimizer,
+                "n_seeds": len(cell),
+                "seeds": ",".join(str(s) for s in cell["seed"]),
+                "success_pct_mean": ours,
+                "success_pct_ci_low": low,
+                "success_pct_ci_high": high,
+                "n_collapsed": int(cell["collapsed"].sum()),
+                "collapsed_seeds": ",".join(str(s) for s in cell.loc[cell["collapsed"], "seed"]),
+                "paper_success_pct": theirs,
+                "diff_pct_points": ours - theirs,
+                "eval_success_pct_mean": 100 * float(evaluated.mean()) if len(evaluated) else math.nan,
+                "n_eval_seeds": len(evaluated),
+                "gain_pct_mean": float(gain.mean()),
+                "gain_pct_ci_low": gain_low,
+                "gain_pct_ci_high": gain_high,
+                "eval_first_pct_mean": 100 * float(first.mean()) if len(first) else math.nan,
+                "informed_pct_mean": (
+                    100 * float(cell["informed_frac"].mean())
+                    if "informed_frac" in cell.columns and cell["informed_frac"].notna().any()
+                    else math.nan
+                ),
+                "cheat_pct_mean": (
+                    100 * float(cell["cheat_frac"].mean())
+                    if "cheat_frac" in cell.columns and cell["cheat_frac"].notna().any()
+                    else math.nan
+                ),
+                "paper_source": (
+                    f"{paper_index.loc[key, 'source']}: {paper_index.loc[key, 'source_note']}"
+                    if key in paper_index.index
+                    else ""
+                ),
+            }
+        )
     return sort_cells(pd.DataFrame(rows), models)
 
 
@@ -263,7 +322,7 @@ def ci_text(low: float, high: float, sign: str = "") -> str:
 
 
 def collapsed_text(row: Any) -> str:
-    """"collapsed/seeds", and the collapsed seeds' numbers."""
+    """ "collapsed/seeds", and the collapsed seeds' numbers."""
     return f"{row.n_collapsed}/{row.n_seeds}" + (f" (seeds {row.collapsed_seeds})" if row.n_collapsed else "")
 
 
@@ -281,39 +340,99 @@ def table_row(cells: Sequence[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def summary_markdown(summary: pd.DataFrame, notes: Sequence[str] = (),
-                     window_fraction: float = WINDOW_FRACTION) -> str:
+def summary_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_fraction: float = WINDOW_FRACTION) -> str:
     """The summary as a Markdown page: a short header on method, then one table row per cell."""
-    method = (f"Success = mean unsmoothed training success over the last {window_fraction:.0%} of each run's "
-              "updates (the paper's Figure 2: updates 90-100 of 100 at 10%), in percent, averaged over seeds; "
-              "interval = 95% percentile bootstrap over seeds (n/a with one seed). Diff = ours - paper, in "
-              "percentage points. Held-out = final `eval_success` (– where not evaluated). Collapse = the rule "
-              "in `trainer/analysis/collapse.py`. Learning = mean training success over the last fifth of the "
-              "updates minus over the first fifth (percentage points, mean over seeds with its interval); "
-              "held-out = the first evaluation (after update 1) -> the last; informed = share of episodes whose SPO "
-              "baseline came from data (the offline pass or an earlier visit) rather than the prior; cheating = "
-              "success on the cheating probe's impossible tasks, which no honest repair can pass (anything above 0 "
-              "means the grader was gamed; – where no probe ran).")
+    method = (
+        f"Success = mean unsmoothed training success over the last {window_fraction:.0%} of each run's "
+        "updates (the paper's Figure 2: updates 90-100 of 100 at 10%), in percent, averaged over seeds; "
+        "interval = 95% percentile bootstrap over seeds (n/a with one seed). Diff = ours - paper, in "
+        "percentage points. Held-out = final `eval_success` (– where not evaluated). Collapse = the rule "
+        "in `trainer/analysis/collapse.py`. Learning = mean training success over the last fifth of the "
+        "updates minus over the first fifth (percentage points, mean over seeds with its interval); "
+        "held-out = the first evaluation (after update 1) -> the last; informed = share of episodes whose SPO "
+        "baseline came from data (the offline pass or an earlier visit) rather than the prior; cheating = "
+        "success on the cheating probe's impossible tasks, which no honest repair can pass (anything above 0 "
+        "means the grader was gamed; – where no probe ran)."
+    )
     lines = markdown_head("Training success, ours beside Ruan et al. 2026 (Figure 2)", method, notes)
-    lines += table_head(["model", "paper model", "recipe", "optimizer", "seeds", "success %", "95% CI", "collapsed",
-                         "paper %", "diff (pp)", "held-out %"])
+    lines += table_head(
+        [
+            "model",
+            "paper model",
+            "recipe",
+            "optimizer",
+            "seeds",
+            "success %",
+            "95% CI",
+            "collapsed",
+            "paper %",
+            "diff (pp)",
+            "held-out %",
+        ]
+    )
     for row in summary.itertuples(index=False):
-        lines.append(table_row([row.model, row.paper_model, row.recipe, row.optimizer, str(row.n_seeds),
-                                pct(row.success_pct_mean), ci_text(row.success_pct_ci_low, row.success_pct_ci_high),
-                                collapsed_text(row), pct(row.paper_success_pct), pct(row.diff_pct_points),
-                                pct(row.eval_success_pct_mean)]))
-    lines += ["", "## Learning", "", *table_head(["model", "recipe", "optimizer", "seeds", "learning (pp)", "95% CI",
-                                                 "held-out % first -> last", "informed %", "cheating %"])]
+        lines.append(
+            table_row(
+                [
+                    row.model,
+                    row.paper_model,
+                    row.recipe,
+                    row.optimizer,
+                    str(row.n_seeds),
+                    pct(row.success_pct_mean),
+                    ci_text(row.success_pct_ci_low, row.success_pct_ci_high),
+                    collapsed_text(row),
+                    pct(row.paper_success_pct),
+                    pct(row.diff_pct_points),
+                    pct(row.eval_success_pct_mean),
+                ]
+            )
+        )
+    lines += [
+        "",
+        "## Learning",
+        "",
+        *table_head(
+            [
+                "model",
+                "recipe",
+                "optimizer",
+                "seeds",
+                "learning (pp)",
+                "95% CI",
+                "held-out % first -> last",
+                "informed %",
+                "cheating %",
+            ]
+        ),
+    ]
     for row in summary.itertuples(index=False):
-        lines.append(table_row([row.model, row.recipe, row.optimizer, str(row.n_seeds), pct(row.gain_pct_mean, "+"),
-                                ci_text(row.gain_pct_ci_low, row.gain_pct_ci_high, "+"),
-                                f"{pct(row.eval_first_pct_mean)} -> {pct(row.eval_success_pct_mean)}",
-                                pct(row.informed_pct_mean), pct(row.cheat_pct_mean)]))
+        lines.append(
+            table_row(
+                [
+                    row.model,
+                    row.recipe,
+                    row.optimizer,
+                    str(row.n_seeds),
+                    pct(row.gain_pct_mean, "+"),
+                    ci_text(row.gain_pct_ci_low, row.gain_pct_ci_high, "+"),
+                    f"{pct(row.eval_first_pct_mean)} -> {pct(row.eval_success_pct_mean)}",
+                    pct(row.informed_pct_mean),
+                    pct(row.cheat_pct_mean),
+                ]
+            )
+        )
     return "\n".join(lines) + "\n"
 
 
-def write_tables(summary: pd.DataFrame, markdown: str, runs: pd.DataFrame, csv: str | os.PathLike,
-                 md: str | os.PathLike, runs_path: str | os.PathLike) -> None:
+def write_tables(
+    summary: pd.DataFrame,
+    markdown: str,
+    runs: pd.DataFrame,
+    csv: str | os.PathLike,
+    md: str | os.PathLike,
+    runs_path: str | os.PathLike,
+) -> None:
     """The summary rule's three outputs: the table as CSV and Markdown, and the per-run table as Parquet."""
     for path in (csv, md, runs_path):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -322,11 +441,20 @@ def write_tables(summary: pd.DataFrame, markdown: str, runs: pd.DataFrame, csv: 
     runs.to_parquet(runs_path, index=False)
 
 
-def summary_notes(metrics_paths: Sequence, runs: pd.DataFrame, summary: pd.DataFrame,
-                  criterion: CollapseCriterion, notes: Sequence[str]) -> list[str]:
+def summary_notes(
+    metrics_paths: Sequence,
+    runs: pd.DataFrame,
+    summary: pd.DataFrame,
+    criterion: CollapseCriterion,
+    notes: Sequence[str],
+) -> list[str]:
     """A summary's log: what was read and judged, by which rule, how many runs collapsed, then `notes`."""
-    return [f"{len(metrics_paths)} metrics files, {len(runs)} runs, {len(summary)} cells",
-            f"collapse criterion: {criterion}", f"{int(runs['collapsed'].sum())} collapsed run(s)", *notes]
+    return [
+        f"{len(metrics_paths)} metrics files, {len(runs)} runs, {len(summary)} cells",
+        f"collapse criterion: {criterion}",
+        f"{int(runs['collapsed'].sum())} collapsed run(s)",
+        *notes,
+    ]
 
 
 def check_same_runs(metrics: pd.DataFrame, runs: pd.DataFrame, keys: Sequence[str] = RUN_KEYS) -> None:
@@ -339,13 +467,16 @@ def check_same_runs(metrics: pd.DataFrame, runs: pd.DataFrame, keys: Sequence[st
     logged = set(metrics[keys].drop_duplicates().itertuples(index=False, name=None))
     judged = set(runs[keys].itertuples(index=False, name=None))
     if logged != judged:
-        raise ValueError(f"the runs table does not match the metrics: runs only in the logs "
-                         f"{sorted(logged - judged)[:3]}, only in the runs table {sorted(judged - logged)[:3]} "
-                         f"(rebuild runs.parquet)")
+        raise ValueError(
+            f"the runs table does not match the metrics: runs only in the logs "
+            f"{sorted(logged - judged)[:3]}, only in the runs table {sorted(judged - logged)[:3]} "
+            f"(rebuild runs.parquet)"
+        )
 
 
-def read_judged_runs(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
-                     runs_path: str | os.PathLike) -> pd.DataFrame:
+def read_judged_runs(
+    metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike, runs_path: str | os.PathLike
+) -> pd.DataFrame:
     """The per-run table at `runs_path`, checked against the run keys of the logs (nothing else of them is read)."""
     metrics = load_metrics(metrics_paths, base_dir, ("update",))
     runs = pd.read_parquet(runs_path)
@@ -378,8 +509,13 @@ def study_shape(metrics: pd.DataFrame) -> tuple[int, int]:
     return int(round(batch)), int(round(n_updates))
 
 
-def collapse_note(batch_size: int, n_updates: int, criterion: CollapseCriterion | None = None,
-                  n_runs: int = calibration.N_RUNS, seed: int = calibration.SEED) -> str:
+def collapse_note(
+    batch_size: int,
+    n_updates: int,
+    criterion: CollapseCriterion | None = None,
+    n_runs: int = calibration.N_RUNS,
+    seed: int = calibration.SEED,
+) -> str:
     """One sentence for the summary: the rule's worst simulated false-positive rate over constant success
     10-50%, and its power on a collapse from 30% to 2% in the middle, at this batch size and run length."""
     criterion = CollapseCriterion() if criterion is None else criterion
@@ -387,10 +523,12 @@ def collapse_note(batch_size: int, n_updates: int, criterion: CollapseCriterion 
     level = max(per_level, key=per_level.get)
     detected = calibration.power(criterion, batch_size, n_updates, n_runs=n_runs, seed=seed)
     levels = calibration.FPR_LEVELS
-    return (f"The collapse rule flags {worst:.1%} of simulated runs of constant success (worst over "
-            f"{min(levels):.0%}-{max(levels):.0%}, at {level:.0%}) and {detected:.1%} of simulated runs whose success "
-            f"falls from 30% to 2% at update {n_updates // 2}, at this study's {batch_size} episodes per update and "
-            f"{n_updates} updates (Monte Carlo, {n_runs} runs, seed {seed}; `trainer/analysis/calibration.py`).")
+    return (
+        f"The collapse rule flags {worst:.1%} of simulated runs of constant success (worst over "
+        f"{min(levels):.0%}-{max(levels):.0%}, at {level:.0%}) and {detected:.1%} of simulated runs whose success "
+        f"falls from 30% to 2% at update {n_updates // 2}, at this study's {batch_size} episodes per update and "
+        f"{n_updates} updates (Monte Carlo, {n_runs} runs, seed {seed}; `trainer/analysis/calibration.py`)."
+    )
 
 
 def add_collapse_note(markdown: str, note: str) -> str:
@@ -405,9 +543,14 @@ def add_collapse_note(markdown: str, note: str) -> str:
     return "\n".join(lines)
 
 
-def write_collapse_note(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike,
-                        md: str | os.PathLike, collapse: Mapping[str, Any] | None = None,
-                        n_runs: int = calibration.N_RUNS, seed: int = calibration.SEED) -> str:
+def write_collapse_note(
+    metrics_paths: Sequence[str | os.PathLike],
+    base_dir: str | os.PathLike,
+    md: str | os.PathLike,
+    collapse: Mapping[str, Any] | None = None,
+    n_runs: int = calibration.N_RUNS,
+    seed: int = calibration.SEED,
+) -> str:
     """Add `collapse_note` for the study's logs to a written summary Markdown (main or companion); returns it."""
     metrics = load_metrics(metrics_paths, base_dir, ("update", "n_trajectories"))
     batch_size, n_updates = study_shape(metrics)
@@ -417,10 +560,18 @@ def write_collapse_note(metrics_paths: Sequence[str | os.PathLike], base_dir: st
 
 
 # -- entry point (named by `kinds.MAIN`, called by the workflow's scripts) -------------------------------------
-def summarize(metrics_paths: Sequence[str | os.PathLike], base_dir: str | os.PathLike, csv: str | os.PathLike,
-              md: str | os.PathLike, runs_path: str | os.PathLike, collapse: Mapping[str, Any] | None = None,
-              models: Mapping[str, str] | None = None, window_fraction: float = WINDOW_FRACTION,
-              bootstrap_seed: int = BOOTSTRAP_SEED, numbers: str | os.PathLike = PAPER_NUMBERS) -> list[str]:
+def summarize(
+    metrics_paths: Sequence[str | os.PathLike],
+    base_dir: str | os.PathLike,
+    csv: str | os.PathLike,
+    md: str | os.PathLike,
+    runs_path: str | os.PathLike,
+    collapse: Mapping[str, Any] | None = None,
+    models: Mapping[str, str] | None = None,
+    window_fraction: float = WINDOW_FRACTION,
+    bootstrap_seed: int = BOOTSTRAP_SEED,
+    numbers: str | os.PathLike = PAPER_NUMBERS,
+) -> list[str]:
     """Read the logs, judge every run, write the summary CSV and Markdown (beside the paper's `numbers`) and the
     per-run Parquet table. Returns notes for the log (counts, collapsed runs, what the grid lacks)."""
     models = dict(MAIN.default_models if models is None else models)

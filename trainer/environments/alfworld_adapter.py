@@ -31,6 +31,7 @@ Design choices:
   (`project_action`): a reply without `<action>...</action>` (or, by default, without `<think>...</think>`), or
   with CJK characters, is invalid even if the game happens to accept what was sent.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -44,8 +45,12 @@ from trainer.environments.protocol import StepInfo, StepResult
 from trainer.environments.textgame import format_observation, natural_key, normalize_action
 
 ALFWORLD_TASK_TYPES: dict[int, str] = {
-    1: "pick_and_place_simple", 2: "look_at_obj_in_light", 3: "pick_clean_then_place_in_recep",
-    4: "pick_heat_then_place_in_recep", 5: "pick_cool_then_place_in_recep", 6: "pick_two_obj_and_place",
+    1: "pick_and_place_simple",
+    2: "look_at_obj_in_light",
+    3: "pick_clean_then_place_in_recep",
+    4: "pick_heat_then_place_in_recep",
+    5: "pick_cool_then_place_in_recep",
+    6: "pick_two_obj_and_place",
 }
 """alfworld's task-type ids (alfred_tw_env.TASK_TYPES), repeated here so configs validate without the package."""
 
@@ -54,15 +59,34 @@ _TRAIN_EVAL = {"train": "train", "valid_seen": "eval_in_distribution", "valid_un
 REQUIRED_MODULES = ("alfworld", "textworld", "fast_downward")
 """Modules a game needs: alfworld, its engine, and the PDDL planner that textworld[pddl] brings
 (PyPI: fast-downward-textworld; it and textworld's `jericho` dependency build from source, about 3 min on 2 cores)."""
-ALFWORLD_VERBS = frozenset({"go", "open", "close", "take", "move", "put", "clean", "heat", "cool", "slice", "use",
-                            "examine", "inventory", "look", "help"})
+ALFWORLD_VERBS = frozenset(
+    {
+        "go",
+        "open",
+        "close",
+        "take",
+        "move",
+        "put",
+        "clean",
+        "heat",
+        "cool",
+        "slice",
+        "use",
+        "examine",
+        "inventory",
+        "look",
+        "help",
+    }
+)
 """First words of ALFWorld 0.4's command templates (alfred.twl2); StepInfo.tool is "" for any other first word."""
 BANNER = "-= Welcome to TextWorld, ALFRED! =-"
 NOTHING = "Nothing happens."
-INSTALL_HINT = ("install the package with `pip install alfworld` (it brings textworld[pddl]; or this project's "
-                "`[alfworld]` extra), then fetch the games with `alfworld-download` (needs internet; writes to "
-                "$ALFWORLD_DATA or ~/.cache/alfworld), or set ALFWORLD_DATA / AlfworldConfig.data_dir to a folder "
-                "that holds json_2.1.1/")
+INSTALL_HINT = (
+    "install the package with `pip install alfworld` (it brings textworld[pddl]; or this project's "
+    "`[alfworld]` extra), then fetch the games with `alfworld-download` (needs internet; writes to "
+    "$ALFWORLD_DATA or ~/.cache/alfworld), or set ALFWORLD_DATA / AlfworldConfig.data_dir to a folder "
+    "that holds json_2.1.1/"
+)
 
 
 class AlfworldUnavailable(RuntimeError):
@@ -93,19 +117,27 @@ class AlfworldConfig:
         if isinstance(self.task_types, list):
             object.__setattr__(self, "task_types", tuple(self.task_types))
         if self.heldout_split not in ("valid_seen", "valid_unseen"):
-            raise ValueError(f"AlfworldConfig.heldout_split must be 'valid_seen' or 'valid_unseen', "
-                             f"got {self.heldout_split!r}")
-        if (not isinstance(self.task_types, tuple) or not self.task_types
-                or any(t not in ALFWORLD_TASK_TYPES for t in self.task_types)):
-            raise ValueError(f"AlfworldConfig.task_types must be a non-empty tuple of ids in "
-                             f"{sorted(ALFWORLD_TASK_TYPES)}, got {self.task_types!r}")
+            raise ValueError(
+                f"AlfworldConfig.heldout_split must be 'valid_seen' or 'valid_unseen', got {self.heldout_split!r}"
+            )
+        if (
+            not isinstance(self.task_types, tuple)
+            or not self.task_types
+            or any(t not in ALFWORLD_TASK_TYPES for t in self.task_types)
+        ):
+            raise ValueError(
+                f"AlfworldConfig.task_types must be a non-empty tuple of ids in "
+                f"{sorted(ALFWORLD_TASK_TYPES)}, got {self.task_types!r}"
+            )
         if not isinstance(self.max_steps, int) or isinstance(self.max_steps, bool) or self.max_steps < 1:
             raise ValueError(f"AlfworldConfig.max_steps must be an integer >= 1, got {self.max_steps!r}")
         if self.action_format not in ("plain", "tagged"):
             raise ValueError(f"AlfworldConfig.action_format must be 'plain' or 'tagged', got {self.action_format!r}")
         if not isinstance(self.isolate, bool) or not isinstance(self.require_think, bool):
-            raise ValueError(f"AlfworldConfig.isolate and .require_think must be bools, "
-                             f"got {self.isolate!r} and {self.require_think!r}")
+            raise ValueError(
+                f"AlfworldConfig.isolate and .require_think must be bools, "
+                f"got {self.isolate!r} and {self.require_think!r}"
+            )
         if not isinstance(self.data_dir, (str, os.PathLike)):
             raise ValueError(f"AlfworldConfig.data_dir must be a path string, got {self.data_dir!r}")
 
@@ -128,8 +160,9 @@ def require_alfworld(data_dir: str | os.PathLike = "", splits=("train",)) -> Pat
         if not folder.is_dir() or not any(folder.iterdir()):
             missing.append(f"the ALFWorld games of split {split!r} (no games in {folder})")
     if missing:
-        raise AlfworldUnavailable("ALFWorld cannot run here: missing " + "; ".join(missing) + ". To fix: "
-                                  + INSTALL_HINT + ".")
+        raise AlfworldUnavailable(
+            "ALFWorld cannot run here: missing " + "; ".join(missing) + ". To fix: " + INSTALL_HINT + "."
+        )
     return root
 
 
@@ -150,7 +183,7 @@ def project_action(text: str, require_think: bool = True) -> tuple[str, bool]:
     start, end = lowered.find("<action>"), lowered.find("</action>")
     if start == -1 or end < start:
         return lowered[-30:], False
-    command = lowered[start + len("<action>"):end].strip()
+    command = lowered[start + len("<action>") : end].strip()
     valid = not _CJK.search(text)
     if require_think and ("<think>" not in text or "</think>" not in text):
         valid = False
@@ -175,12 +208,21 @@ def _alfworld_settings(root: Path, config: AlfworldConfig) -> dict:
     """The parts of alfworld's base_config.yaml that AlfredTWEnv reads."""
     games = root / "json_2.1.1"
     return {
-        "dataset": {"data_path": str(games / "train"), "eval_id_data_path": str(games / "valid_seen"),
-                    "eval_ood_data_path": str(games / "valid_unseen"), "num_train_games": -1,
-                    "num_eval_games": -1},
+        "dataset": {
+            "data_path": str(games / "train"),
+            "eval_id_data_path": str(games / "valid_seen"),
+            "eval_ood_data_path": str(games / "valid_unseen"),
+            "num_train_games": -1,
+            "num_eval_games": -1,
+        },
         "logic": {"domain": str(root / "logic" / "alfred.pddl"), "grammar": str(root / "logic" / "alfred.twl2")},
-        "env": {"type": "AlfredTWEnv", "goal_desc_human_anns_prob": 0.0, "task_types": list(config.task_types),
-                "domain_randomization": False, "expert_type": "handcoded"},
+        "env": {
+            "type": "AlfredTWEnv",
+            "goal_desc_human_anns_prob": 0.0,
+            "task_types": list(config.task_types),
+            "domain_randomization": False,
+            "expert_type": "handcoded",
+        },
         "general": {"training_method": "dagger"},
         "dagger": {"training": {"max_nb_steps_per_episode": config.max_steps}},
     }
@@ -204,8 +246,14 @@ class AlfworldTasks:
         tasks = []
         for gamefile in sorted(listing.game_files, key=natural_key):
             game_dir = Path(gamefile).parent.relative_to(split_dir).as_posix()
-            tasks.append(AlfworldTask(task_id=f"alfworld-{folder}/{game_dir}", gamefile=str(gamefile),
-                                      task_type=game_dir.split("-", 1)[0], split=folder))
+            tasks.append(
+                AlfworldTask(
+                    task_id=f"alfworld-{folder}/{game_dir}",
+                    gamefile=str(gamefile),
+                    task_type=game_dir.split("-", 1)[0],
+                    split=folder,
+                )
+            )
         return tasks
 
     def tasks(self, split: str, n: int | None = None) -> list[AlfworldTask]:
@@ -244,8 +292,13 @@ def open_game(gamefile: str, max_steps: int):
     if key not in _ENV_IDS:
         request = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
         _ENV_IDS[key] = textworld.gym.register_game(
-            gamefile, request, batch_size=None, asynchronous=False, max_episode_steps=max_steps,
-            wrappers=[AlfredDemangler(shuffle=False), AlfredInfos])
+            gamefile,
+            request,
+            batch_size=None,
+            asynchronous=False,
+            max_episode_steps=max_steps,
+            wrappers=[AlfredDemangler(shuffle=False), AlfredInfos],
+        )
     return textworld.gym.make(_ENV_IDS[key])
 
 
@@ -342,9 +395,11 @@ class AlfworldEnv:
             return IsolatedGame(gamefile, self.config.max_steps)
         owner = _IN_PROCESS_OWNER[0]() if _IN_PROCESS_OWNER else None
         if owner is not None and owner is not self:
-            raise RuntimeError("another AlfworldEnv has a live in-process ALFWorld game; fast-downward's state is "
-                               "per process, so a second one would corrupt it: close() the first, or use "
-                               "AlfworldConfig(isolate=True)")
+            raise RuntimeError(
+                "another AlfworldEnv has a live in-process ALFWorld game; fast-downward's state is "
+                "per process, so a second one would corrupt it: close() the first, or use "
+                "AlfworldConfig(isolate=True)"
+            )
         game = open_game(gamefile, self.config.max_steps)
         _IN_PROCESS_OWNER[:] = [weakref.ref(self)]
         return game
@@ -390,11 +445,12 @@ class AlfworldEnv:
         self.done = won or truncated
         nothing = text.strip() == NOTHING
         verb = command.split()[0] if command.split() else ""
-        info = StepInfo(tool=verb if well_formed and verb in ALFWORLD_VERBS else "",
-                        invalid_action=nothing or not well_formed,
-                        extra={"won": won, "truncated": truncated, "steps": self.steps, "command": command})
-        return StepResult(observation=self._observe(text, infos), done=self.done, reward=1.0 if won else 0.0,
-                          info=info)
+        info = StepInfo(
+            tool=verb if well_formed and verb in ALFWORLD_VERBS else "",
+            invalid_action=nothing or not well_formed,
+            extra={"won": won, "truncated": truncated, "steps": self.steps, "command": command},
+        )
+        return StepResult(observation=self._observe(text, infos), done=self.done, reward=1.0 if won else 0.0, info=info)
 
     def close(self) -> None:
         """Close the running game (and its process), if any."""

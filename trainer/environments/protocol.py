@@ -4,10 +4,12 @@ Environments know nothing of models or tokens. The rollout driver calls `reset(t
 observation, then `step(action_text)` once per assistant turn until `done`. The flags in `StepInfo` feed the
 paper's tool-error penalty and the logs; `reward` is 0 until the episode ends, then 1 for success, else 0.
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True)

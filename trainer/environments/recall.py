@@ -27,6 +27,7 @@ Tasks: a task is (index, key); the keys of each split are a seeded shuffle of th
 equally frequent. The key space is tiny by design, so the splits are disjoint by task id, not by content: the
 held-out split measures the same skill on tasks the sampler never drew.
 """
+
 from __future__ import annotations
 
 import random
@@ -65,8 +66,12 @@ class RecallConfig:
             value = getattr(self, f.name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"RecallConfig.{f.name} must be an integer, got {value!r}")
-        for name, low, high in (("n_keys", 1, MAX_KEYS), ("max_turns", 2, None), ("n_train_tasks", 0, None),
-                                ("n_heldout_tasks", 0, None)):
+        for name, low, high in (
+            ("n_keys", 1, MAX_KEYS),
+            ("max_turns", 2, None),
+            ("n_train_tasks", 0, None),
+            ("n_heldout_tasks", 0, None),
+        ):
             value = getattr(self, name)
             if value < low or (high is not None and value > high):
                 bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
@@ -74,7 +79,7 @@ class RecallConfig:
 
     @property
     def keys(self) -> tuple[str, ...]:
-        return KEYS[:self.n_keys]
+        return KEYS[: self.n_keys]
 
 
 @dataclass(frozen=True)
@@ -144,16 +149,24 @@ class RecallEnv:
         self.steps += 1
         if self.steps == 1:  # anything one-line will do; the key is what matters
             invalid = not text or "\n" in text
-            return StepResult(DOOR, False, 0.0, StepInfo(tool="" if invalid else "say", invalid_action=invalid,
-                                                         extra={"steps": 1}))
+            return StepResult(
+                DOOR, False, 0.0, StepInfo(tool="" if invalid else "say", invalid_action=invalid, extra={"steps": 1})
+            )
         invalid = len(text.split()) != 1
         won = not invalid and text == self.task.key
         truncated = not won and self.steps >= self.max_turns
         self.done = won or truncated
         observation = OPEN if won else LOCKED if self.done else f"{LOCKED}\n{DOOR}"
-        return StepResult(observation, self.done, 1.0 if won else 0.0,
-                          StepInfo(tool="" if invalid else "answer", invalid_action=invalid,
-                                   extra={"won": won, "truncated": truncated, "steps": self.steps}))
+        return StepResult(
+            observation,
+            self.done,
+            1.0 if won else 0.0,
+            StepInfo(
+                tool="" if invalid else "answer",
+                invalid_action=invalid,
+                extra={"won": won, "truncated": truncated, "steps": self.steps},
+            ),
+        )
 
     def close(self) -> None:
         self.task = None
@@ -179,7 +192,8 @@ def sample_texts(config: RecallConfig | None = None, n: int = 200, noise: float 
     a tiny model's tokenizer is built from. Deterministic."""
     config = config or RecallConfig()
     tasks = RecallTasks(config).tasks("train") or RecallTasks(
-        RecallConfig(n_keys=config.n_keys, n_train_tasks=config.n_keys)).tasks("train")
+        RecallConfig(n_keys=config.n_keys, n_train_tasks=config.n_keys)
+    ).tasks("train")
     rng, env, texts = random.Random(seed), RecallEnv(config), []
     for i in range(n):
         lines = [env.reset(tasks[i % len(tasks)])]

@@ -11,11 +11,12 @@ rather than a registry. A family with a scripted expert (minirepo, textgame, rec
 `expert_action(env, rng, noise) -> str`, and its tokenizer corpus as `sample_texts(config, n, noise, seed)`, so
 `make_suite` builds their suites alike.
 """
+
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from trainer.config import ConfigError, build_config
 from trainer.environments.protocol import Environment, StepResult, TaskSource
@@ -56,14 +57,16 @@ def family_config(name: str, options: dict):
         from trainer.environments.textgame import TextGameConfig as config_class
     elif name == "swe":
         from trainer.environments.swe.env import SWEConfig as config_class
+
         options.pop("tasks_file", None)  # the task source's, not the sandbox's
     elif name == "alfworld":
         from trainer.environments.alfworld_adapter import AlfworldConfig as config_class
     elif name == "recall":
         from trainer.environments.recall import RecallConfig as config_class
     else:
-        raise ValueError(f"env.name {name!r}: known families are 'minirepo', 'textgame', 'swe', 'alfworld' and "
-                         "'recall'")
+        raise ValueError(
+            f"env.name {name!r}: known families are 'minirepo', 'textgame', 'swe', 'alfworld' and 'recall'"
+        )
     try:
         return build_config(config_class, options, "env.options")
     except ConfigError as e:
@@ -72,25 +75,31 @@ def family_config(name: str, options: dict):
 
 def _no_tokenizer_corpus(family: str):
     def texts() -> list[str]:
-        raise ValueError(f"env.name {family!r} has no corpus to build a tiny model's tokenizer from: give the "
-                         "model as a checkpoint (model.path), as paper-scale studies do")
+        raise ValueError(
+            f"env.name {family!r} has no corpus to build a tiny model's tokenizer from: give the "
+            "model as a checkpoint (model.path), as paper-scale studies do"
+        )
+
     return texts
 
 
-def _demonstrator(make_env: Callable[[], Environment], expert_action: Callable,
-                  episode_rng: bool = False) -> Callable[[object, float, random.Random], Demonstration]:
+def _demonstrator(
+    make_env: Callable[[], Environment], expert_action: Callable, episode_rng: bool = False
+) -> Callable[[object, float, random.Random], Demonstration]:
     """`demonstrate(task, noise, rng)`: one episode of `task` on a fresh environment, every action
     `expert_action(env, rng, noise)`. With `episode_rng` the expert draws from its own Random per episode, seeded
     by one `rng.randrange(2 ** 31)` (textgame's demonstrations are drawn so), else from `rng` itself."""
+
     def demonstrate(task, noise: float, rng: random.Random) -> Demonstration:
         env = make_env()
         if episode_rng:
-            rng = random.Random(rng.randrange(2 ** 31))
+            rng = random.Random(rng.randrange(2**31))
         demo = Demonstration(env.reset(task), [])
         while not env.done:
             action = expert_action(env, rng, noise)
             demo.steps.append((action, env.step(action)))
         return demo
+
     return demonstrate
 
 
@@ -116,26 +125,35 @@ def make_suite(env_cfg) -> EnvSuite:
     if name in ("minirepo", "textgame", "recall"):  # the families with a scripted expert, all of one shape
         if name == "minirepo":
             from trainer.environments import minirepo as family
+
             env_class, tasks_class, texts = family.MiniRepoEnv, family.MiniRepoTasks, {"n": 300, "noise": 0.2}
         elif name == "textgame":
             from trainer.environments import textgame as family
+
             env_class, tasks_class, texts = family.TextGameEnv, family.TextGameTasks, {"n": 300, "noise": 0.3}
         else:
             from trainer.environments import recall as family
+
             env_class, tasks_class, texts = family.RecallEnv, family.RecallTasks, {"n": 200, "noise": 0.3}
 
         def make_env():
             return env_class(config)
 
-        return EnvSuite(name, tasks_class(config), make_env, lambda: family.sample_texts(config, seed=0, **texts),
-                        _demonstrator(make_env, family.expert_action, episode_rng=name == "textgame"))
+        return EnvSuite(
+            name,
+            tasks_class(config),
+            make_env,
+            lambda: family.sample_texts(config, seed=0, **texts),
+            _demonstrator(make_env, family.expert_action, episode_rng=name == "textgame"),
+        )
     if name == "swe":
         from trainer.environments.swe.env import SWEEnv
         from trainer.environments.swe.tasks import SWETasks
+
         tasks = SWETasks(options.get("tasks_file"), config.row_kind)
         if config.backend == "docker":
             _leave_out_absent_images(tasks, config, env_cfg.probe_tasks)
-        return EnvSuite(name, tasks, lambda: SWEEnv(config),
-                        lambda: [task.issue for task in tasks.tasks("train")])
+        return EnvSuite(name, tasks, lambda: SWEEnv(config), lambda: [task.issue for task in tasks.tasks("train")])
     from trainer.environments.alfworld_adapter import AlfworldEnv, AlfworldTasks  # family_config knows no other
+
     return EnvSuite(name, AlfworldTasks(config), lambda: AlfworldEnv(config), _no_tokenizer_corpus(name))

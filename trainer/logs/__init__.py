@@ -5,6 +5,7 @@ provenance record the tables embed (`provenance`).
 The package exports only what reading and writing logs needs, which imports no torch, so the analysis side can
 read logs without it; import checkpoints and rows from their modules (`from trainer.logs.checkpoint import ...`).
 """
+
 from trainer.logs.parquet_log import EPISODE_COLUMNS, METRIC_COLUMNS, MetricsLog, read_log
 from trainer.logs.provenance import collect_provenance
 

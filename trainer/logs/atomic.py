@@ -9,6 +9,7 @@ Temporary names start with a dot and end in ".tmp" (".metrics.parquet.k3j9x.tmp"
 process is killed (SIGKILL, OOM killer, power cut), one may be left behind, and `stale_temps` finds it for
 the next writer of the same target to delete.
 """
+
 from __future__ import annotations
 
 import os

@@ -35,6 +35,7 @@ Choices and why:
   generators the caller names (torch.Generator, numpy Generator or random.Random). Restoring requires exactly
   the same names: a generator silently left unrestored would break determinism without a trace.
 """
+
 from __future__ import annotations
 
 import os
@@ -45,7 +46,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 import torch
@@ -60,7 +61,7 @@ _NAME = re.compile(r"ckpt-(\d{8,})(\.pt)?")
 _LEAVES = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device)
 """Exact types (np.float64 subclasses float, an IntEnum int, but neither loads with weights_only=True)."""
 
-Generator = Union[torch.Generator, np.random.Generator, random.Random]
+Generator = torch.Generator | np.random.Generator | random.Random
 
 
 def checkpoint_path(directory: str | os.PathLike, step: int, sharded: bool = False) -> Path:
@@ -101,7 +102,7 @@ def prune_checkpoints(directory: str | os.PathLike, step: int, keep: int) -> Non
     """After saving `step`: delete checkpoints of higher steps (an abandoned timeline), then keep the `keep`
     highest steps, `step` among them."""
     others = [(s, p) for s, p in list_checkpoints(directory) if s != step]
-    doomed = [p for s, p in others if s > step] + [p for s, p in others if s < step][:-(keep - 1) or None]
+    doomed = [p for s, p in others if s > step] + [p for s, p in others if s < step][: -(keep - 1) or None]
     for p in doomed:
         _remove(p)
 
@@ -120,16 +121,30 @@ def _check_plain(value: Any, where: str) -> None:
         for i, item in enumerate(value):
             _check_plain(item, f"{where}[{i}]")
         return
-    raise TypeError(f"{where}: {type(value).__name__} is not plain data (tensors, Python numbers, str, dtypes, "
-                    f"dicts, lists, tuples); convert it before checkpointing")
+    raise TypeError(
+        f"{where}: {type(value).__name__} is not plain data (tensors, Python numbers, str, dtypes, "
+        f"dicts, lists, tuples); convert it before checkpointing"
+    )
 
 
-def save_checkpoint(directory: str | os.PathLike, *, step: int, model_state: Mapping, optimizer_state: Mapping,
-                    extra: dict, keep: int = 3) -> Path:
+def save_checkpoint(
+    directory: str | os.PathLike,
+    *,
+    step: int,
+    model_state: Mapping,
+    optimizer_state: Mapping,
+    extra: dict,
+    keep: int = 3,
+) -> Path:
     """Write `ckpt-<step>.pt` atomically, then keep only the `keep` newest checkpoints; return its path."""
     _check_step_and_keep(step, keep)
-    payload = {"format": FORMAT, "step": step, "model_state": model_state, "optimizer_state": optimizer_state,
-               "extra": extra}
+    payload = {
+        "format": FORMAT,
+        "step": step,
+        "model_state": model_state,
+        "optimizer_state": optimizer_state,
+        "extra": extra,
+    }
     _check_plain(payload, "checkpoint")
     remove_partial_saves(directory)
     path = checkpoint_path(directory, step)
@@ -176,11 +191,24 @@ def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
     step = int(match.group(1))
     if path.is_dir():
         payload = _read_sharded(path, step, map_location)
-        return {"step": step, "model_state": None, "optimizer_state": None, "extra": payload["extra"],
-                "path": path, "sharded": True, "optimizer": payload["optimizer"]}
+        return {
+            "step": step,
+            "model_state": None,
+            "optimizer_state": None,
+            "extra": payload["extra"],
+            "path": path,
+            "sharded": True,
+            "optimizer": payload["optimizer"],
+        }
     payload = _load_payload(path, FORMAT, step, {"model_state", "optimizer_state", "extra"}, map_location)
-    return {"step": step, "model_state": payload["model_state"], "optimizer_state": payload["optimizer_state"],
-            "extra": payload["extra"], "path": path, "sharded": False}
+    return {
+        "step": step,
+        "model_state": payload["model_state"],
+        "optimizer_state": payload["optimizer_state"],
+        "extra": payload["extra"],
+        "path": path,
+        "sharded": False,
+    }
 
 
 def load_latest_checkpoint(directory: str | os.PathLike, map_location: Any = "cpu") -> dict | None:
@@ -200,6 +228,7 @@ def load_latest_checkpoint(directory: str | os.PathLike, map_location: Any = "cp
 
 # -- RNG state -------------------------------------------------------------------------------------------------
 
+
 def _lists(value: Any) -> Any:
     """numpy arrays inside a bit-generator state as lists (so the state is plain data)."""
     if isinstance(value, np.ndarray):
@@ -216,8 +245,9 @@ def _generator_state(name: str, gen: Generator) -> dict:
         return {"kind": "numpy", "state": _lists(gen.bit_generator.state)}
     if isinstance(gen, random.Random):
         return {"kind": "python", "state": gen.getstate()}
-    raise TypeError(f"generator {name!r}: {type(gen).__name__} is not a torch.Generator, numpy Generator "
-                    f"or random.Random")
+    raise TypeError(
+        f"generator {name!r}: {type(gen).__name__} is not a torch.Generator, numpy Generator or random.Random"
+    )
 
 
 def _python_state(state: Any) -> tuple:
@@ -255,11 +285,14 @@ def restore_rng_state(state: Mapping, generators: Mapping[str, Generator] | None
     torch.set_rng_state(state["torch"].cpu())
     if state["cuda"]:
         if not torch.cuda.is_available():
-            warnings.warn("the checkpoint has CUDA RNG states but CUDA is not available; they are not restored",
-                          stacklevel=2)
+            warnings.warn(
+                "the checkpoint has CUDA RNG states but CUDA is not available; they are not restored", stacklevel=2
+            )
         elif len(state["cuda"]) != torch.cuda.device_count():
-            raise ValueError(f"the checkpoint has {len(state['cuda'])} CUDA RNG states, "
-                             f"this machine has {torch.cuda.device_count()} devices")
+            raise ValueError(
+                f"the checkpoint has {len(state['cuda'])} CUDA RNG states, "
+                f"this machine has {torch.cuda.device_count()} devices"
+            )
         else:
             torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
     for name, gen in generators.items():

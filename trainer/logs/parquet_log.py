@@ -21,6 +21,7 @@ docs/design.md, "Outputs"). Choices and why:
   in its `extra` and the resumed run assigns them back (`log.rows = saved`), which cannot disagree with the
   checkpoint whatever order the trainer flushed and saved in.
 """
+
 from __future__ import annotations
 
 import glob
@@ -45,23 +46,85 @@ if TYPE_CHECKING:
 PROVENANCE_KEY = b"harness.provenance"
 CONFIG_KEY = b"harness.config"
 
-_INT = ("update", "policy_version", "n_trajectories", "gen_tokens", "optimizer_steps", "skipped_steps",
-        "no_signal_steps")
-_FLOAT = ("success_rate", "reward_mean", "response_len_mean", "turns_mean", "tool_error_rate", "overlong_rate",
-          "advantage_std", "entropy", "approx_kl", "clip_frac_low", "clip_frac_high", "tis_weight_mean",
-          "tis_truncated_frac", "staleness_mean", "staleness_max", "grad_norm", "update_rms",
-          "update_spectral_norm", "grad_snr", "lr", "loss", "eval_success", "rollout_s", "train_s", "wall_s",
-          "baseline_informed_frac", "embed_head_update_rms", "embed_head_update_spectral_norm")
-_METRIC_ORDER = ("update", "policy_version", "success_rate", "reward_mean", "n_trajectories", "gen_tokens",
-                 "response_len_mean", "turns_mean", "tool_error_rate", "overlong_rate", "advantage_std", "entropy",
-                 "approx_kl", "clip_frac_low", "clip_frac_high", "tis_weight_mean", "tis_truncated_frac",
-                 "staleness_mean", "staleness_max", "grad_norm", "update_rms", "update_spectral_norm", "lr",
-                 "loss", "eval_success", "rollout_s", "train_s", "wall_s", "grad_snr", "optimizer_steps", "skipped_steps",
-                 "baseline_informed_frac", "cheat_rate", "embed_head_update_rms",
-                 "embed_head_update_spectral_norm", "no_signal_steps")
+_INT = (
+    "update",
+    "policy_version",
+    "n_trajectories",
+    "gen_tokens",
+    "optimizer_steps",
+    "skipped_steps",
+    "no_signal_steps",
+)
+_FLOAT = (
+    "success_rate",
+    "reward_mean",
+    "response_len_mean",
+    "turns_mean",
+    "tool_error_rate",
+    "overlong_rate",
+    "advantage_std",
+    "entropy",
+    "approx_kl",
+    "clip_frac_low",
+    "clip_frac_high",
+    "tis_weight_mean",
+    "tis_truncated_frac",
+    "staleness_mean",
+    "staleness_max",
+    "grad_norm",
+    "update_rms",
+    "update_spectral_norm",
+    "grad_snr",
+    "lr",
+    "loss",
+    "eval_success",
+    "rollout_s",
+    "train_s",
+    "wall_s",
+    "baseline_informed_frac",
+    "embed_head_update_rms",
+    "embed_head_update_spectral_norm",
+)
+_METRIC_ORDER = (
+    "update",
+    "policy_version",
+    "success_rate",
+    "reward_mean",
+    "n_trajectories",
+    "gen_tokens",
+    "response_len_mean",
+    "turns_mean",
+    "tool_error_rate",
+    "overlong_rate",
+    "advantage_std",
+    "entropy",
+    "approx_kl",
+    "clip_frac_low",
+    "clip_frac_high",
+    "tis_weight_mean",
+    "tis_truncated_frac",
+    "staleness_mean",
+    "staleness_max",
+    "grad_norm",
+    "update_rms",
+    "update_spectral_norm",
+    "lr",
+    "loss",
+    "eval_success",
+    "rollout_s",
+    "train_s",
+    "wall_s",
+    "grad_snr",
+    "optimizer_steps",
+    "skipped_steps",
+    "baseline_informed_frac",
+    "cheat_rate",
+    "embed_head_update_rms",
+    "embed_head_update_spectral_norm",
+    "no_signal_steps",
+)
 
-METRIC_COLUMNS: dict[str, pa.DataType] = {
-    name: pa.int64() if name in _INT else pa.float64() for name in _METRIC_ORDER}
+METRIC_COLUMNS: dict[str, pa.DataType] = {name: pa.int64() if name in _INT else pa.float64() for name in _METRIC_ORDER}
 """One row per update: the contract's columns in their order, then grad_snr (the companion study's gradient
 signal-to-noise proxy, null unless run.grad_snr), the optimizer steps taken and skipped (no signal, or non-finite),
 the share of the batch's episodes whose SPO baseline was informed (offline pass or an earlier visit; null
@@ -73,19 +136,19 @@ skipped: under `run.skip_no_signal: false` Muon still takes a full-size step on 
 was skipped)."""
 
 EPISODE_COLUMNS: dict[str, pa.DataType] = {
-    "update": pa.int64(),          # the update whose batch consumed the episode
+    "update": pa.int64(),  # the update whose batch consumed the episode
     "task_id": pa.string(),
-    "reward": pa.float64(),        # outcome reward in [0, 1]
+    "reward": pa.float64(),  # outcome reward in [0, 1]
     "success": pa.bool_(),
     "n_turns": pa.int64(),
-    "gen_tokens": pa.int64(),      # policy-generated tokens (loss mask 1)
-    "length": pa.int64(),          # tokens in the flattened episode (prompt + actions + observations)
-    "truncated": pa.bool_(),       # stopped by the turn or token budget, not by the agent
-    "staleness": pa.int64(),       # update - policy_version at training time
+    "gen_tokens": pa.int64(),  # policy-generated tokens (loss mask 1)
+    "length": pa.int64(),  # tokens in the flattened episode (prompt + actions + observations)
+    "truncated": pa.bool_(),  # stopped by the turn or token budget, not by the agent
+    "staleness": pa.int64(),  # update - policy_version at training time
     "policy_version": pa.int64(),  # version that generated the episode (the oldest, if it changed mid-episode)
-    "tool_errors": pa.int64(),     # turns with an invalid action or an execution error
+    "tool_errors": pa.int64(),  # turns with an invalid action or an execution error
     "overlong_turns": pa.int64(),  # turns longer than the length-penalty threshold
-    "split": pa.string(),          # "train", "eval" or "impossible" (the cheating probe)
+    "split": pa.string(),  # "train", "eval" or "impossible" (the cheating probe)
     "baseline_informed": pa.bool_(),  # SPO's baseline for the task came from data (offline pass or a visit)
 }
 """One row per finished episode."""
@@ -101,7 +164,7 @@ def _coerce(column: str, dtype: pa.DataType, value: Any) -> Any:
     bad = ValueError(f"column {column!r}: {type(value).__name__} value {value!r} does not fit type {dtype}")
     if pa.types.is_integer(dtype):
         whole = isinstance(value, numbers.Integral) or (isinstance(value, numbers.Real) and float(value).is_integer())
-        if whole and not isinstance(value, _BOOLS) and -2**63 <= int(value) < 2**63:
+        if whole and not isinstance(value, _BOOLS) and -(2**63) <= int(value) < 2**63:
             return int(value)
         raise bad
     if pa.types.is_floating(dtype):
@@ -120,15 +183,15 @@ def _coerce(column: str, dtype: pa.DataType, value: Any) -> Any:
 
 
 def _metadata(provenance: dict) -> dict[bytes, bytes]:
-    return {PROVENANCE_KEY: json.dumps(provenance).encode(),
-            CONFIG_KEY: json.dumps(provenance["config"]).encode()}
+    return {PROVENANCE_KEY: json.dumps(provenance).encode(), CONFIG_KEY: json.dumps(provenance["config"]).encode()}
 
 
 class MetricsLog:
     """Rows kept in memory; `flush()` writes them all, atomically, to `path` with provenance in the metadata."""
 
-    def __init__(self, path: str | os.PathLike, provenance: dict,
-                 schema_columns: Mapping[str, pa.DataType] = METRIC_COLUMNS) -> None:
+    def __init__(
+        self, path: str | os.PathLike, provenance: dict, schema_columns: Mapping[str, pa.DataType] = METRIC_COLUMNS
+    ) -> None:
         if not isinstance(provenance, dict) or "config" not in provenance:
             raise ValueError("provenance must be a dict with a 'config' key (use collect_provenance(config))")
         if "update" not in schema_columns:
@@ -183,8 +246,12 @@ class MetricsLog:
             pq.write_table(table, tmp)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, provenance: dict | None = None,
-             schema_columns: Mapping[str, pa.DataType] | None = None) -> MetricsLog:
+    def load(
+        cls,
+        path: str | os.PathLike,
+        provenance: dict | None = None,
+        schema_columns: Mapping[str, pa.DataType] | None = None,
+    ) -> MetricsLog:
         """A log holding the rows of the file at `path`, ready to append to (resume).
 
         `schema_columns` defaults to the file's own columns; if given, the file must have exactly those.
@@ -199,8 +266,9 @@ class MetricsLog:
             provenance = old
         else:
             if provenance.get("config") != old.get("config"):
-                warnings.warn(f"{path}: resuming with a config that differs from the one the log was written with",
-                              stacklevel=2)
+                warnings.warn(
+                    f"{path}: resuming with a config that differs from the one the log was written with", stacklevel=2
+                )
             provenance = {**provenance, "previous": old}
         log = cls(path, provenance, file_columns)
         log._rows = table.to_pylist()

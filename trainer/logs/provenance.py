@@ -18,6 +18,7 @@ their own code revision, versions and hardware). Choices and why:
   JSON forms); anything else raises a TypeError naming where in the config it sits, so a log never fails to
   write at the first flush because of an odd config value.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,7 +27,7 @@ import platform
 import socket
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path, PurePath
 from typing import Any
@@ -69,8 +70,9 @@ def to_json(value: Any, where: str = "config") -> Any:
 def _git(*args: str) -> str | None:
     """stdout of `git -C PROJECT_ROOT args...`, or None on any failure (no git, not a checkout, timeout)."""
     try:
-        done = subprocess.run(["git", "-C", str(PROJECT_ROOT), *args], capture_output=True, text=True,
-                              timeout=10, check=False)
+        done = subprocess.run(
+            ["git", "-C", str(PROJECT_ROOT), *args], capture_output=True, text=True, timeout=10, check=False
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
@@ -122,12 +124,18 @@ def hardware() -> dict:
     cpu = _cpuinfo()
     model = next((cpu[k] for k in ("model name", "Model", "Hardware", "cpu model") if cpu.get(k)), None)
     flags = (cpu.get("flags") or cpu.get("Features") or "").split()
-    info = {"platform": platform.platform(), "machine": platform.machine(),
-            "processor": model or platform.processor() or UNKNOWN,
-            "cpu_features": [flag for flag in KERNEL_FLAGS if flag in flags], "logical_cores": os.cpu_count(),
-            "torch_threads": None, "cuda_devices": []}
+    info = {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": model or platform.processor() or UNKNOWN,
+        "cpu_features": [flag for flag in KERNEL_FLAGS if flag in flags],
+        "logical_cores": os.cpu_count(),
+        "torch_threads": None,
+        "cuda_devices": [],
+    }
     try:
         import torch
+
         info["torch_threads"] = torch.get_num_threads()
         if torch.cuda.is_available():
             info["cuda_devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -151,5 +159,5 @@ def collect_provenance(config: dict) -> dict:
         "hardware": hardware(),
         "hostname": socket.gethostname(),
         "argv": list(sys.argv),
-        "timestamp_utc": datetime.now(timezone.utc).isoformat(),
+        "timestamp_utc": datetime.now(UTC).isoformat(),
     }

@@ -8,6 +8,7 @@ checkpoint written by 8 processes resumes on 8, 3 or 1. The layout, the atomicit
 Every function that takes a model is collective when a process group is up (every rank calls it, same order), and
 works without one (a single process: DCP then reads and writes alone).
 """
+
 from __future__ import annotations
 
 import os
@@ -20,12 +21,24 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 from trainer.logs.atomic import TMP_SUFFIX, _fsync_dir, atomic_path
-from trainer.logs.checkpoint import (SHARDED_EXTRA, SHARDED_FORMAT, _check_plain, _check_step_and_keep, _remove,
-                                     checkpoint_path, prune_checkpoints, remove_partial_saves)
+from trainer.logs.checkpoint import (
+    SHARDED_EXTRA,
+    SHARDED_FORMAT,
+    _check_plain,
+    _check_step_and_keep,
+    _remove,
+    checkpoint_path,
+    prune_checkpoints,
+    remove_partial_saves,
+)
 
 
 def _distributed() -> bool:
@@ -53,8 +66,15 @@ def _state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> dict:
     return state
 
 
-def save_sharded_checkpoint(directory: str | os.PathLike, *, step: int, model: nn.Module,
-                            optimizer: torch.optim.Optimizer, extra: dict | None, keep: int = 3) -> Path:
+def save_sharded_checkpoint(
+    directory: str | os.PathLike,
+    *,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    extra: dict | None,
+    keep: int = 3,
+) -> Path:
     """Write `ckpt-<step>/` (collective; `extra` is rank 0's): every rank's shards into a hidden temp directory,
     then, after a barrier, rank 0 adds `extra.pt`, renames the directory into place and keeps the `keep` newest
     checkpoints. Returns the checkpoint's path.
@@ -98,8 +118,9 @@ def save_sharded_checkpoint(directory: str | os.PathLike, *, step: int, model: n
     return final
 
 
-def load_sharded_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer,
-                            *, with_optimizer: bool = True) -> None:
+def load_sharded_checkpoint(
+    path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer, *, with_optimizer: bool = True
+) -> None:
     """Load a sharded checkpoint's model (and optimizer) state into `model` and `optimizer` as this run holds them
     (collective; DCP reshards from whatever number of processes wrote it). `with_optimizer`: whether the
     checkpoint holds the optimizer's state (`load_latest_checkpoint`'s "optimizer")."""

@@ -1,4 +1,5 @@
 """Optimizers: batched Muon (drop-in for torch.optim.Muon) and the Muon/AdamW hybrid for whole models."""
+
 from trainer.optim.hybrid import MuonAdamW, build_muon_adamw, route_parameters
 from trainer.optim.muon import Muon, newton_schulz
 

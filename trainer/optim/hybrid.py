@@ -12,6 +12,7 @@ to hidden weight matrices, and a depthwise convolution kernel is not a linear ma
 on the Muon groups and torch's own AdamW kernel (foreach) on the others, and `state_dict()` round-trips both.
 An LR scheduler sees ordinary param groups.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,8 +22,14 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.optim.adam import adam as adam_functional
 
-from trainer.optim.muon import ADJUST_LR_FNS, JORDAN_COEFFICIENTS, check_muon_param, muon_group_step, \
-    ns_dtype_name, resolve_coefficients
+from trainer.optim.muon import (
+    ADJUST_LR_FNS,
+    JORDAN_COEFFICIENTS,
+    check_muon_param,
+    muon_group_step,
+    ns_dtype_name,
+    resolve_coefficients,
+)
 
 
 @dataclass
@@ -129,24 +136,63 @@ class MuonAdamW(Optimizer):
         if not params:
             return
         beta1, beta2 = group["betas"]
-        adam_functional(params, grads, exp_avgs, exp_avg_sqs, [], steps, foreach=params[0].device.type != "mps",
-                        decoupled_weight_decay=True, amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"],
-                        weight_decay=group["weight_decay"], eps=group["eps"], maximize=False)
+        adam_functional(
+            params,
+            grads,
+            exp_avgs,
+            exp_avg_sqs,
+            [],
+            steps,
+            foreach=params[0].device.type != "mps",
+            decoupled_weight_decay=True,
+            amsgrad=False,
+            beta1=beta1,
+            beta2=beta2,
+            lr=group["lr"],
+            weight_decay=group["weight_decay"],
+            eps=group["eps"],
+            maximize=False,
+        )
 
 
-def build_muon_adamw(model: nn.Module, *, muon_lr: float = 0.02, muon_weight_decay: float = 0.1,
-                     adamw_lr: float = 3e-4, adamw_weight_decay: float = 0.0, betas=(0.9, 0.999),
-                     adamw_eps: float = 1e-8, head: nn.Module | None = None, track_stats: bool = False,
-                     **muon_options) -> MuonAdamW:
+def build_muon_adamw(
+    model: nn.Module,
+    *,
+    muon_lr: float = 0.02,
+    muon_weight_decay: float = 0.1,
+    adamw_lr: float = 3e-4,
+    adamw_weight_decay: float = 0.0,
+    betas=(0.9, 0.999),
+    adamw_eps: float = 1e-8,
+    head: nn.Module | None = None,
+    track_stats: bool = False,
+    **muon_options,
+) -> MuonAdamW:
     """The hybrid for `model`: routed by `route_parameters`; `muon_options` go to the Muon group, which also gets
     the AdamW half's betas and eps (the AdamW step `adjust_lr_fn="match_spectral_adamw"` matches)."""
     route = route_parameters(model, head=head)
     groups = []
     if route.muon:
-        groups.append(dict(params=[p for _, p in route.muon], names=[n for n, _ in route.muon], use_muon=True,
-                           lr=muon_lr, weight_decay=muon_weight_decay,
-                           **{"adamw_betas": betas, "adamw_eps": adamw_eps, **muon_options}))
+        groups.append(
+            dict(
+                params=[p for _, p in route.muon],
+                names=[n for n, _ in route.muon],
+                use_muon=True,
+                lr=muon_lr,
+                weight_decay=muon_weight_decay,
+                **{"adamw_betas": betas, "adamw_eps": adamw_eps, **muon_options},
+            )
+        )
     if route.adamw:
-        groups.append(dict(params=[p for _, p in route.adamw], names=[n for n, _ in route.adamw], use_muon=False,
-                           lr=adamw_lr, weight_decay=adamw_weight_decay, betas=betas, eps=adamw_eps))
+        groups.append(
+            dict(
+                params=[p for _, p in route.adamw],
+                names=[n for n, _ in route.adamw],
+                use_muon=False,
+                lr=adamw_lr,
+                weight_decay=adamw_weight_decay,
+                betas=betas,
+                eps=adamw_eps,
+            )
+        )
     return MuonAdamW(groups, track_stats=track_stats)

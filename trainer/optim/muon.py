@@ -48,11 +48,12 @@ Momentum is torch's EMA form (buf <- lerp(buf, g, 1 - mu); nesterov: lerp(g, buf
 bf16 parameters (so bf16 parameters do not match torch, whose buffer is bf16). Weight decay is decoupled and uses
 the unadjusted lr, as every public Muon does.
 """
+
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
@@ -91,8 +92,10 @@ def resolve_coefficients(ns_coefficients, ns_steps: int) -> tuple[list[tuple[flo
         elif ns_coefficients == "polar_express":
             ns_coefficients, norm_scale = POLAR_EXPRESS_COEFFICIENTS, POLAR_EXPRESS_NORM_SCALE
         else:
-            raise ValueError(f"unknown ns_coefficients {ns_coefficients!r}: use 'jordan', 'polar_express', "
-                             "a triple (a, b, c) or a sequence of triples")
+            raise ValueError(
+                f"unknown ns_coefficients {ns_coefficients!r}: use 'jordan', 'polar_express', "
+                "a triple (a, b, c) or a sequence of triples"
+            )
     seq = list(ns_coefficients)
     if len(seq) == 3 and all(isinstance(x, (int, float)) for x in seq):
         steps = [tuple(float(x) for x in seq)] * ns_steps
@@ -103,8 +106,14 @@ def resolve_coefficients(ns_coefficients, ns_steps: int) -> tuple[list[tuple[flo
     return steps, norm_scale
 
 
-def newton_schulz(G: torch.Tensor, coefficients: Sequence[tuple[float, float, float]], *, eps: float = 1e-7,
-                  norm_scale: float = 1.0, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def newton_schulz(
+    G: torch.Tensor,
+    coefficients: Sequence[tuple[float, float, float]],
+    *,
+    eps: float = 1e-7,
+    norm_scale: float = 1.0,
+    dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
     """Approximate the orthogonal polar factor U V^T of a matrix G [r, c], or of each matrix in G [n, r, c].
 
     Computed in `dtype`, on the wide orientation (X = G^T when r > c, so the Gram matrix X X^T is min(r, c)
@@ -120,13 +129,19 @@ def newton_schulz(G: torch.Tensor, coefficients: Sequence[tuple[float, float, fl
     if dtype != torch.bfloat16:
         return _newton_schulz_batched(G, coefficients, eps, norm_scale, dtype)
     if G.dim() == 3:
-        return _stack_like_batched([_newton_schulz_matrix(g, coefficients, eps, norm_scale, dtype)
-                                    for g in G.unbind(0)])
+        return _stack_like_batched(
+            [_newton_schulz_matrix(g, coefficients, eps, norm_scale, dtype) for g in G.unbind(0)]
+        )
     return _newton_schulz_matrix(G, coefficients, eps, norm_scale, dtype)
 
 
-def _newton_schulz_matrix(G: torch.Tensor, coefficients: Sequence[tuple[float, float, float]], eps: float,
-                          norm_scale: float, dtype: torch.dtype) -> torch.Tensor:
+def _newton_schulz_matrix(
+    G: torch.Tensor,
+    coefficients: Sequence[tuple[float, float, float]],
+    eps: float,
+    norm_scale: float,
+    dtype: torch.dtype,
+) -> torch.Tensor:
     """NS on one 2-D matrix with the calls of torch's `_zeropower_via_newtonschulz` (torch 2.13), one for one.
 
     Same ops (`norm`, `@`, `addmm`), operand layouts (the transposed view for tall G) and dtype, hence the same
@@ -149,8 +164,13 @@ def _newton_schulz_matrix(G: torch.Tensor, coefficients: Sequence[tuple[float, f
     return X.T if tall else X
 
 
-def _newton_schulz_batched(G: torch.Tensor, coefficients: Sequence[tuple[float, float, float]], eps: float,
-                           norm_scale: float, dtype: torch.dtype) -> torch.Tensor:
+def _newton_schulz_batched(
+    G: torch.Tensor,
+    coefficients: Sequence[tuple[float, float, float]],
+    eps: float,
+    norm_scale: float,
+    dtype: torch.dtype,
+) -> torch.Tensor:
     """The same iteration on a stack [n, r, c] (or one matrix) at once with bmm/baddbmm (see `newton_schulz`)."""
     X = G.to(dtype)  # a copy whenever G is not already `dtype`; the division below is out of place regardless
     batched = X.dim() == 3
@@ -237,11 +257,23 @@ def _stack_like_batched(ortho: Sequence[torch.Tensor]) -> torch.Tensor:
 class Muon(Optimizer):
     """Drop-in for `torch.optim.Muon`, bit-identical for fp32 parameters. See the module docstring."""
 
-    def __init__(self, params: Iterable, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
-                 nesterov: bool = True, ns_coefficients=JORDAN_COEFFICIENTS, eps: float = 1e-7, ns_steps: int = 5,
-                 adjust_lr_fn: str | None = None, *, ns_dtype: torch.dtype = torch.bfloat16,
-                 adamw_betas: tuple[float, float] = (0.9, 0.999), adamw_eps: float = 1e-8,
-                 track_stats: bool = False):
+    def __init__(
+        self,
+        params: Iterable,
+        lr: float = 1e-3,
+        weight_decay: float = 0.1,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        ns_coefficients=JORDAN_COEFFICIENTS,
+        eps: float = 1e-7,
+        ns_steps: int = 5,
+        adjust_lr_fn: str | None = None,
+        *,
+        ns_dtype: torch.dtype = torch.bfloat16,
+        adamw_betas: tuple[float, float] = (0.9, 0.999),
+        adamw_eps: float = 1e-8,
+        track_stats: bool = False,
+    ):
         if isinstance(lr, torch.Tensor):
             if lr.numel() != 1:
                 raise ValueError("Tensor lr must be 1-element")
@@ -253,13 +285,24 @@ class Muon(Optimizer):
         if not weight_decay >= 0.0:
             raise ValueError(f"weight decay should be >= 0 but is: {weight_decay}")
         if adjust_lr_fn is not None and adjust_lr_fn not in ADJUST_LR_FNS:
-            raise ValueError(f"Adjust learning rate function {adjust_lr_fn} is not supported: use one of "
-                             f"{ADJUST_LR_FNS}")
+            raise ValueError(
+                f"Adjust learning rate function {adjust_lr_fn} is not supported: use one of {ADJUST_LR_FNS}"
+            )
         ns_dtype = ns_dtype_name(ns_dtype)
         resolve_coefficients(ns_coefficients, ns_steps)  # validate early
-        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
-                        ns_coefficients=ns_coefficients, eps=eps, ns_steps=ns_steps, adjust_lr_fn=adjust_lr_fn,
-                        ns_dtype=ns_dtype, adamw_betas=tuple(adamw_betas), adamw_eps=adamw_eps)
+        defaults = dict(
+            lr=lr,
+            weight_decay=weight_decay,
+            momentum=momentum,
+            nesterov=nesterov,
+            ns_coefficients=ns_coefficients,
+            eps=eps,
+            ns_steps=ns_steps,
+            adjust_lr_fn=adjust_lr_fn,
+            ns_dtype=ns_dtype,
+            adamw_betas=tuple(adamw_betas),
+            adamw_eps=adamw_eps,
+        )
         super().__init__(params, defaults)
         self.track_stats = track_stats
         self.last_stats: list[dict[str, float]] = []
@@ -310,8 +353,9 @@ def _full(local: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     `like` is not a DTensor. Shape and stride are given, so shards of unequal size gather right."""
     if not isinstance(like, DTensor):
         return local
-    return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False, shape=like.shape,
-                              stride=like.stride()).full_tensor()
+    return DTensor.from_local(
+        local, like.device_mesh, like.placements, run_check=False, shape=like.shape, stride=like.stride()
+    ).full_tensor()
 
 
 def _shard_of(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -324,15 +368,18 @@ def _shard_of(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 def check_muon_param(p: torch.Tensor, name: str = "") -> None:
     label = f" {name!r}" if name else ""
     if p.dim() < 2:
-        raise ValueError(f"Muon parameter{label} has shape {tuple(p.shape)}: Muon needs a matrix (>= 2 dims). "
-                         "A 1-D weight here is usually a flattened shard (FSDP1 / ZeRO-3); route it to AdamW "
-                         "or keep parameters unflattened.")
+        raise ValueError(
+            f"Muon parameter{label} has shape {tuple(p.shape)}: Muon needs a matrix (>= 2 dims). "
+            "A 1-D weight here is usually a flattened shard (FSDP1 / ZeRO-3); route it to AdamW "
+            "or keep parameters unflattened."
+        )
     if torch.is_complex(p):
         raise ValueError(f"Muon parameter{label} is complex; Muon supports real parameters only")
 
 
-def _adamw_directions(params: list[torch.Tensor], grads: list[torch.Tensor], state: dict,
-                      group: dict) -> list[torch.Tensor]:
+def _adamw_directions(
+    params: list[torch.Tensor], grads: list[torch.Tensor], state: dict, group: dict
+) -> list[torch.Tensor]:
     """The step direction AdamW would take on these gradients, m_hat / (sqrt(v_hat) + eps) (this rank's shard), its
     moments kept in the parameters' state under their own keys and advanced here."""
     beta1, beta2 = group.get("adamw_betas", (0.9, 0.999))
@@ -349,7 +396,7 @@ def _adamw_directions(params: list[torch.Tensor], grads: list[torch.Tensor], sta
         g = g.float()
         m.lerp_(g, 1.0 - beta1)
         v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
-        out.append((m / (1.0 - beta1 ** t)) / ((v / (1.0 - beta2 ** t)).sqrt() + eps))
+        out.append((m / (1.0 - beta1**t)) / ((v / (1.0 - beta2**t)).sqrt() + eps))
     return out
 
 
@@ -374,8 +421,9 @@ def muon_group_step(group: dict, state: dict, *, track_stats: bool = False) -> d
         for p in params:
             st = state[p]
             if "momentum_buffer" not in st:
-                st["momentum_buffer"] = torch.zeros_like(p, dtype=torch.promote_types(p.dtype, torch.float32),
-                                                          memory_format=torch.preserve_format)
+                st["momentum_buffer"] = torch.zeros_like(
+                    p, dtype=torch.promote_types(p.dtype, torch.float32), memory_format=torch.preserve_format
+                )
             bufs.append(_local(st["momentum_buffer"]))
         if grads[0].dtype != bufs[0].dtype:
             grads = [g.to(bufs[0].dtype) for g in grads]
@@ -385,19 +433,20 @@ def muon_group_step(group: dict, state: dict, *, track_stats: bool = False) -> d
         ns_dtype = NS_DTYPES[ns_dtype_name(group["ns_dtype"])]
         if ns_dtype == torch.bfloat16:
             # torch's per-matrix op sequence on the updates as they are (see _newton_schulz_matrix)
-            ortho = [_newton_schulz_matrix(m, coefficients, group["eps"], norm_scale, torch.bfloat16)
-                     for m in matrices]
+            ortho = [_newton_schulz_matrix(m, coefficients, group["eps"], norm_scale, torch.bfloat16) for m in matrices]
             stacked = None
         else:
             # torch.stack copies, so NS never sees the momentum buffers themselves
-            stacked = _newton_schulz_batched(torch.stack(matrices), coefficients, group["eps"], norm_scale,
-                                             ns_dtype)
+            stacked = _newton_schulz_batched(torch.stack(matrices), coefficients, group["eps"], norm_scale, ns_dtype)
             ortho = stacked.unbind(0)
         rows, cols = matrices[0].shape
         measured = group["adjust_lr_fn"] == "match_spectral_adamw"
         # RMS and top singular value of each orthogonalised update, for the measured rule and the stats alike
-        rms, spec = (matrix_update_stats(_stack_like_batched(ortho) if stacked is None else stacked)
-                     if measured or track_stats else (None, None))
+        rms, spec = (
+            matrix_update_stats(_stack_like_batched(ortho) if stacked is None else stacked)
+            if measured or track_stats
+            else (None, None)
+        )
         if measured:
             adamw = _adamw_directions(params, grads, state, group)
             target = matrix_update_stats(torch.stack([_as_matrix(_full(d, p)) for d, p in zip(adamw, params)]))[1]

@@ -38,9 +38,10 @@ Two formats:
       no special end-of-turn token stops on EOS only, and that EOS then stays in the sequence before the tail.
     * Text is encoded with `add_special_tokens=False`: chat templates write their own BOS.
 """
+
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -48,8 +49,9 @@ SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<bos>", "<obs>", "<act>", "<eot>")
 """The tiny tokenizer's special tokens; `build_tokenizer` gives them ids 0..4 in this order."""
 
 
-def build_tokenizer(texts: Iterable[str], vocab_size: int = 512, min_frequency: int = 2,
-                    special_tokens: Iterable[str] = SPECIAL_TOKENS) -> Tokenizer:
+def build_tokenizer(
+    texts: Iterable[str], vocab_size: int = 512, min_frequency: int = 2, special_tokens: Iterable[str] = SPECIAL_TOKENS
+) -> Tokenizer:
     """Train a byte-level BPE tokenizer on sample texts, with `special_tokens` (default `SPECIAL_TOKENS`, the
     tiny format's) as ids 0..n-1.
 
@@ -71,8 +73,13 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = 512, min_frequency: 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, show_progress=False,
-                                  special_tokens=special_tokens, initial_alphabet=alphabet)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        show_progress=False,
+        special_tokens=special_tokens,
+        initial_alphabet=alphabet,
+    )
     tokenizer.train_from_iterator(texts, trainer=trainer)
     return tokenizer
 
@@ -113,8 +120,7 @@ class TinyFormat:
 
     def decode_action(self, ids: list[int]) -> str:
         """Action text: special tokens (the closing `<eot>` and any stray marker the policy wrote) are dropped."""
-        return self.tokenizer.decode([int(i) for i in ids if int(i) not in self.special_ids],
-                                     skip_special_tokens=False)
+        return self.tokenizer.decode([int(i) for i in ids if int(i) not in self.special_ids], skip_special_tokens=False)
 
 
 class HFChatFormat:
@@ -132,25 +138,31 @@ class HFChatFormat:
         self._head = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
 
         # The assistant tail: what the template writes after an assistant message's content.
-        history = [*self._head, {"role": "user", "content": self._USER_A},
-                   {"role": "assistant", "content": self._ASSISTANT_A}]
+        history = [
+            *self._head,
+            {"role": "user", "content": self._USER_A},
+            {"role": "assistant", "content": self._ASSISTANT_A},
+        ]
         rendered = self._render(history, generation_prompt=False)
         self._history, self._history_text = history, rendered
         at = rendered.rfind(self._ASSISTANT_A)
         if at < 0:
             raise ValueError("HFChatFormat: the template does not write assistant content verbatim")
-        self.assistant_tail = rendered[at + len(self._ASSISTANT_A):]
+        self.assistant_tail = rendered[at + len(self._ASSISTANT_A) :]
         tail_ids = self._encode(self.assistant_tail)
         special = set(getattr(hf_tokenizer, "all_special_ids", [])) | set(
-            getattr(hf_tokenizer, "added_tokens_decoder", {}).keys())
+            getattr(hf_tokenizer, "added_tokens_decoder", {}).keys()
+        )
         self.end_of_turn_id: int | None = tail_ids[0] if tail_ids and tail_ids[0] in special else None
         self._tail_after_stop = self.assistant_tail
         if self.end_of_turn_id is not None:
             eot_text = hf_tokenizer.decode([self.end_of_turn_id])
             if not self.assistant_tail.startswith(eot_text):
-                raise ValueError(f"HFChatFormat: the assistant tail {self.assistant_tail!r} does not start with the "
-                                 f"text of its end-of-turn token {eot_text!r}")
-            self._tail_after_stop = self.assistant_tail[len(eot_text):]
+                raise ValueError(
+                    f"HFChatFormat: the assistant tail {self.assistant_tail!r} does not start with the "
+                    f"text of its end-of-turn token {eot_text!r}"
+                )
+            self._tail_after_stop = self.assistant_tail[len(eot_text) :]
 
         stops = set(int(i) for i in extra_stop_ids)
         if hf_tokenizer.eos_token_id is not None:
@@ -164,11 +176,15 @@ class HFChatFormat:
         self.pad_id: int = int(pad if pad is not None else min(stops))
 
         # The delta must not depend on the history it follows: compare two different dummy histories.
-        longer = history + [{"role": "user", "content": self._USER_B},
-                            {"role": "assistant", "content": self._ASSISTANT_B}]
+        longer = history + [
+            {"role": "user", "content": self._USER_B},
+            {"role": "assistant", "content": self._ASSISTANT_B},
+        ]
         if self._delta_text(self._PROBE, history) != self._delta_text(self._PROBE, longer):
-            raise ValueError("HFChatFormat: the template renders a new user message differently depending on the "
-                             "history, so observations cannot be appended incrementally")
+            raise ValueError(
+                "HFChatFormat: the template renders a new user message differently depending on the "
+                "history, so observations cannot be appended incrementally"
+            )
 
     @property
     def vocab_size(self) -> int:
@@ -187,15 +203,18 @@ class HFChatFormat:
         before = self._render(history, generation_prompt=False) if before is None else before
         after = self._render(history + [{"role": "user", "content": observation}], generation_prompt=True)
         if not after.startswith(before):
-            raise ValueError("HFChatFormat: the template rewrites earlier turns when a user message is added "
-                             "(rendered text is not a prefix), so observations cannot be appended incrementally")
-        return after[len(before):]
+            raise ValueError(
+                "HFChatFormat: the template rewrites earlier turns when a user message is added "
+                "(rendered text is not a prefix), so observations cannot be appended incrementally"
+            )
+        return after[len(before) :]
 
     # -- the format interface -------------------------------------------------------------------------------
 
     def prompt_ids(self, first_observation: str) -> list[int]:
-        return self._encode(self._render([*self._head, {"role": "user", "content": first_observation}],
-                                         generation_prompt=True))
+        return self._encode(
+            self._render([*self._head, {"role": "user", "content": first_observation}], generation_prompt=True)
+        )
 
     def observation_ids(self, observation: str, last_token: int | None = None) -> list[int]:
         """Tokens that follow an action: the rest of the assistant tail, the user message, the generation prompt.

@@ -24,6 +24,7 @@ attention on every layer, the sdpa kernel, default rotary embeddings and no atte
 per-op cost is what the lean forward saves; bit-identity is tested there, and on a GPU the stacked copies would
 double the weights' memory and its kernels choose by shape). Anything else takes the model's own call.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -38,8 +39,11 @@ F = nn.functional
 class LeanDecoder:
     """The lean forward of one model (see the module docstring)."""
 
-    ARCHITECTURES: ClassVar[dict[str, bool]] = {"LlamaForCausalLM": False, "Qwen2ForCausalLM": False,
-                                                "Qwen3ForCausalLM": True}
+    ARCHITECTURES: ClassVar[dict[str, bool]] = {
+        "LlamaForCausalLM": False,
+        "Qwen2ForCausalLM": False,
+        "Qwen3ForCausalLM": True,
+    }
     """Served classes, and whether their attention normalises queries and keys (Qwen3's q_norm / k_norm)."""
 
     def __init__(self, model: nn.Module):
@@ -59,24 +63,35 @@ class LeanDecoder:
         """Only configurations that this class restates exactly, on a CPU (see the module docstring); a sharded or
         wrapped model's class has another name."""
         config = getattr(model, "config", None)
-        if (type(model).__name__ not in cls.ARCHITECTURES or not type(model).__module__.startswith("transformers.")
-                or getattr(config, "_attn_implementation", None) != "sdpa"):
+        if (
+            type(model).__name__ not in cls.ARCHITECTURES
+            or not type(model).__module__.startswith("transformers.")
+            or getattr(config, "_attn_implementation", None) != "sdpa"
+        ):
             return False
         rope = getattr(config, "rope_parameters", None) or {}
         layer_types = getattr(config, "layer_types", None) or ["full_attention"]
         first = next(model.parameters(), None)
-        return (config.hidden_act == "silu" and rope.get("rope_type", "default") == "default"
-                and getattr(config, "pretraining_tp", 1) == 1 and not getattr(config, "attention_dropout", 0.0)
-                and all(t == "full_attention" for t in layer_types)
-                and first is not None and first.device.type == "cpu")
+        return (
+            config.hidden_act == "silu"
+            and rope.get("rope_type", "default") == "default"
+            and getattr(config, "pretraining_tp", 1) == 1
+            and not getattr(config, "attention_dropout", 0.0)
+            and all(t == "full_attention" for t in layer_types)
+            and first is not None
+            and first.device.type == "cpu"
+        )
 
     # -- weights and tables ------------------------------------------------------------------------------------
 
     def _stack_weights(self) -> None:
         """(Re)build the stacked per-layer weights when any parameter changed since they were built: written in
         place (its version counter moved) or replaced by `.to()` (its storage moved)."""
-        versions = tuple((id(p), p._version, p.data_ptr(), p.dtype)
-                         for module in (self.base, self.lm_head) for p in module.parameters())
+        versions = tuple(
+            (id(p), p._version, p.data_ptr(), p.dtype)
+            for module in (self.base, self.lm_head)
+            for p in module.parameters()
+        )
         if versions == self._versions:
             return
         with torch.no_grad():
@@ -84,16 +99,30 @@ class LeanDecoder:
             for layer in self.base.layers:
                 a, m = layer.self_attn, layer.mlp
                 projections = (a.q_proj, a.k_proj, a.v_proj)
-                self.layers.append(dict(
-                    norm1=layer.input_layernorm, norm2=layer.post_attention_layernorm, attn=a,
-                    qkv=torch.cat([proj.weight for proj in projections]),
-                    qkv_bias=None if a.q_proj.bias is None else torch.cat([proj.bias for proj in projections]),
-                    qk_norm=(torch.cat([a.q_norm.weight.expand(self.heads, -1),
-                                        a.k_norm.weight.expand(self.kv_heads, -1)]) if self.qk_norm else None),
-                    qk_eps=a.q_norm.variance_epsilon if self.qk_norm else None,
-                    gate_up=torch.cat([m.gate_proj.weight, m.up_proj.weight]),
-                    gate_up_bias=None if m.gate_proj.bias is None else torch.cat([m.gate_proj.bias, m.up_proj.bias]),
-                    inner=m.gate_proj.weight.shape[0], down=m.down_proj.weight, down_bias=m.down_proj.bias))
+                self.layers.append(
+                    dict(
+                        norm1=layer.input_layernorm,
+                        norm2=layer.post_attention_layernorm,
+                        attn=a,
+                        qkv=torch.cat([proj.weight for proj in projections]),
+                        qkv_bias=None if a.q_proj.bias is None else torch.cat([proj.bias for proj in projections]),
+                        qk_norm=(
+                            torch.cat(
+                                [a.q_norm.weight.expand(self.heads, -1), a.k_norm.weight.expand(self.kv_heads, -1)]
+                            )
+                            if self.qk_norm
+                            else None
+                        ),
+                        qk_eps=a.q_norm.variance_epsilon if self.qk_norm else None,
+                        gate_up=torch.cat([m.gate_proj.weight, m.up_proj.weight]),
+                        gate_up_bias=None
+                        if m.gate_proj.bias is None
+                        else torch.cat([m.gate_proj.bias, m.up_proj.bias]),
+                        inner=m.gate_proj.weight.shape[0],
+                        down=m.down_proj.weight,
+                        down_bias=m.down_proj.bias,
+                    )
+                )
         self._versions = versions
 
     def _rotary(self, positions: torch.Tensor, size: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,8 +130,7 @@ class LeanDecoder:
         positions grown by doubling, computed as transformers computes them (the module's own `inv_freq`)."""
         rotary = self.base.rotary_emb
         table = self._cos
-        if (table is None or table.shape[0] < size or table.dtype != dtype
-                or table.device != rotary.inv_freq.device):
+        if table is None or table.shape[0] < size or table.dtype != dtype or table.device != rotary.inv_freq.device:
             size = max(size, 2 * (0 if table is None else table.shape[0]), 256)
             inv_freq = rotary.inv_freq.float()
             freqs = torch.arange(size, device=inv_freq.device).float()[:, None] * inv_freq
@@ -136,7 +164,7 @@ class LeanDecoder:
             norm1, attn = layer["norm1"], layer["attn"]
             x = self._norm(h, norm1.weight, norm1.variance_epsilon)
             qkv = F.linear(x, layer["qkv"], layer["qkv_bias"]).view(n, width, heads + 2 * kv_heads, d)
-            qk, v = qkv[:, :, :heads + kv_heads], qkv[:, :, heads + kv_heads:]
+            qk, v = qkv[:, :, : heads + kv_heads], qkv[:, :, heads + kv_heads :]
             if self.qk_norm:
                 qk = self._norm(qk, layer["qk_norm"], layer["qk_eps"])
             qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
@@ -145,7 +173,9 @@ class LeanDecoder:
             norm2, inner = layer["norm2"], layer["inner"]
             x = self._norm(h, norm2.weight, norm2.variance_epsilon)
             gate_up = F.linear(x, layer["gate_up"], layer["gate_up_bias"])
-            gate = gate_up[..., :inner].contiguous()  # as the model's: silu rounds a strided row's tail apart (inner 48)
+            gate = gate_up[
+                ..., :inner
+            ].contiguous()  # as the model's: silu rounds a strided row's tail apart (inner 48)
             h = h + F.linear(F.silu(gate) * gate_up[..., inner:], layer["down"], layer["down_bias"])
         return h
 
@@ -165,8 +195,9 @@ class LeanDecoder:
             k, v = cache.layers[i].update(k, v)
             scale = self.layers[i]["attn"].scaling
             if width == 1:  # the query heads of a group share one row of keys (transformers' pack_gqa)
-                out = F.scaled_dot_product_attention(q.reshape(n, kv_heads, heads // kv_heads, d), k, v,
-                                                     attn_mask=mask, scale=scale)
+                out = F.scaled_dot_product_attention(
+                    q.reshape(n, kv_heads, heads // kv_heads, d), k, v, attn_mask=mask, scale=scale
+                )
                 return out.reshape(n, 1, heads * d)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=kv_heads != heads)
             return out.transpose(1, 2).reshape(n, width, heads * d)
@@ -183,8 +214,9 @@ class LeanDecoder:
         positions = torch.arange(width, device=ids.device).expand(batch, width)
 
         def attend(i, q, k, v):
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=width > 1, scale=self.layers[i]["attn"].scaling,
-                                                 enable_gqa=kv_heads != heads)
+            out = F.scaled_dot_product_attention(
+                q, k, v, is_causal=width > 1, scale=self.layers[i]["attn"].scaling, enable_gqa=kv_heads != heads
+            )
             return out.transpose(1, 2).reshape(batch, width, heads * d)
 
         return self._head(self._hidden(ids, positions, width, attend))

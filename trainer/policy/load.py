@@ -7,6 +7,7 @@ seed of a trained cell, which `python -m trainer eval` reads). A real checkpoint
 Qwen2.5-0.5B-Instruct) is any directory `from_pretrained` can read locally; its own tokenizer and chat template are
 used. Nothing is ever downloaded (`local_files_only=True`).
 """
+
 from __future__ import annotations
 
 import json
@@ -21,14 +22,14 @@ TOKENIZER_FILE = "tokenizer.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def new_tiny_policy(preset: str, texts: list[str], *, vocab_size: int = 384, seed: int = 0,
-                    max_positions: int = 2048):
+def new_tiny_policy(preset: str, texts: list[str], *, vocab_size: int = 384, seed: int = 0, max_positions: int = 2048):
     """A freshly initialised tiny model with a byte-level BPE tokenizer trained on `texts`."""
     from trainer.policy.chat_format import TinyFormat, build_tokenizer
 
     tokenizer = build_tokenizer(texts, vocab_size=vocab_size)
-    model = build_tiny_model(TinyModelSpec(preset, vocab_size=tokenizer.get_vocab_size(),
-                                           max_position_embeddings=max_positions), seed=seed)
+    model = build_tiny_model(
+        TinyModelSpec(preset, vocab_size=tokenizer.get_vocab_size(), max_position_embeddings=max_positions), seed=seed
+    )
     return model, TinyFormat(tokenizer)
 
 
@@ -39,10 +40,13 @@ def save_policy(model, fmt, directory: str | Path, extra: dict | None = None) ->
 
     if not isinstance(fmt, (TinyFormat, HFChatFormat)):
         raise TypeError(f"save_policy: unknown chat format {type(fmt).__name__}")
-    if isinstance(fmt, HFChatFormat) and (fmt.system_prompt is not None
-                                          or fmt.stop_ids != HFChatFormat(fmt.tokenizer).stop_ids):
-        raise ValueError("save_policy: a chat format with a system prompt or extra stop tokens would not be read "
-                         "back by load_policy (it builds the tokenizer's default format)")
+    if isinstance(fmt, HFChatFormat) and (
+        fmt.system_prompt is not None or fmt.stop_ids != HFChatFormat(fmt.tokenizer).stop_ids
+    ):
+        raise ValueError(
+            "save_policy: a chat format with a system prompt or extra stop tokens would not be read "
+            "back by load_policy (it builds the tokenizer's default format)"
+        )
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
@@ -72,5 +76,6 @@ def load_policy(path: str | Path, dtype: str = "float32"):
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=DTYPES[dtype])
     if policy_meta(path).get("format") == "tiny":
         from tokenizers import Tokenizer
+
         return model, TinyFormat(Tokenizer.from_str((path / TOKENIZER_FILE).read_text()))
     return model, HFChatFormat(AutoTokenizer.from_pretrained(path, local_files_only=True))

@@ -12,6 +12,7 @@ action tokens and their end-of-turn token only), so the warm-started model and t
 format. If no evaluation lands in the band within `max_steps`, the model closest to the band is saved and the
 report says so; the workflow then fails loudly rather than train RL from a wrong starting point.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,7 +33,6 @@ from trainer.rollout.episode import Episode
 from trainer.rollout.evaluation import evaluate, play_tasks
 from trainer.rollout.sampling import SamplingParams
 from trainer.update import pad_episodes, token_logprobs
-
 
 
 def demonstration_episode(demo, fmt, task_id: str) -> Episode:
@@ -87,17 +87,24 @@ def warm_start(cfg: SFTConfig, out_dir: str | Path, progress: bool | None = None
     suite = make_suite(cfg.env)
     if suite.demonstrate is None:
         raise ValueError(f"environment {cfg.env.name!r} has no scripted expert to warm-start from")
-    model, fmt = new_tiny_policy(cfg.model.preset, suite.sample_texts(), vocab_size=cfg.vocab_size,
-                                 seed=cfg.model.init_seed, max_positions=cfg.rollout.max_episode_tokens + 64)
+    model, fmt = new_tiny_policy(
+        cfg.model.preset,
+        suite.sample_texts(),
+        vocab_size=cfg.vocab_size,
+        seed=cfg.model.init_seed,
+        max_positions=cfg.rollout.max_episode_tokens + 64,
+    )
     model.to(DTYPES[cfg.model.dtype])
 
     rng = random.Random(cfg.seed)
     train_tasks = suite.tasks.tasks("train")
-    pool = train_tasks[:cfg.env.train_tasks]  # the cells' RL pool (all of the split when train_tasks is None)
-    demo_tasks = train_tasks[cfg.env.train_tasks:] if cfg.env.train_tasks is not None else train_tasks
+    pool = train_tasks[: cfg.env.train_tasks]  # the cells' RL pool (all of the split when train_tasks is None)
+    demo_tasks = train_tasks[cfg.env.train_tasks :] if cfg.env.train_tasks is not None else train_tasks
     if not demo_tasks:
-        raise ValueError(f"env.train_tasks={cfg.env.train_tasks} leaves no training task for demonstrations; "
-                         f"raise the family's training split size above it")
+        raise ValueError(
+            f"env.train_tasks={cfg.env.train_tasks} leaves no training task for demonstrations; "
+            f"raise the family's training split size above it"
+        )
     demos = []
     for i in range(cfg.n_demos):
         task = demo_tasks[i % len(demo_tasks)]
@@ -105,8 +112,10 @@ def warm_start(cfg: SFTConfig, out_dir: str | Path, progress: bool | None = None
         if e.length <= cfg.rollout.max_episode_tokens:
             demos.append(e)
     if not demos:
-        raise ValueError(f"none of the {cfg.n_demos} demonstrations fits rollout.max_episode_tokens="
-                         f"{cfg.rollout.max_episode_tokens}: raise it, or make the environment's episodes shorter")
+        raise ValueError(
+            f"none of the {cfg.n_demos} demonstrations fits rollout.max_episode_tokens="
+            f"{cfg.rollout.max_episode_tokens}: raise it, or make the environment's episodes shorter"
+        )
     eval_tasks = suite.tasks.tasks("heldout", cfg.eval_tasks)
     if not eval_tasks:
         raise ValueError(f"eval_tasks={cfg.eval_tasks} gives no held-out task: the band is judged on held-out success")
@@ -118,8 +127,12 @@ def warm_start(cfg: SFTConfig, out_dir: str | Path, progress: bool | None = None
         return evaluate(model, fmt, suite.make_env, tasks, sampling, torch.Generator().manual_seed(cfg.seed))[0]
 
     if cfg.optimizer == "muon":
-        optimizer = build_muon_adamw(model, muon_lr=cfg.muon_lr, adamw_lr=cfg.lr,
-                                     ns_dtype=resolve_ns_dtype("auto", next(model.parameters()).device))
+        optimizer = build_muon_adamw(
+            model,
+            muon_lr=cfg.muon_lr,
+            adamw_lr=cfg.lr,
+            ns_dtype=resolve_ns_dtype("auto", next(model.parameters()).device),
+        )
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -137,7 +150,7 @@ def warm_start(cfg: SFTConfig, out_dir: str | Path, progress: bool | None = None
             continue
         # a quarter of the tasks first: far below the band (early on, every episode runs to the turn limit) the
         # full evaluation would cost more than the training steps; the band is judged on all of them
-        screen = heldout_success(eval_tasks[:max(len(eval_tasks) // 4, 1)])
+        screen = heldout_success(eval_tasks[: max(len(eval_tasks) // 4, 1)])
         if screen < low / 2 and step != cfg.max_steps:
             history.append({"step": step, "loss": float(loss.detach()), "screen_success": screen})
             print(json.dumps(history[-1]), file=sys.stderr, flush=True)
@@ -154,11 +167,19 @@ def warm_start(cfg: SFTConfig, out_dir: str | Path, progress: bool | None = None
     bar.close()
     _, best_step, best_success, state = best
     model.load_state_dict(state)
-    report = {"in_band": low <= best_success <= high, "heldout_success": best_success, "step": best_step,
-              "band": [low, high], "n_demos": len(demos), "demo_tasks": len({d.task_id for d in demos}),
-              "pool_tasks": len(pool), "eval_tasks": len(eval_tasks),
-              "n_parameters": sum(p.numel() for p in model.parameters()), "history": history,
-              "config": config_to_dict(cfg)}
+    report = {
+        "in_band": low <= best_success <= high,
+        "heldout_success": best_success,
+        "step": best_step,
+        "band": [low, high],
+        "n_demos": len(demos),
+        "demo_tasks": len({d.task_id for d in demos}),
+        "pool_tasks": len(pool),
+        "eval_tasks": len(eval_tasks),
+        "n_parameters": sum(p.numel() for p in model.parameters()),
+        "history": history,
+        "config": config_to_dict(cfg),
+    }
     if cfg.offline_samples:
         stats = offline_stats(model, fmt, suite, pool, sampling, cfg.offline_samples, seed=cfg.seed + 1)
         report["offline_success"] = sum(s for _, s in stats.values()) / max(sum(n for n, _ in stats.values()), 1)

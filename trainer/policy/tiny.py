@@ -6,21 +6,54 @@ decoder for MiniCPM (MiniCPM's dense models are Llama-architecture) and a Qwen3 
 attention layout) for Qwen3.5. The companion study's Qwen2.5-0.5B-Instruct gets a Qwen2 decoder (biased QKV
 projections, no QK-norm). Built from a config, no weights downloaded.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 TINY_PRESETS: dict[str, dict] = {
-    "minicpm-tiny": dict(model_type="llama", hidden_size=128, intermediate_size=352, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
-    "qwen2.5-tiny": dict(model_type="qwen2", hidden_size=128, intermediate_size=352, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
-    "qwen-tiny": dict(model_type="qwen3", hidden_size=160, intermediate_size=416, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=40, tie_word_embeddings=True),
-    "qwen3.5-tiny": dict(model_type="qwen3_5_text", hidden_size=128, intermediate_size=352, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, linear_num_key_heads=2,
-                         linear_num_value_heads=4, linear_key_head_dim=32, linear_value_head_dim=32,
-                         tie_word_embeddings=True),
+    "minicpm-tiny": dict(
+        model_type="llama",
+        hidden_size=128,
+        intermediate_size=352,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-tiny": dict(
+        model_type="qwen2",
+        hidden_size=128,
+        intermediate_size=352,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    ),
+    "qwen-tiny": dict(
+        model_type="qwen3",
+        hidden_size=160,
+        intermediate_size=416,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=40,
+        tie_word_embeddings=True,
+    ),
+    "qwen3.5-tiny": dict(
+        model_type="qwen3_5_text",
+        hidden_size=128,
+        intermediate_size=352,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=32,
+        linear_value_head_dim=32,
+        tie_word_embeddings=True,
+    ),
 }
 """`qwen3.5-tiny` is Qwen3.5's hybrid text decoder (three Gated DeltaNet linear-attention layers, then one full
 attention layer, with their 3-D conv1d kernels): what the router and the engine must handle for the paper's
@@ -43,8 +76,9 @@ def build_tiny_model(spec: TinyModelSpec, seed: int = 0):
         raise ValueError(f"unknown tiny model preset {spec.preset!r}; known: {sorted(TINY_PRESETS)}")
     kwargs = dict(TINY_PRESETS[spec.preset])
     model_type = kwargs.pop("model_type")
-    config = AutoConfig.for_model(model_type, vocab_size=spec.vocab_size,
-                                  max_position_embeddings=spec.max_position_embeddings, **kwargs)
+    config = AutoConfig.for_model(
+        model_type, vocab_size=spec.vocab_size, max_position_embeddings=spec.max_position_embeddings, **kwargs
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return AutoModelForCausalLM.from_config(config)

@@ -8,6 +8,7 @@ Where the penalties enter: SPO++ puts them inside its standardisation (that is t
 standardise over all turns). The other estimators add them after their own normalisation, so their statistics
 stay exactly the published ones; with penalties off (their recipes' default) nothing is added.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -15,12 +16,17 @@ from dataclasses import dataclass, field
 import torch
 
 from trainer.config import ESTIMATORS, SPO_ESTIMATORS
-from trainer.rl.group_advantages import (GiGPOConfig, GraphGPOConfig, GRPOConfig, gigpo_advantages,
-                                         graphgpo_advantages, grpo_advantages)
+from trainer.rl.group_advantages import (
+    GiGPOConfig,
+    GraphGPOConfig,
+    GRPOConfig,
+    gigpo_advantages,
+    graphgpo_advantages,
+    grpo_advantages,
+)
 from trainer.rl.shaping import ShapingConfig, overlong_flags, turn_penalties
 from trainer.rl.spo import BetaTracker, SPOPlusPlusConfig, spo_advantages, spo_plus_plus_advantages
 from trainer.rl.trajectory import Trajectory, turn_values_to_tokens
-
 
 
 @dataclass
@@ -39,8 +45,9 @@ class AdvantageConfig:
             raise ValueError(f"advantage estimator {self.estimator!r} is not one of {ESTIMATORS}")
 
 
-def compute_advantages(trajectories: list[Trajectory], cfg: AdvantageConfig, tracker: BetaTracker | None = None,
-                       width: int | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+def compute_advantages(
+    trajectories: list[Trajectory], cfg: AdvantageConfig, tracker: BetaTracker | None = None, width: int | None = None
+) -> tuple[torch.Tensor, dict[str, float]]:
     """Per-token advantages [batch, width] (zero off the action tokens) and a few batch statistics."""
     shaping = cfg.shaping
     bonus = turn_penalties(trajectories, shaping) if (shaping.length_penalty or shaping.tool_penalty) else None
@@ -51,8 +58,11 @@ def compute_advantages(trajectories: list[Trajectory], cfg: AdvantageConfig, tra
     elif cfg.estimator == "spo++":
         per_turn = spo_plus_plus_advantages(trajectories, tracker, bonus, cfg.spo_plus_plus)
     else:
-        estimator = {"grpo": (grpo_advantages, cfg.grpo), "gigpo": (gigpo_advantages, cfg.gigpo),
-                     "graphgpo": (graphgpo_advantages, cfg.graphgpo)}[cfg.estimator]
+        estimator = {
+            "grpo": (grpo_advantages, cfg.grpo),
+            "gigpo": (gigpo_advantages, cfg.gigpo),
+            "graphgpo": (graphgpo_advantages, cfg.graphgpo),
+        }[cfg.estimator]
         per_turn = estimator[0](trajectories, estimator[1])
         if bonus is not None:
             per_turn = [a + c for a, c in zip(per_turn, bonus)]

@@ -28,6 +28,7 @@ policy, so an estimator that keeps it and calls it in `after_update` reads the u
   the update's old log-probs are kept. Both measure the shift over the updates between two visits; before_update's
   window ends one update earlier.
 """
+
 from __future__ import annotations
 
 import typing
@@ -39,10 +40,16 @@ from trainer.config import GROUP_ESTIMATORS, SPO_ESTIMATORS, RhoTiming
 from trainer.rl.advantages import AdvantageConfig, compute_advantages
 from trainer.rl.group_advantages import GiGPOConfig, GraphGPOConfig
 from trainer.rl.shaping import ShapingConfig
-from trainer.rl.spo import (BetaTracker, SPOPlusPlusConfig, TrackerConfig, logprob_divergence, read_offline_stats,
-                            spo_update_tracker, update_tracker_in_arrival_order)
+from trainer.rl.spo import (
+    BetaTracker,
+    SPOPlusPlusConfig,
+    TrackerConfig,
+    logprob_divergence,
+    read_offline_stats,
+    spo_update_tracker,
+    update_tracker_in_arrival_order,
+)
 from trainer.rl.trajectory import Trajectory
-
 
 Score = Callable[[list[tuple[list[int], list[int]]]], torch.Tensor]
 """Log-probs of (tokens, loss mask) sequences under the current policy, [R, T-1] (see `update.score_sequences`)."""
@@ -111,8 +118,14 @@ class GroupEstimator(Estimator):
 class SPOEstimator(Estimator):
     """SPO and SPO++: the Beta tracker, its prioritised sampling and dispatch snapshots, and its updates."""
 
-    def __init__(self, cfg: AdvantageConfig, tracker: BetaTracker, *, prioritised: bool = True,
-                 rho_timing: RhoTiming = "after_update"):
+    def __init__(
+        self,
+        cfg: AdvantageConfig,
+        tracker: BetaTracker,
+        *,
+        prioritised: bool = True,
+        rho_timing: RhoTiming = "after_update",
+    ):
         if cfg.estimator not in SPO_ESTIMATORS:
             raise ValueError(f"SPOEstimator serves {SPO_ESTIMATORS}, got {cfg.estimator!r}")
         if rho_timing not in typing.get_args(RhoTiming):
@@ -154,11 +167,12 @@ class SPOEstimator(Estimator):
         logp_now = score(asked) if asked else None
         for row, (task_id, (tokens, mask, logp_then)) in enumerate(revisits):
             n = len(tokens) - 1
-            d = logprob_divergence(torch.tensor(logp_then), logp_now[row, :n],
-                                   torch.tensor(mask[1:], dtype=torch.float32))
+            d = logprob_divergence(
+                torch.tensor(logp_then), logp_now[row, :n], torch.tensor(mask[1:], dtype=torch.float32)
+            )
             rhos[task_id] = self.tracker.rho(d)
         self._rhos = rhos
-        return [logp_now[len(revisits) + i, :len(e.tokens) - 1].tolist() for i, e in enumerate(also)]
+        return [logp_now[len(revisits) + i, : len(e.tokens) - 1].tolist() for i, e in enumerate(also)]
 
     def before_update(self, episodes: Sequence, score: Score) -> None:
         """Under "before_update" timing, each task's rho from the policy the update starts from; under
@@ -174,8 +188,10 @@ class SPOEstimator(Estimator):
         logp_rows: list[list[float]] = []
         if self.kl_adaptive and self.rho_timing == "after_update":
             if self._score is None:
-                raise RuntimeError("SPOEstimator.after_update with rho_timing='after_update' needs the `score` "
-                                   "of this update's before_update; call before_update first")
+                raise RuntimeError(
+                    "SPOEstimator.after_update with rho_timing='after_update' needs the `score` "
+                    "of this update's before_update; call before_update first"
+                )
             logp_rows = self._forgetting(episodes, self._score, also=episodes)
         elif self.kl_adaptive:
             logp_rows = update_output["old_logp_rows"]
@@ -201,11 +217,16 @@ def advantage_config(rl) -> AdvantageConfig:
     """The advantage settings of a cell's `rl` section (`RLConfig`)."""
     return AdvantageConfig(
         estimator=rl.estimator,
-        shaping=ShapingConfig(length_penalty=rl.length_penalty, tool_penalty=rl.tool_penalty,
-                              length_threshold=rl.length_threshold, length_ramp=rl.length_ramp),
+        shaping=ShapingConfig(
+            length_penalty=rl.length_penalty,
+            tool_penalty=rl.tool_penalty,
+            length_threshold=rl.length_threshold,
+            length_ramp=rl.length_ramp,
+        ),
         spo_plus_plus=SPOPlusPlusConfig(baseline=rl.spo_baseline, unit=rl.spo_unit),
         gigpo=GiGPOConfig(omega=rl.gigpo_omega, gamma=rl.gamma, mode=rl.gigpo_mode, penalty=rl.gigpo_penalty),
-        graphgpo=GraphGPOConfig(convention=rl.graph_convention))
+        graphgpo=GraphGPOConfig(convention=rl.graph_convention),
+    )
 
 
 def make_estimator(rl) -> Estimator:

@@ -57,6 +57,7 @@ Readings of ambiguous points, and defaults:
   `cross_steps=True` gives the reference helper's once-per-turn counting. It shares GRPO's single-member rule
   (the reference helper's own branch), so `beta_graph=0` gives GRPO `mean_std_norm` exactly.
 """
+
 from __future__ import annotations
 
 import heapq
@@ -81,8 +82,9 @@ STEP_PENALTIES = ("own_turn", "discounted")
 # ----------------------------------------------------------------------------------------------- configs
 
 
-def _require_finite(owner: str, name: str, value: float, *, low: float | None = None, positive: bool = False,
-                    high: float | None = None) -> None:
+def _require_finite(
+    owner: str, name: str, value: float, *, low: float | None = None, positive: bool = False, high: float | None = None
+) -> None:
     """Raise ValueError unless `value` is a finite real in the stated range."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{owner}.{name} must be a finite number, got {value!r}")
@@ -218,12 +220,13 @@ def _check_trajectories(trajs: list[Trajectory]) -> None:
         if not isinstance(traj, Trajectory):
             raise ValueError(f"item {i} is a {type(traj).__name__}, not a Trajectory")
         if traj.group_id is None:
-            raise ValueError(f"{_describe(i, traj)} has no group_id; group estimators need every trajectory "
-                             "in a group of episodes of the same task")
+            raise ValueError(
+                f"{_describe(i, traj)} has no group_id; group estimators need every trajectory "
+                "in a group of episodes of the same task"
+            )
         if len(traj.turns) == 0:
             raise ValueError(f"{_describe(i, traj)} has zero turns; there is nothing to give an advantage to")
-        if isinstance(traj.reward, bool) or not isinstance(traj.reward, (int, float)) \
-                or not math.isfinite(traj.reward):
+        if isinstance(traj.reward, bool) or not isinstance(traj.reward, (int, float)) or not math.isfinite(traj.reward):
             raise ValueError(f"{_describe(i, traj)} has reward {traj.reward!r}; expected a finite number")
         for k, turn in enumerate(traj.turns):
             if not isinstance(turn.state, str):
@@ -244,8 +247,12 @@ def group_indices(trajs: list[Trajectory]) -> dict[object, list[int]]:
 # ----------------------------------------------------------------------------------------------- statistics
 
 
-def _normalise(values: torch.Tensor, divide_by_std: bool, eps: float, counts: torch.Tensor | None = None,
-               ) -> torch.Tensor:
+def _normalise(
+    values: torch.Tensor,
+    divide_by_std: bool,
+    eps: float,
+    counts: torch.Tensor | None = None,
+) -> torch.Tensor:
     """(v - mu) or (v - mu) / (sigma + eps), with mu, sigma over `values` each repeated `counts` times.
 
     Needs at least two entries (callers decide what a singleton means). All-equal entries give exact zeros.
@@ -267,13 +274,22 @@ def episode_return(traj: Trajectory, success_reward: float, invalid_penalty: flo
     return success_reward * float(traj.success) - invalid_penalty * n_invalid
 
 
-def _episode_term(trajs: list[Trajectory], groups: dict[object, list[int]], *, success_reward: float,
-                  invalid_penalty: float, divide_by_std: bool, eps: float, cross_steps: bool) -> list[float]:
+def _episode_term(
+    trajs: list[Trajectory],
+    groups: dict[object, list[int]],
+    *,
+    success_reward: float,
+    invalid_penalty: float,
+    divide_by_std: bool,
+    eps: float,
+    cross_steps: bool,
+) -> list[float]:
     """One group-normalised episode advantage per trajectory (positions as in `trajs`)."""
     out = [0.0] * len(trajs)
     for members in groups.values():
-        returns = torch.tensor([episode_return(trajs[i], success_reward, invalid_penalty) for i in members],
-                               dtype=torch.float64)
+        returns = torch.tensor(
+            [episode_return(trajs[i], success_reward, invalid_penalty) for i in members], dtype=torch.float64
+        )
         if len(members) == 1:
             # mu = 0, sigma = 1: a lone episode has no sibling to be compared with.
             adv = returns / (1.0 + eps) if divide_by_std else returns
@@ -299,8 +315,15 @@ def grpo_advantages(trajs: list[Trajectory], cfg: GRPOConfig | None = None) -> l
     cfg = GRPOConfig() if cfg is None else cfg
     _check_config(cfg, GRPOConfig)
     groups = group_indices(trajs)
-    episode = _episode_term(trajs, groups, success_reward=cfg.success_reward, invalid_penalty=cfg.invalid_penalty,
-                            divide_by_std=cfg.mode == "mean_std_norm", eps=cfg.eps, cross_steps=cfg.cross_steps)
+    episode = _episode_term(
+        trajs,
+        groups,
+        success_reward=cfg.success_reward,
+        invalid_penalty=cfg.invalid_penalty,
+        divide_by_std=cfg.mode == "mean_std_norm",
+        eps=cfg.eps,
+        cross_steps=cfg.cross_steps,
+    )
     return [torch.full((len(traj.turns),), value, dtype=torch.float32) for traj, value in zip(trajs, episode)]
 
 
@@ -309,8 +332,9 @@ def grpo_advantages(trajs: list[Trajectory], cfg: GRPOConfig | None = None) -> l
 
 def step_rewards(traj: Trajectory, success_reward: float, invalid_penalty: float) -> torch.Tensor:
     """Per-turn rewards r_k: -invalid_penalty on invalid turns, + success_reward on a success's last turn."""
-    rewards = torch.tensor([-invalid_penalty if turn.invalid_action else 0.0 for turn in traj.turns],
-                           dtype=torch.float64)
+    rewards = torch.tensor(
+        [-invalid_penalty if turn.invalid_action else 0.0 for turn in traj.turns], dtype=torch.float64
+    )
     if traj.success:
         rewards[-1] += success_reward
     return rewards
@@ -369,8 +393,15 @@ def gigpo_advantages(trajs: list[Trajectory], cfg: GiGPOConfig | None = None) ->
     cfg = GiGPOConfig() if cfg is None else cfg
     _check_config(cfg, GiGPOConfig)
     groups = group_indices(trajs)
-    episode = _episode_term(trajs, groups, success_reward=cfg.success_reward, invalid_penalty=cfg.invalid_penalty,
-                            divide_by_std=cfg.mode == "mean_std_norm", eps=cfg.eps, cross_steps=cfg.cross_steps)
+    episode = _episode_term(
+        trajs,
+        groups,
+        success_reward=cfg.success_reward,
+        invalid_penalty=cfg.invalid_penalty,
+        divide_by_std=cfg.mode == "mean_std_norm",
+        eps=cfg.eps,
+        cross_steps=cfg.cross_steps,
+    )
     step = gigpo_step_advantages(trajs, cfg)
     return [(value + cfg.omega * s).to(torch.float32) for value, s in zip(episode, step)]
 
@@ -439,8 +470,10 @@ def graph_edge_returns(trajs: list[Trajectory], cfg: GraphGPOConfig | None = Non
         edges = {i: transition_edges(trajs[i]) for i in members}
         distance = distances_to_success([e for i in members for e in edges[i]], cfg.edge_cost)
         for i in members:
-            out[i] = torch.tensor([cfg.success_reward * cfg.decay ** (distance[target] + extra)
-                                   for _, target in edges[i]], dtype=torch.float64)
+            out[i] = torch.tensor(
+                [cfg.success_reward * cfg.decay ** (distance[target] + extra) for _, target in edges[i]],
+                dtype=torch.float64,
+            )
     return out
 
 
@@ -471,7 +504,14 @@ def graphgpo_advantages(trajs: list[Trajectory], cfg: GraphGPOConfig | None = No
     cfg = GraphGPOConfig() if cfg is None else cfg
     _check_config(cfg, GraphGPOConfig)
     groups = group_indices(trajs)
-    episode = _episode_term(trajs, groups, success_reward=cfg.success_reward, invalid_penalty=cfg.invalid_penalty,
-                            divide_by_std=True, eps=cfg.eps, cross_steps=cfg.cross_steps)
+    episode = _episode_term(
+        trajs,
+        groups,
+        success_reward=cfg.success_reward,
+        invalid_penalty=cfg.invalid_penalty,
+        divide_by_std=True,
+        eps=cfg.eps,
+        cross_steps=cfg.cross_steps,
+    )
     graph = graph_advantages(trajs, cfg)
     return [(cfg.beta_episode * value + cfg.beta_graph * g).to(torch.float32) for value, g in zip(episode, graph)]

@@ -34,6 +34,7 @@ Choices, and why:
   With TIS off, `tis_weight_mean` is the masked mean of ones (1, or 0 for an empty mask) and
   `tis_truncated_frac` is 0.
 """
+
 from __future__ import annotations
 
 import torch
@@ -68,8 +69,9 @@ def token_entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     entropy: ValueError. Memory: makes two fp32 copies of `logits`; chunk over positions at large vocabularies.
     """
     if logits.dim() < 1 or logits.shape[-1] == 0:
-        raise ValueError(f"token_entropy_from_logits: logits need a non-empty last (vocab) dim, got shape "
-                         f"{tuple(logits.shape)}")
+        raise ValueError(
+            f"token_entropy_from_logits: logits need a non-empty last (vocab) dim, got shape {tuple(logits.shape)}"
+        )
     dtype = torch.promote_types(logits.dtype, torch.float32)
     logp = torch.log_softmax(logits.to(dtype), dim=-1)
     # p * log p with log p = -inf is 0 * -inf = NaN; select those entries away (a where, so the gradient is 0 too).
@@ -77,8 +79,10 @@ def token_entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     entropy = -(logp.exp() * finite_logp).sum(-1)
     bad = int((~torch.isfinite(entropy)).sum())
     if bad:
-        raise ValueError(f"token_entropy_from_logits: {bad} position(s) have no finite entropy "
-                         f"(logits all -inf, or holding NaN/+inf)")
+        raise ValueError(
+            f"token_entropy_from_logits: {bad} position(s) have no finite entropy "
+            f"(logits all -inf, or holding NaN/+inf)"
+        )
     return entropy
 
 
@@ -92,8 +96,9 @@ def tis_weights(old_logp: torch.Tensor, rollout_logp: torch.Tensor, cap: float) 
     return raw.clamp(max=cap), raw > cap
 
 
-def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean", *,
-                   loss_scale_factor: float | None = None) -> torch.Tensor:
+def aggregate_loss(
+    per_token: torch.Tensor, mask: torch.Tensor, agg: str = "token-mean", *, loss_scale_factor: float | None = None
+) -> torch.Tensor:
     """Reduce a [batch, time] per-token loss to a scalar (verl's `agg_loss`). Entries off the mask are ignored.
 
     token-mean:              sum(M*l) / sum(M)
@@ -105,12 +110,15 @@ def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, agg: str = "toke
     if agg not in AGGREGATIONS:
         raise ValueError(f"unknown loss aggregation agg={agg!r}; valid: {', '.join(AGGREGATIONS)}")
     if per_token.dim() != 2 or per_token.shape != mask.shape:
-        raise ValueError(f"aggregate_loss: per_token {tuple(per_token.shape)} and mask {tuple(mask.shape)} must be "
-                         f"the same [batch, time] shape")
+        raise ValueError(
+            f"aggregate_loss: per_token {tuple(per_token.shape)} and mask {tuple(mask.shape)} must be "
+            f"the same [batch, time] shape"
+        )
     if loss_scale_factor is not None:
         if agg != "seq-mean-token-sum-norm":
-            raise ValueError(f"loss_scale_factor={loss_scale_factor} only applies to agg='seq-mean-token-sum-norm', "
-                             f"not agg={agg!r}")
+            raise ValueError(
+                f"loss_scale_factor={loss_scale_factor} only applies to agg='seq-mean-token-sum-norm', not agg={agg!r}"
+            )
         if not loss_scale_factor > 0 or loss_scale_factor == float("inf"):
             raise ValueError(f"loss_scale_factor must be a finite number > 0, got {loss_scale_factor}")
     keep = mask if mask.dtype == torch.bool else mask != 0
@@ -122,8 +130,8 @@ def aggregate_loss(per_token: torch.Tensor, mask: torch.Tensor, agg: str = "toke
         per_row_count = keep.sum(-1)
         nonempty_rows = (per_row_count > 0).sum().clamp(min=1).to(dtype)
         if agg == "seq-mean-token-sum":
-            return masked.sum() / nonempty_rows                                   # empty rows sum to 0
-        per_row_mean = masked.sum(-1) / per_row_count.clamp(min=1).to(dtype)   # empty rows give 0 here
+            return masked.sum() / nonempty_rows  # empty rows sum to 0
+        per_row_mean = masked.sum(-1) / per_row_count.clamp(min=1).to(dtype)  # empty rows give 0 here
         return per_row_mean.sum() / nonempty_rows
     scale = float(loss_scale_factor) if loss_scale_factor is not None else max(masked.shape[1], 1)
     return masked.sum() / scale
@@ -140,10 +148,20 @@ def _check_hyperparameters(clip_low, clip_high, tis_cap, dual_clip) -> None:
         raise ValueError(f"dual_clip must be a finite number > 1 (or None to turn it off), got {dual_clip}")
 
 
-def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.Tensor | None,
-                advantages: torch.Tensor, mask: torch.Tensor, *, clip_low: float = 0.2, clip_high: float = 0.28,
-                tis_cap: float | None = 2.0, agg: str = "token-mean", dual_clip: float | None = None,
-                loss_scale_factor: float | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    rollout_logp: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    tis_cap: float | None = 2.0,
+    agg: str = "token-mean",
+    dual_clip: float | None = None,
+    loss_scale_factor: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clip-higher loss with TIS and aggregation; returns (scalar loss, detached scalar metrics).
 
     logp: log-probs of the taken tokens under the policy being trained (carries the gradient).
@@ -171,7 +189,7 @@ def policy_loss(logp: torch.Tensor, old_logp: torch.Tensor, rollout_logp: torch.
         if mask.dtype == torch.bool:
             checks = {"mask": torch.zeros((), dtype=torch.bool, device=mask.device)}
         else:
-            checks = {"mask": (keep & (mask != 1)).any()}          # NaN != 0 and NaN != 1, so NaN is caught too
+            checks = {"mask": (keep & (mask != 1)).any()}  # NaN != 0 and NaN != 1, so NaN is caught too
         for name in ("logp", "old_logp", "advantages", "rollout_logp"):
             if name in named:
                 checks[name] = (keep & ~torch.isfinite(named[name])).any()

@@ -24,6 +24,7 @@ Readings of the paper, and why they are the defaults:
 - With the paper's magnitudes (0.5 each) and clip 0.25, any single trigger past the ramp's midpoint saturates at
   -0.25, and the +0.25 bound never binds since penalties are <= 0.
 """
+
 from __future__ import annotations
 
 import math
@@ -102,7 +103,7 @@ def length_penalties(turns: list[Turn], cfg: ShapingConfig) -> torch.Tensor:
     penalties = -cfg.length_penalty_max * fraction
     if cfg.exempt_last_turn:
         penalties[-1] = 0.0
-    return penalties.float() + 0.0                      # + 0.0 turns -0.0 into 0.0
+    return penalties.float() + 0.0  # + 0.0 turns -0.0 into 0.0
 
 
 def tool_penalties(turns: list[Turn], cfg: ShapingConfig) -> torch.Tensor:

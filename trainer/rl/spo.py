@@ -46,6 +46,7 @@ Choices and why:
 * **A response with no scored tokens gives D = 0.** So does a first visit. Either way there is no
   evidence that the policy moved.
 """
+
 from __future__ import annotations
 
 import math
@@ -65,8 +66,9 @@ STATE_VERSION = 1
 # Forgetting factor and the policy-shift proxy D
 
 
-def rho_from_divergence(divergence: float, d_half: float = 0.06, rho_min: float = 0.875,
-                        rho_max: float = 0.96) -> float:
+def rho_from_divergence(
+    divergence: float, d_half: float = 0.06, rho_min: float = 0.875, rho_max: float = 0.96
+) -> float:
     """SPO's KL-adaptive forgetting factor: clip(2 ** (-D / d_half), rho_min, rho_max).
 
     The more the policy moved since the task's last visit (larger D), the faster old evidence is forgotten.
@@ -89,8 +91,10 @@ def logprob_divergence(logp_then: torch.Tensor, logp_now: torch.Tensor, mask: to
     Masked-out positions may hold anything, even -inf padding. With no masked-in token, the result is 0.0.
     """
     if logp_then.shape != logp_now.shape or logp_then.shape != mask.shape:
-        raise ValueError(f"shape mismatch: logp_then {tuple(logp_then.shape)}, logp_now {tuple(logp_now.shape)}, "
-                         f"mask {tuple(mask.shape)}")
+        raise ValueError(
+            f"shape mismatch: logp_then {tuple(logp_then.shape)}, logp_now {tuple(logp_now.shape)}, "
+            f"mask {tuple(mask.shape)}"
+        )
     keep = mask.to(torch.float64)
     if not bool(((keep == 0) | (keep == 1)).all()):
         raise ValueError("mask must contain only 0 and 1")
@@ -113,6 +117,7 @@ def write_offline_stats(path, stats: Mapping[str, tuple[int, int]]) -> None:
     import json
 
     from trainer.logs.atomic import atomic_path
+
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps({k: [int(n), int(s)] for k, (n, s) in sorted(stats.items())}, indent=0))
 
@@ -127,8 +132,9 @@ def read_offline_stats(path) -> dict[str, tuple[int, int]]:
         raw = json.loads(Path(path).read_text())
         stats = {str(k): (int(v[0]), int(v[1])) for k, v in raw.items()}
     except (OSError, ValueError, TypeError, IndexError, AttributeError) as e:
-        raise ValueError(f"offline stats {str(path)!r}: expected a JSON object {{task_id: [samples, successes]}} "
-                         f"({e})") from None
+        raise ValueError(
+            f"offline stats {str(path)!r}: expected a JSON object {{task_id: [samples, successes]}} ({e})"
+        ) from None
     bad = [k for k, (n, s) in stats.items() if not 0 <= s <= n]
     if bad:
         raise ValueError(f"offline stats {str(path)!r}: task {bad[0]!r} has successes outside [0, samples]")
@@ -173,8 +179,10 @@ class TrackerConfig:
         if not self.d_half > 0:
             raise ValueError(f"TrackerConfig.d_half must be > 0, got {self.d_half!r}")
         if not 0 < self.rho_min <= self.rho_max <= 1 or self.rho_min >= 1:
-            raise ValueError(f"TrackerConfig needs 0 < rho_min <= rho_max <= 1 and rho_min < 1, "
-                             f"got rho_min={self.rho_min!r}, rho_max={self.rho_max!r}")
+            raise ValueError(
+                f"TrackerConfig needs 0 < rho_min <= rho_max <= 1 and rho_min < 1, "
+                f"got rho_min={self.rho_min!r}, rho_max={self.rho_max!r}"
+            )
         if not (math.isfinite(self.sampling_eps) and self.sampling_eps >= 0):
             raise ValueError(f"TrackerConfig.sampling_eps must be a finite number >= 0, got {self.sampling_eps!r}")
 
@@ -221,13 +229,19 @@ class BetaTracker:
         With n0 = 0, the task starts at the configured prior.
         """
         _check_task_id(task_id)
-        if isinstance(n_samples, bool) or isinstance(n_successes, bool) or not (
-                isinstance(n_samples, int) and isinstance(n_successes, int)):
-            raise TypeError(f"task {task_id!r}: n_samples and n_successes must be ints, "
-                            f"got {n_samples!r}, {n_successes!r}")
+        if (
+            isinstance(n_samples, bool)
+            or isinstance(n_successes, bool)
+            or not (isinstance(n_samples, int) and isinstance(n_successes, int))
+        ):
+            raise TypeError(
+                f"task {task_id!r}: n_samples and n_successes must be ints, got {n_samples!r}, {n_successes!r}"
+            )
         if not 0 <= n_successes <= n_samples:
-            raise ValueError(f"task {task_id!r}: need 0 <= n_successes <= n_samples, "
-                             f"got n_successes={n_successes}, n_samples={n_samples}")
+            raise ValueError(
+                f"task {task_id!r}: need 0 <= n_successes <= n_samples, "
+                f"got n_successes={n_successes}, n_samples={n_samples}"
+            )
         if n_samples == 0:
             alpha, beta = self.cfg.prior_alpha, self.cfg.prior_beta
         else:
@@ -264,8 +278,9 @@ class BetaTracker:
         """The forgetting factor for one update, chosen by `cfg.rho_mode`. None (a first visit) means D = 0."""
         if self.cfg.rho_mode == "constant":
             return self.cfg.rho_constant
-        return rho_from_divergence(0.0 if divergence is None else divergence,
-                                   self.cfg.d_half, self.cfg.rho_min, self.cfg.rho_max)
+        return rho_from_divergence(
+            0.0 if divergence is None else divergence, self.cfg.d_half, self.cfg.rho_min, self.cfg.rho_max
+        )
 
     def update(self, task_id: str, reward: float, rho: float) -> None:
         """alpha <- rho alpha + r, beta <- rho beta + (1 - r). r must be in [0, 1]; rho in (0, 1]."""
@@ -285,8 +300,12 @@ class BetaTracker:
         p = torch.tensor([self.baseline(t) for t in task_ids], dtype=torch.float64)
         return torch.sqrt(p * (1.0 - p)) + self.cfg.sampling_eps
 
-    def sample_tasks(self, task_ids: Sequence[str], k: int, generator: torch.Generator | None = None,
-                     ) -> list[str]:
+    def sample_tasks(
+        self,
+        task_ids: Sequence[str],
+        k: int,
+        generator: torch.Generator | None = None,
+    ) -> list[str]:
         """Draw k task ids with P proportional to `sampling_weights`.
 
         Draws are without replacement when k <= len(task_ids), with replacement otherwise (as in the recipe).
@@ -312,15 +331,18 @@ class BetaTracker:
         return {
             "version": STATE_VERSION,
             "config": asdict(self.cfg),
-            "tasks": {t: {"alpha": self._alpha[t], "beta": self._beta[t], "visits": self._visits.get(t, 0)}
-                      for t in self._alpha},
+            "tasks": {
+                t: {"alpha": self._alpha[t], "beta": self._beta[t], "visits": self._visits.get(t, 0)}
+                for t in self._alpha
+            },
         }
 
     def load_state_dict(self, state: Mapping) -> None:
         """Replace config and state with those of `state_dict()` (the optimizer convention: config included)."""
         if state.get("version") != STATE_VERSION:
-            raise ValueError(f"unsupported BetaTracker state version {state.get('version')!r}, "
-                             f"expected {STATE_VERSION}")
+            raise ValueError(
+                f"unsupported BetaTracker state version {state.get('version')!r}, expected {STATE_VERSION}"
+            )
         cfg = TrackerConfig(**state["config"])
         alpha, beta, visits = {}, {}, {}
         for task_id, entry in state["tasks"].items():
@@ -341,13 +363,17 @@ def _check_batch(trajectories: Sequence[Trajectory]) -> None:
         raise ValueError("empty batch: advantages need at least one trajectory")
     for i, traj in enumerate(trajectories):
         if len(traj.turns) == 0:
-            raise ValueError(f"trajectory {i} (task {traj.task_id!r}) has zero turns; "
-                             "advantages are per turn, so every trajectory needs at least one")
+            raise ValueError(
+                f"trajectory {i} (task {traj.task_id!r}) has zero turns; "
+                "advantages are per turn, so every trajectory needs at least one"
+            )
         _check_reward(traj.reward, f"trajectory {i} (task {traj.task_id!r})")
 
 
-def _bonus_rows(trajectories: Sequence[Trajectory], turn_bonus: Sequence[torch.Tensor] | None,
-                ) -> list[torch.Tensor]:
+def _bonus_rows(
+    trajectories: Sequence[Trajectory],
+    turn_bonus: Sequence[torch.Tensor] | None,
+) -> list[torch.Tensor]:
     """Per-turn bonuses as float64 rows (zeros when None), checked against the turn counts."""
     if turn_bonus is None:
         return [torch.zeros(len(t.turns), dtype=torch.float64) for t in trajectories]
@@ -357,8 +383,10 @@ def _bonus_rows(trajectories: Sequence[Trajectory], turn_bonus: Sequence[torch.T
     for i, (traj, bonus) in enumerate(zip(trajectories, turn_bonus)):
         bonus = torch.as_tensor(bonus, dtype=torch.float64)
         if bonus.dim() != 1 or bonus.numel() != len(traj.turns):
-            raise ValueError(f"turn_bonus[{i}] (task {traj.task_id!r}) has shape {tuple(bonus.shape)}, "
-                             f"expected ({len(traj.turns)},): one value per turn")
+            raise ValueError(
+                f"turn_bonus[{i}] (task {traj.task_id!r}) has shape {tuple(bonus.shape)}, "
+                f"expected ({len(traj.turns)},): one value per turn"
+            )
         if not bool(torch.isfinite(bonus).all()):
             raise ValueError(f"turn_bonus[{i}] (task {traj.task_id!r}) is not finite: {bonus.tolist()}")
         rows.append(bonus)
@@ -385,7 +413,7 @@ def _standardise(values: torch.Tensor, eps: float, counts: torch.Tensor | None =
     if bool(n < 2):
         std = torch.ones((), dtype=values.dtype)
     else:
-        std = torch.sqrt((counts * centred ** 2).sum() / (n - 1))
+        std = torch.sqrt((counts * centred**2).sum() / (n - 1))
     return centred / (std + eps)
 
 
@@ -404,8 +432,14 @@ def _all_or_nothing(tracker: BetaTracker) -> Iterator[None]:
 # SPO (the published recipe)
 
 
-def spo_advantages(trajectories: Sequence[Trajectory], tracker: BetaTracker, *, normalize: bool = True,
-                   eps: float = 1e-8, turn_bonus: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+def spo_advantages(
+    trajectories: Sequence[Trajectory],
+    tracker: BetaTracker,
+    *,
+    normalize: bool = True,
+    eps: float = 1e-8,
+    turn_bonus: Sequence[torch.Tensor] | None = None,
+) -> list[torch.Tensor]:
     """SPO advantages, one fp32 value per turn for each trajectory.
 
     A_i = r_i - v(x_i), with v read from the tracker as it is now. This function never updates the
@@ -417,15 +451,13 @@ def spo_advantages(trajectories: Sequence[Trajectory], tracker: BetaTracker, *, 
     _check_batch(trajectories)
     _check_eps(eps)
     bonus = _bonus_rows(trajectories, turn_bonus)
-    base = torch.tensor([float(t.reward) - tracker.baseline(t.task_id) for t in trajectories],
-                        dtype=torch.float64)
+    base = torch.tensor([float(t.reward) - tracker.baseline(t.task_id) for t in trajectories], dtype=torch.float64)
     if normalize:
         base = _standardise(base, eps)
     return [(a + c).to(torch.float32) for a, c in zip(base, bonus)]
 
 
-def spo_update_tracker(trajectories: Sequence[Trajectory], tracker: BetaTracker,
-                       rhos: float | Sequence[float]) -> None:
+def spo_update_tracker(trajectories: Sequence[Trajectory], tracker: BetaTracker, rhos: float | Sequence[float]) -> None:
     """Feed each trajectory's reward to the tracker in list order. `rhos` is one value for all, or one per
     trajectory. Call this after the optimizer step, as the recipe does. If any update fails (a bad reward or
     rho), the tracker is left as it was."""
@@ -474,9 +506,11 @@ def _baselines(trajectories: Sequence[Trajectory], tracker: BetaTracker | None, 
     values = []
     for i, traj in enumerate(trajectories):
         if traj.baseline is None:
-            raise ValueError(f"trajectory {i} (task {traj.task_id!r}) has no dispatch-time baseline "
-                             "(Trajectory.baseline is None); store tracker.baseline(task_id) on it when "
-                             "dispatching, or use baseline='consume'")
+            raise ValueError(
+                f"trajectory {i} (task {traj.task_id!r}) has no dispatch-time baseline "
+                "(Trajectory.baseline is None); store tracker.baseline(task_id) on it when "
+                "dispatching, or use baseline='consume'"
+            )
         value = float(traj.baseline)
         if not (math.isfinite(value) and 0.0 <= value <= 1.0):
             raise ValueError(f"trajectory {i} (task {traj.task_id!r}): baseline must be in [0, 1], got {value!r}")
@@ -484,9 +518,12 @@ def _baselines(trajectories: Sequence[Trajectory], tracker: BetaTracker | None, 
     return values
 
 
-def spo_plus_plus_advantages(trajectories: Sequence[Trajectory], tracker: BetaTracker | None,
-                             turn_bonus: Sequence[torch.Tensor] | None,
-                             cfg: SPOPlusPlusConfig | None = None) -> list[torch.Tensor]:
+def spo_plus_plus_advantages(
+    trajectories: Sequence[Trajectory],
+    tracker: BetaTracker | None,
+    turn_bonus: Sequence[torch.Tensor] | None,
+    cfg: SPOPlusPlusConfig | None = None,
+) -> list[torch.Tensor]:
     """SPO++ advantages, one fp32 value per turn for each trajectory.
 
     a(tau) = r - v(x), with v from the dispatch snapshot or the tracker (`cfg.baseline`). The turn
@@ -496,9 +533,10 @@ def spo_plus_plus_advantages(trajectories: Sequence[Trajectory], tracker: BetaTr
     cfg = cfg if cfg is not None else SPOPlusPlusConfig()
     _check_batch(trajectories)
     bonus = _bonus_rows(trajectories, turn_bonus)
-    base = torch.tensor([float(t.reward) - v for t, v in zip(trajectories, _baselines(trajectories, tracker,
-                                                                                         cfg.baseline))],
-                        dtype=torch.float64)
+    base = torch.tensor(
+        [float(t.reward) - v for t, v in zip(trajectories, _baselines(trajectories, tracker, cfg.baseline))],
+        dtype=torch.float64,
+    )
     if cfg.unit == "trajectory":
         base = _standardise(base, cfg.eps)
         return [(a + c).to(torch.float32) for a, c in zip(base, bonus)]
@@ -516,8 +554,9 @@ def spo_plus_plus_advantages(trajectories: Sequence[Trajectory], tracker: BetaTr
     return [row.to(torch.float32) for row in torch.split(flat, [len(t.turns) for t in trajectories])]
 
 
-def update_tracker_in_arrival_order(trajectories: Sequence[Trajectory], tracker: BetaTracker,
-                                    rho_fn: Callable[[Trajectory], float]) -> list[float]:
+def update_tracker_in_arrival_order(
+    trajectories: Sequence[Trajectory], tracker: BetaTracker, rho_fn: Callable[[Trajectory], float]
+) -> list[float]:
     """One tracker update per finished trajectory, in list order (which must be arrival order).
 
     `rho_fn(traj)` gives that update's forgetting factor, for example from the trajectory's policy-version

@@ -8,6 +8,7 @@ tokens, which is the only place the loss mask is 1.
 
 Kept free of torch modules and models on purpose: these are plain records that tests can write by hand.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -64,8 +65,11 @@ class Trajectory:
         return self.reward > 0.5
 
 
-def turn_values_to_tokens(trajectories: list[Trajectory], per_turn: list[torch.Tensor], width: int | None = None,
-                          ) -> torch.Tensor:
+def turn_values_to_tokens(
+    trajectories: list[Trajectory],
+    per_turn: list[torch.Tensor],
+    width: int | None = None,
+) -> torch.Tensor:
     """Broadcast one value per turn onto that turn's action tokens; [batch, width] fp32, zero elsewhere."""
     if len(per_turn) != len(trajectories):
         raise ValueError(f"per_turn has {len(per_turn)} rows for {len(trajectories)} trajectories")
@@ -73,10 +77,11 @@ def turn_values_to_tokens(trajectories: list[Trajectory], per_turn: list[torch.T
     out = torch.zeros(len(trajectories), width, dtype=torch.float32)
     for row, (traj, values) in enumerate(zip(trajectories, per_turn)):
         if values.numel() != len(traj.turns):
-            raise ValueError(f"trajectory {row} (task {traj.task_id!r}) has {len(traj.turns)} turns "
-                             f"but {values.numel()} values")
+            raise ValueError(
+                f"trajectory {row} (task {traj.task_id!r}) has {len(traj.turns)} turns but {values.numel()} values"
+            )
         for turn, value in zip(traj.turns, values.tolist()):
             if not 0 <= turn.start <= turn.end <= width:
                 raise ValueError(f"trajectory {row}: turn span [{turn.start}, {turn.end}) outside width {width}")
-            out[row, turn.start:turn.end] = value
+            out[row, turn.start : turn.end] = value
     return out

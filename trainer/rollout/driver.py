@@ -18,6 +18,7 @@ from the training pool by the estimator's `sample_tasks` (SPO's prioritised weig
 handed out, the estimator's `dispatch_baseline` is snapshotted onto its episodes (`Episode.baseline`: SPO++'s
 stream-aligned baseline). The driver knows nothing else of the estimator.
 """
+
 from __future__ import annotations
 
 import copy
@@ -25,8 +26,8 @@ import queue
 import sys
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -55,8 +56,9 @@ class TaskSampler:
     `choose(ids, k, generator)` picks k task ids (SPO's prioritised sampling); None draws uniformly, without
     replacement unless k exceeds the pool."""
 
-    def __init__(self, tasks: list, choose: Callable[[list[str], int, torch.Generator], list[str]] | None = None,
-                 seed: int = 0):
+    def __init__(
+        self, tasks: list, choose: Callable[[list[str], int, torch.Generator], list[str]] | None = None, seed: int = 0
+    ):
         self.tasks = list(tasks)
         self.by_id = {t.task_id: t for t in self.tasks}
         if len(self.by_id) != len(self.tasks):
@@ -70,8 +72,11 @@ class TaskSampler:
             chosen = self.choose(ids, k, self.generator)
         else:
             replace = k > len(ids)
-            idx = (torch.randint(len(ids), (k,), generator=self.generator) if replace
-                   else torch.randperm(len(ids), generator=self.generator)[:k])
+            idx = (
+                torch.randint(len(ids), (k,), generator=self.generator)
+                if replace
+                else torch.randperm(len(ids), generator=self.generator)[:k]
+            )
             chosen = [ids[i] for i in idx.tolist()]
         return [self.by_id[i] for i in chosen]
 
@@ -85,8 +90,16 @@ class TaskSampler:
 class RolloutDriver:
     """Plays batches of episodes with `engine` on environments made by `make_env`."""
 
-    def __init__(self, engine, make_env: Callable, sampler: TaskSampler, cfg: DriverConfig, sampling,
-                 dispatch_baseline: Callable[[str], float | None] | None = None, seed: int = 0):
+    def __init__(
+        self,
+        engine,
+        make_env: Callable,
+        sampler: TaskSampler,
+        cfg: DriverConfig,
+        sampling,
+        dispatch_baseline: Callable[[str], float | None] | None = None,
+        seed: int = 0,
+    ):
         """`dispatch_baseline(task_id)` is read once per task when it is handed out and stored on its episodes."""
         if cfg.mode not in ("sync", "lagged", "async"):
             raise ValueError(f"rollout mode {cfg.mode!r} is not one of sync, lagged, async")
@@ -111,8 +124,10 @@ class RolloutDriver:
         """Make the trainer's weights after `version` updates available to rollouts (copied; rounded to bf16
         under `weight_dtype: bfloat16`)."""
         rounded = self.cfg.weight_dtype == "bfloat16"
-        weights = {k: v.detach().to(torch.bfloat16).to(v.dtype) if rounded and v.is_floating_point()
-                   else v.detach().clone() for k, v in state_dict.items()}
+        weights = {
+            k: v.detach().to(torch.bfloat16).to(v.dtype) if rounded and v.is_floating_point() else v.detach().clone()
+            for k, v in state_dict.items()
+        }
         if self.cfg.mode == "lagged":
             self.snapshots.append((version, weights))
             while len(self.snapshots) > self.cfg.lag + 1:
@@ -141,16 +156,25 @@ class RolloutDriver:
         tasks, ids, groups, baselines = self._dispatch()
         envs = [self.make_env() for _ in tasks]
         try:
-            episodes = self.engine.play(envs, tasks, sampling=self.sampling, policy_version=version,
-                                        generator=self.generator, task_ids=ids, baselines=baselines, pool=self.pool)
+            episodes = self.engine.play(
+                envs,
+                tasks,
+                sampling=self.sampling,
+                policy_version=version,
+                generator=self.generator,
+                task_ids=ids,
+                baselines=baselines,
+                pool=self.pool,
+            )
         finally:
             close_envs(envs, self.pool)
         for e, g in zip(episodes, groups):
             e.group_id = g
         skipped = [e for e in episodes if "skipped" in e.extra]
         for e in skipped:
-            print(f"[rollout] task {e.task_id!r} left out of the batch: {e.extra['skipped']}", file=sys.stderr,
-                  flush=True)
+            print(
+                f"[rollout] task {e.task_id!r} left out of the batch: {e.extra['skipped']}", file=sys.stderr, flush=True
+            )
         self.skipped_episodes += len(skipped)
         return [e for e in episodes if "skipped" not in e.extra]
 
@@ -160,8 +184,10 @@ class RolloutDriver:
             episodes = self._next_batch(trainer_version)
             if episodes:
                 return episodes
-        raise ValueError(f"{self.MAX_EMPTY_BATCHES} batches in a row had every task left out (their prompts do "
-                         "not fit rollout.max_episode_tokens): raise it, or leave those tasks out of the pool")
+        raise ValueError(
+            f"{self.MAX_EMPTY_BATCHES} batches in a row had every task left out (their prompts do "
+            "not fit rollout.max_episode_tokens): raise it, or leave those tasks out of the pool"
+        )
 
     MAX_EMPTY_BATCHES = 10
 
@@ -175,8 +201,10 @@ class RolloutDriver:
             for version, weights in self.snapshots:
                 if version == wanted:
                     return self._play(version, weights)
-            raise RuntimeError(f"lagged rollouts need the policy of version {wanted}, which was not published "
-                               f"(have {[v for v, _ in self.snapshots]})")
+            raise RuntimeError(
+                f"lagged rollouts need the policy of version {wanted}, which was not published "
+                f"(have {[v for v, _ in self.snapshots]})"
+            )
         return self._next_async(trainer_version)
 
     # -- asynchronous mode -----------------------------------------------------------------------------------
@@ -218,8 +246,9 @@ class RolloutDriver:
                 e = self._queue.get(timeout=0.5)
             except queue.Empty:
                 if self._error is not None:
-                    raise RuntimeError(f"the rollout thread failed: {type(self._error).__name__}: "
-                                       f"{self._error}") from self._error
+                    raise RuntimeError(
+                        f"the rollout thread failed: {type(self._error).__name__}: {self._error}"
+                    ) from self._error
                 continue
             if trainer_version - e.oldest_version > self.cfg.max_staleness:
                 self.dropped_stale += 1
@@ -238,9 +267,13 @@ class RolloutDriver:
 
     # -- checkpoints -------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"generator": self.generator.get_state(), "sampler": self.sampler.state_dict(),
-                "snapshots": [(v, copy.copy(w)) for v, w in self.snapshots], "latest": self._latest,
-                "dropped_stale": self.dropped_stale}
+        return {
+            "generator": self.generator.get_state(),
+            "sampler": self.sampler.state_dict(),
+            "snapshots": [(v, copy.copy(w)) for v, w in self.snapshots],
+            "latest": self._latest,
+            "dropped_stale": self.dropped_stale,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.generator.set_state(state["generator"])

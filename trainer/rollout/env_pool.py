@@ -7,6 +7,7 @@ the pool: the engines keep tokenizing and all episode bookkeeping on their own t
 episodes are the same for every width (each environment is its own object, and each is called by one thread at a
 time, in the order the sequential loop would call it).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable

@@ -5,6 +5,7 @@ action tokens and the environment's observation tokens. Per token we keep what t
 paper's diagnostics need: the loss mask (1 only on tokens the policy sampled), the rollout engine's log-prob of
 that token, the policy version that sampled it (for staleness and lagged modes), and the turn it belongs to.
 """
+
 from __future__ import annotations
 
 import math
@@ -66,9 +67,16 @@ class Episode:
 
     def trajectory(self) -> Trajectory:
         """The record the advantage estimators read."""
-        return Trajectory(task_id=self.task_id, reward=self.reward, turns=list(self.turns), length=self.length,
-                          final_state=self.observations[-1] if self.observations else "",
-                          group_id=self.group_id, policy_version=self.oldest_version, baseline=self.baseline)
+        return Trajectory(
+            task_id=self.task_id,
+            reward=self.reward,
+            turns=list(self.turns),
+            length=self.length,
+            final_state=self.observations[-1] if self.observations else "",
+            group_id=self.group_id,
+            policy_version=self.oldest_version,
+            baseline=self.baseline,
+        )
 
 
 def skip_if_prompt_too_long(episode: Episode, prompt: list[int], max_episode_tokens: int) -> bool:
@@ -79,8 +87,9 @@ def skip_if_prompt_too_long(episode: Episode, prompt: list[int], max_episode_tok
     if len(prompt) + 1 <= max_episode_tokens:
         return False
     episode.truncated = True
-    episode.extra["skipped"] = (f"its {len(prompt)}-token prompt leaves no room for an action within "
-                                f"max_episode_tokens={max_episode_tokens}")
+    episode.extra["skipped"] = (
+        f"its {len(prompt)}-token prompt leaves no room for an action within max_episode_tokens={max_episode_tokens}"
+    )
     return True
 
 
@@ -113,8 +122,9 @@ class ActionEnd:
     """The action ended with a stop token."""
 
 
-def end_actions(ends: list[ActionEnd], *, fmt, max_episode_tokens: int, pool: EnvPool = SEQUENTIAL
-                ) -> list[list[int] | None]:
+def end_actions(
+    ends: list[ActionEnd], *, fmt, max_episode_tokens: int, pool: EnvPool = SEQUENTIAL
+) -> list[list[int] | None]:
     """Record finished actions and run them: the end-of-turn rules every rollout engine shares, for the actions
     that ended in one decode step (HF) or one generate call (vLLM).
 
@@ -136,8 +146,12 @@ def end_actions(ends: list[ActionEnd], *, fmt, max_episode_tokens: int, pool: En
         texts.append(fmt.decode_action(e.action))
         e.episode.actions.append(texts[-1])
     # the environments: run the executed actions, grade the episodes cut mid-action
-    answers = pool.map(lambda k: ends[k].env.step(texts[k]) if ends[k].execute
-                       else _truncated_reward(ends[k].env, ends[k].episode.task_id), range(len(ends)))
+    answers = pool.map(
+        lambda k: (
+            ends[k].env.step(texts[k]) if ends[k].execute else _truncated_reward(ends[k].env, ends[k].episode.task_id)
+        ),
+        range(len(ends)),
+    )
     out: list[list[int] | None] = [None] * len(ends)
     cut = []
     for k, (e, start, answer) in enumerate(zip(ends, starts, answers)):  # record the results
@@ -147,19 +161,25 @@ def end_actions(ends: list[ActionEnd], *, fmt, max_episode_tokens: int, pool: En
             episode.truncated, episode.reward = True, answer
             continue
         info = answer.info
-        episode.turns.append(Turn(start=start, end=episode.length, state=e.state,
-                                  invalid_action=bool(info.invalid_action),
-                                  exec_error=bool(info.exec_error or info.timed_out)))
+        episode.turns.append(
+            Turn(
+                start=start,
+                end=episode.length,
+                state=e.state,
+                invalid_action=bool(info.invalid_action),
+                exec_error=bool(info.exec_error or info.timed_out),
+            )
+        )
         episode.observations.append(answer.observation)
         if answer.done:
             reward = float(answer.reward)
             if not math.isfinite(reward):
-                raise ValueError(f"environment returned a non-finite reward {answer.reward!r} "
-                                 f"(task {episode.task_id!r})")
+                raise ValueError(
+                    f"environment returned a non-finite reward {answer.reward!r} (task {episode.task_id!r})"
+                )
             episode.done, episode.reward = True, reward
             continue
-        obs = [int(t) for t in fmt.observation_ids(answer.observation,
-                                                   last_token=e.action[-1] if e.stopped else None)]
+        obs = [int(t) for t in fmt.observation_ids(answer.observation, last_token=e.action[-1] if e.stopped else None)]
         if episode.length + len(obs) + 1 > max_episode_tokens:
             cut.append(k)
             continue
@@ -172,8 +192,23 @@ def end_actions(ends: list[ActionEnd], *, fmt, max_episode_tokens: int, pool: En
     return out
 
 
-def end_action(episode: Episode, action: list[int], logps: list[float], *, fmt, env, state: str, version: int,
-               turn: int, execute: bool, stopped: bool, max_episode_tokens: int) -> list[int] | None:
+def end_action(
+    episode: Episode,
+    action: list[int],
+    logps: list[float],
+    *,
+    fmt,
+    env,
+    state: str,
+    version: int,
+    turn: int,
+    execute: bool,
+    stopped: bool,
+    max_episode_tokens: int,
+) -> list[int] | None:
     """`end_actions` for one episode."""
-    return end_actions([ActionEnd(episode, env, action, logps, state, version, turn, execute, stopped)], fmt=fmt,
-                       max_episode_tokens=max_episode_tokens)[0]
+    return end_actions(
+        [ActionEnd(episode, env, action, logps, state, version, turn, execute, stopped)],
+        fmt=fmt,
+        max_episode_tokens=max_episode_tokens,
+    )[0]

@@ -13,6 +13,7 @@ result depends on, and so what a caller must match to reproduce one:
 * **The sampling** (`SamplingParams.for_evaluation`: `rollout.eval_temperature`, greedy by default) and the
   model's weights, dtype and device.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -32,9 +33,19 @@ def eval_generator(seed: int, update: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed * EVAL_SEED_STRIDE + update)
 
 
-def play_tasks(model, fmt, make_env: Callable, tasks: Sequence, sampling: SamplingParams,
-               generator: torch.Generator, *, policy_version: int = 0, chunk: int | None = None,
-               device: str | torch.device = "cpu", env_workers: int = 1) -> list[Episode]:
+def play_tasks(
+    model,
+    fmt,
+    make_env: Callable,
+    tasks: Sequence,
+    sampling: SamplingParams,
+    generator: torch.Generator,
+    *,
+    policy_version: int = 0,
+    chunk: int | None = None,
+    device: str | torch.device = "cpu",
+    env_workers: int = 1,
+) -> list[Episode]:
     """One episode per task with `model`, `chunk` tasks per engine batch (None: all in one), in task order.
 
     Environments are made by `make_env()`, called `env_workers` side by side (`EnvPool`; the same episodes for
@@ -50,12 +61,19 @@ def play_tasks(model, fmt, make_env: Callable, tasks: Sequence, sampling: Sampli
     try:
         with EnvPool(env_workers) as pool:
             for start in range(0, len(tasks), step):
-                part = tasks[start:start + step]
+                part = tasks[start : start + step]
                 envs = [make_env() for _ in part]
                 try:
                     with torch.no_grad():
-                        episodes += engine.play(envs, part, sampling=sampling, policy_version=policy_version,
-                                                generator=generator, task_ids=[t.task_id for t in part], pool=pool)
+                        episodes += engine.play(
+                            envs,
+                            part,
+                            sampling=sampling,
+                            policy_version=policy_version,
+                            generator=generator,
+                            task_ids=[t.task_id for t in part],
+                            pool=pool,
+                        )
                 finally:
                     close_envs(envs, pool)
     finally:
@@ -68,13 +86,31 @@ def success_rate(episodes: Sequence[Episode]) -> float:
     return sum(e.reward > 0.5 for e in episodes) / len(episodes) if episodes else float("nan")
 
 
-def evaluate(model, fmt, make_env: Callable, tasks: Sequence, sampling: SamplingParams, generator: torch.Generator,
-             *, policy_version: int = 0, device: str | torch.device = "cpu",
-             env_workers: int = 1) -> tuple[float, list[Episode]]:
+def evaluate(
+    model,
+    fmt,
+    make_env: Callable,
+    tasks: Sequence,
+    sampling: SamplingParams,
+    generator: torch.Generator,
+    *,
+    policy_version: int = 0,
+    device: str | torch.device = "cpu",
+    env_workers: int = 1,
+) -> tuple[float, list[Episode]]:
     """Success rate of `model` on `tasks` (all played in one batch) and the episodes (`env_workers`: as in
     `play_tasks`)."""
-    episodes = play_tasks(model, fmt, make_env, tasks, sampling, generator, policy_version=policy_version,
-                          device=device, env_workers=env_workers)
+    episodes = play_tasks(
+        model,
+        fmt,
+        make_env,
+        tasks,
+        sampling,
+        generator,
+        policy_version=policy_version,
+        device=device,
+        env_workers=env_workers,
+    )
     return success_rate(episodes), episodes
 
 

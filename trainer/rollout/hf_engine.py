@@ -63,6 +63,7 @@ The engine leaves environments open (their owner closes them). It is synchronous
 ended in it side by side, and the next forward pass waits for all of them, so the episodes are the same for every
 pool width.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -78,8 +79,9 @@ from trainer.rollout.episode import ActionEnd, Episode, end_actions, skip_if_pro
 from trainer.rollout.sampling import SamplingParams
 
 
-def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
-                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_tokens(
+    logits: torch.Tensor, temperature: float, top_p: float = 1.0, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row of `logits` [n, vocab]; returns (tokens [n], log-probs [n], fp32).
 
     The log-prob is `log_softmax(logits / temperature)[token]` over the full vocabulary (temperature 1 when
@@ -142,7 +144,7 @@ class _RowLayer(CacheLayerMixin):
         plan = self.plan
         self.keys[plan.row_index, :, plan.cols] = key_states.transpose(1, 2)
         self.values[plan.row_index, :, plan.cols] = value_states.transpose(1, 2)
-        keys, values = self.keys[:, :, :plan.kv_len], self.values[:, :, :plan.kv_len]
+        keys, values = self.keys[:, :, : plan.kv_len], self.values[:, :, : plan.kv_len]
         if plan.rows is not None:
             keys, values = keys.index_select(0, plan.rows), values.index_select(0, plan.rows)
         return keys, values
@@ -152,7 +154,7 @@ class _RowLayer(CacheLayerMixin):
             for name in ("keys", "values"):
                 old = getattr(self, name)
                 new = old.new_zeros(old.shape[:2] + (capacity,) + old.shape[3:])
-                new[:, :, :old.shape[2]] = old
+                new[:, :, : old.shape[2]] = old
                 setattr(self, name, new)
 
     def keep_rows(self, rows: torch.Tensor):
@@ -214,8 +216,16 @@ class _Row:
 class HFEngine:
     """Plays batches of multi-turn episodes with a Hugging Face causal LM; see the module docstring."""
 
-    def __init__(self, model, fmt, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                 free_finished: bool = True, lean: bool = True):
+    def __init__(
+        self,
+        model,
+        fmt,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        free_finished: bool = True,
+        lean: bool = True,
+    ):
         """`model` is used in place (moved to device/dtype, put in eval mode): give the engine its own copy if a
         trainer keeps updating the original. `fmt` is a format from trainer/policy/chat_format.py (TinyFormat,
         HFChatFormat).
@@ -225,8 +235,9 @@ class HFEngine:
             raise ValueError("HFEngine needs a decoder-only causal LM, got an encoder-decoder model")
         attn = getattr(config, "_attn_implementation", None)
         if attn not in ("sdpa", "eager"):
-            raise ValueError(f"HFEngine needs attn_implementation 'sdpa' or 'eager' (it passes a custom 4-D mask), "
-                             f"got {attn!r}")
+            raise ValueError(
+                f"HFEngine needs attn_implementation 'sdpa' or 'eager' (it passes a custom 4-D mask), got {attn!r}"
+            )
         text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
         layer_types = getattr(text_config, "layer_types", None) or ["full_attention"]
         self.uncached = any(t != "full_attention" for t in layer_types)
@@ -244,8 +255,7 @@ class HFEngine:
         params = inspect.signature(self.model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_kw = {"logits_to_keep": 1} if "logits_to_keep" in params else {}
-        self._lean = (LeanDecoder(self.model) if lean and not self.uncached and LeanDecoder.serves(self.model)
-                      else None)
+        self._lean = LeanDecoder(self.model) if lean and not self.uncached and LeanDecoder.serves(self.model) else None
         self.policy_version = 0
         self.last_stats: dict[str, int] = {}
         """Counters of the last `play`: steps, decode/prefill passes, tokens fed, filler slots computed."""
@@ -267,8 +277,9 @@ class HFEngine:
         out = self.model(input_ids=ids, attention_mask=mask, use_cache=False, **self._keep_kw)
         return out.logits[:, -1].float()
 
-    def _forward(self, cache: _RowCache, chunks: list[list[int]], starts: list[int],
-                 rows: list[int] | None) -> torch.Tensor:
+    def _forward(
+        self, cache: _RowCache, chunks: list[list[int]], starts: list[int], rows: list[int] | None
+    ) -> torch.Tensor:
         """Feed `chunks[i]` to buffer row `rows[i]` (all rows when None) starting at column `starts[i]`.
 
         Returns the next-token logits [len(chunks), vocab] after each chunk's last token (fp32).
@@ -296,17 +307,31 @@ class HFEngine:
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
         if self._lean is not None:
             return self._lean.step(ids_t, cols_t, mask[:, None], cache).float()
-        out = self.model(input_ids=ids_t, position_ids=cols_t, attention_mask=mask[:, None], use_cache=True,
-                         **{self._cache_kw: cache}, **self._keep_kw)
+        out = self.model(
+            input_ids=ids_t,
+            position_ids=cols_t,
+            attention_mask=mask[:, None],
+            use_cache=True,
+            **{self._cache_kw: cache},
+            **self._keep_kw,
+        )
         return out.logits[:, -1].float()
 
     # -- playing ----------------------------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def play(self, envs: list[Environment], tasks: list, *, sampling: SamplingParams,
-             policy_version: int | None = None, generator: torch.Generator | None = None,
-             task_ids: list[str] | None = None, baselines: list[float | None] | None = None,
-             pool: EnvPool = SEQUENTIAL) -> list[Episode]:
+    def play(
+        self,
+        envs: list[Environment],
+        tasks: list,
+        *,
+        sampling: SamplingParams,
+        policy_version: int | None = None,
+        generator: torch.Generator | None = None,
+        task_ids: list[str] | None = None,
+        baselines: list[float | None] | None = None,
+        pool: EnvPool = SEQUENTIAL,
+    ) -> list[Episode]:
         """Play one episode per (env, task) pair, all in one batch; returns the episodes in input order.
 
         `policy_version` (default: the engine's `policy_version`) is recorded on every sampled token and as the
@@ -334,8 +359,9 @@ class HFEngine:
         firsts = pool.map(lambda k: envs[k].reset(tasks[k]), range(n))
         for i, (env, task, first) in enumerate(zip(envs, tasks, firsts)):
             task_id = task_ids[i] if task_ids is not None else str(getattr(task, "task_id", task))
-            episode = Episode(task_id=task_id, dispatch_version=version,
-                              baseline=None if baselines is None else baselines[i])
+            episode = Episode(
+                task_id=task_id, dispatch_version=version, baseline=None if baselines is None else baselines[i]
+            )
             episode.observations.append(first)
             prompt = [int(t) for t in self.fmt.prompt_ids(first)]
             episodes.append(episode)
@@ -347,9 +373,15 @@ class HFEngine:
             return episodes
 
         longest = max(len(r.pending) for r in rows)
-        cache = None if self.uncached else _RowCache(
-            self.n_layers, n_rows=len(rows), capacity=min(longest + sampling.max_turn_tokens + 64,
-                                                  sampling.max_episode_tokens + longest))
+        cache = (
+            None
+            if self.uncached
+            else _RowCache(
+                self.n_layers,
+                n_rows=len(rows),
+                capacity=min(longest + sampling.max_turn_tokens + 64, sampling.max_episode_tokens + longest),
+            )
+        )
         stop_ids = {int(t) for t in self.fmt.stop_ids}
         stats = dict(steps=0, decode_passes=0, prefill_passes=0, tokens_fed=0, filler_slots=0)
 
@@ -369,16 +401,16 @@ class HFEngine:
                 # Every buffer row takes part (a view of the buffers); rows not decoding feed one filler slot at
                 # their next free column, which a prefill pass below or nothing at all will overwrite.
                 chunks = [r.pending if i in decoding else [self.fmt.pad_id] for i, r in enumerate(rows)]
-                logits.append(self._forward(cache, chunks,
-                                            [r.fed for r in rows], rows=None)[decode])
+                logits.append(self._forward(cache, chunks, [r.fed for r in rows], rows=None)[decode])
                 order += decode
                 stats["decode_passes"] += 1
                 stats["filler_slots"] += len(rows) - len(decode)
             if prefill:
                 chunks = [rows[i].pending for i in prefill]
                 everyone = len(prefill) == len(rows)
-                logits.append(self._forward(cache, chunks, [rows[i].fed for i in prefill],
-                                            rows=None if everyone else prefill))
+                logits.append(
+                    self._forward(cache, chunks, [rows[i].fed for i in prefill], rows=None if everyone else prefill)
+                )
                 order += prefill
                 stats["prefill_passes"] += 1
                 width = max(len(c) for c in chunks)
@@ -394,8 +426,9 @@ class HFEngine:
                 if end is not None:
                     ending.append((rows[i], end))
             if ending:  # the actions that ended this step run side by side; the next pass waits for all of them
-                answers = end_actions([end for _, end in ending], fmt=self.fmt,
-                                      max_episode_tokens=sampling.max_episode_tokens, pool=pool)
+                answers = end_actions(
+                    [end for _, end in ending], fmt=self.fmt, max_episode_tokens=sampling.max_episode_tokens, pool=pool
+                )
                 for (row, _), obs in zip(ending, answers):
                     self._next_turn(row, obs)
             stats["steps"] += 1
@@ -408,8 +441,9 @@ class HFEngine:
         self.last_stats = stats
         return episodes
 
-    def _advance(self, row: _Row, token: int, logp: float, sampling: SamplingParams, stop_ids: set[int],
-                 version: int) -> ActionEnd | None:
+    def _advance(
+        self, row: _Row, token: int, logp: float, sampling: SamplingParams, stop_ids: set[int], version: int
+    ) -> ActionEnd | None:
         """Take one sampled token: continue the action (None), or end it (what `end_actions` takes)."""
         row.action.append(token)
         row.action_logp.append(logp)
@@ -418,8 +452,17 @@ class HFEngine:
         if not turn_over and row.episode.length + len(row.action) < sampling.max_episode_tokens:
             row.pending = [token]
             return None
-        return ActionEnd(row.episode, row.env, row.action, row.action_logp, row.state, version, row.turn,
-                         execute=turn_over, stopped=stopped)
+        return ActionEnd(
+            row.episode,
+            row.env,
+            row.action,
+            row.action_logp,
+            row.state,
+            version,
+            row.turn,
+            execute=turn_over,
+            stopped=stopped,
+        )
 
     @staticmethod
     def _next_turn(row: _Row, obs: list[int] | None) -> None:

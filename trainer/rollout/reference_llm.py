@@ -8,6 +8,7 @@ them). It exists so that the rollout server (`trainer/rollout/server.py`) and th
 and are tested where vLLM cannot (CPU), with exactly vLLM's outputs' shape. It batches nothing and caches nothing
 across requests: a reference, not a fast engine.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -116,8 +117,10 @@ class ReferenceLLM:
         """One output per `{"prompt_token_ids": [...]}` prompt, in order (vLLM's `LLM.generate`)."""
         if len(prompts) != len(sampling_params):
             raise ValueError(f"generate: {len(prompts)} prompts but {len(sampling_params)} sampling params")
-        return [request_output(p["prompt_token_ids"], *self._decode(p["prompt_token_ids"], sp))
-                for p, sp in zip(prompts, sampling_params)]
+        return [
+            request_output(p["prompt_token_ids"], *self._decode(p["prompt_token_ids"], sp))
+            for p, sp in zip(prompts, sampling_params)
+        ]
 
     def collective_rpc(self, method, args: tuple = (), kwargs: dict | None = None) -> list:
         """`method(worker, *args, **kwargs)` on the one worker, its result in a list (vLLM's `LLM.collective_rpc`
@@ -133,5 +136,9 @@ def reference_engine(model: torch.nn.Module, fmt, logprobs_mode: str = "processe
     """A `VLLMEngine` playing with a `ReferenceLLM` over `model` in this process (`rollout.engine: reference`)."""
     from trainer.rollout.vllm_engine import VLLMEngine
 
-    return VLLMEngine.from_llm(ReferenceLLM(model, logprobs_mode), fmt, sampling_params_cls=ReferenceSamplingParams,
-                               logprobs_mode=logprobs_mode)
+    return VLLMEngine.from_llm(
+        ReferenceLLM(model, logprobs_mode),
+        fmt,
+        sampling_params_cls=ReferenceSamplingParams,
+        logprobs_mode=logprobs_mode,
+    )

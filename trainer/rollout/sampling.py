@@ -3,6 +3,7 @@
 Its own module because the engines (hf_engine.py, vllm_engine.py), the trainer and the policy code all take one,
 and none of them should have to import an engine to get it.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,8 +24,9 @@ class SamplingParams:
     """Most tokens the whole sequence (prompt, actions, observations) may have; beyond it, truncated=True."""
 
     def __post_init__(self):
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature)
-                and self.temperature >= 0):
+        if not (
+            isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0
+        ):
             raise ValueError(f"SamplingParams.temperature must be a finite number >= 0, got {self.temperature!r}")
         if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
@@ -41,11 +43,19 @@ class SamplingParams:
     def for_rollouts(cls, rollout) -> SamplingParams:
         """The training rollouts' sampling from a `RolloutConfig` (also the warm start's: its band is measured as
         the cells' rollouts sample)."""
-        return cls(temperature=rollout.temperature, top_p=rollout.top_p, max_turn_tokens=rollout.max_turn_tokens,
-                   max_episode_tokens=rollout.max_episode_tokens)
+        return cls(
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            max_turn_tokens=rollout.max_turn_tokens,
+            max_episode_tokens=rollout.max_episode_tokens,
+        )
 
     @classmethod
     def for_evaluation(cls, rollout) -> SamplingParams:
         """Held-out evaluation's sampling from a `RolloutConfig`: `eval_temperature` (greedy by default), no top-p."""
-        return cls(temperature=rollout.eval_temperature, top_p=1.0, max_turn_tokens=rollout.max_turn_tokens,
-                   max_episode_tokens=rollout.max_episode_tokens)
+        return cls(
+            temperature=rollout.eval_temperature,
+            top_p=1.0,
+            max_turn_tokens=rollout.max_turn_tokens,
+            max_episode_tokens=rollout.max_episode_tokens,
+        )

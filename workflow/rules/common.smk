@@ -22,7 +22,6 @@ import trainer  # noqa: E402
 from trainer import study as study_tools  # noqa: E402  (pure helpers, tested on their own)
 from trainer.analysis.kinds import STUDY_KINDS  # noqa: E402  (standard library only: no matplotlib here)
 
-
 # Jobs inherit this process's environment (locally, and through sbatch on SLURM). Shell jobs run `python -m
 # trainer`: without --software-deployment-method conda that `python` must be the interpreter running Snakemake
 # (its virtual environment need not be activated); conda jobs put their own env first on PATH. Script jobs
@@ -42,8 +41,9 @@ validate(config, schema="../schemas/config.schema.yaml", set_default=True)
 study_tools.check_study(config, root=workflow.basedir)
 study_tools.check_env_options(config, root=workflow.basedir)
 # the study's paths are written from the repository root; its jobs run in its workdir
-config.update(study_tools.paths_from_workdir(config, workflow.basedir,
-                                             os.path.join(workflow.basedir, config["workdir"])))
+config.update(
+    study_tools.paths_from_workdir(config, workflow.basedir, os.path.join(workflow.basedir, config["workdir"]))
+)
 
 GRID = study_tools.grid_frame(config)
 study_tools.check_cells(config, GRID, root=workflow.basedir, threads=config["resources"]["train"]["threads"])
@@ -90,8 +90,13 @@ def figure_files():
 
 def final_outputs():
     """What a plain `snakemake` builds: the summary table and every figure (they pull in every cell)."""
-    return ["results/summary.csv", "results/summary.md", "results/runs.parquet",
-            *KIND.extra_outputs.values(), *figure_files()]
+    return [
+        "results/summary.csv",
+        "results/summary.md",
+        "results/runs.parquet",
+        *KIND.extra_outputs.values(),
+        *figure_files(),
+    ]
 
 
 def summary_report(path):
@@ -99,10 +104,14 @@ def summary_report(path):
     return report(path, caption=f"../report/{KIND.summary_caption}.rst", category="Summary")
 
 
+def figure_report(path):
+    """One figure with its caption and category for the Snakemake report."""
+    return report(path, caption=f"../report/{Path(path).stem}.rst", category=KIND.figures[Path(path).stem])
+
+
 def figure_reports():
     """The figures rule's outputs, each with its caption and category for the Snakemake report."""
-    return [report(path, caption=f"../report/{Path(path).stem}.rst", category=KIND.figures[Path(path).stem])
-            for path in figure_files()]
+    return [figure_report(path) for path in figure_files()]
 
 
 def model_path(model):
@@ -143,9 +152,7 @@ def cell_params(wildcards):
 
 
 def warm_start_params(wildcards):
-    return study_tools.warm_start_config(
-        config, wildcards.model, threads=config["resources"]["warm_start"]["threads"]
-    )
+    return study_tools.warm_start_config(config, wildcards.model, threads=config["resources"]["warm_start"]["threads"])
 
 
 def out_of_band_flag(wildcards):
@@ -184,9 +191,11 @@ def trainer_launcher(res: dict) -> str:
     procs, nodes = res["processes"], res["nodes"]
     if nodes > 1:
         head = '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)'
-        return (f"srun --nodes={nodes} --ntasks-per-node=1 python -m torch.distributed.run --nnodes={nodes} "
-                f"--nproc-per-node={procs} --rdzv-backend=c10d --rdzv-endpoint={head}:29500 "
-                "--rdzv-id=$SLURM_JOB_ID")
+        return (
+            f"srun --nodes={nodes} --ntasks-per-node=1 python -m torch.distributed.run --nnodes={nodes} "
+            f"--nproc-per-node={procs} --rdzv-backend=c10d --rdzv-endpoint={head}:29500 "
+            "--rdzv-id=$SLURM_JOB_ID"
+        )
     if procs > 1:
         return f"python -m torch.distributed.run --standalone --nproc-per-node={procs}"
     return "python"

@@ -8,13 +8,13 @@
 rule cell_config:
     output:
         f"{CELL}/cell.yaml",
-    params:
-        text=cell_yaml,
     log:
         f"results/logs/cell_config/{PARAMSPACE.wildcard_pattern}.log",
     localrule: True
     conda:
         "../../envs/analysis.yaml"  # only bash's printf: any env of the study will do
+    params:
+        text=cell_yaml,
     shell:
         "printf '%s' {params.text:q} > {output} && echo 'wrote {output}' > {log}"
 
@@ -40,20 +40,20 @@ rule train:
     output:
         metrics=f"{CELL}/metrics.parquet",
         episodes=f"{CELL}/episodes.parquet",
+    log:
+        f"{CELL}/train.log",
+    conda:
+        TRAINER_ENV
+    threads: config["resources"]["train"]["threads"] * config["resources"]["train"]["processes"]
+    resources:
+        **train_placement(config["resources"]["train"]),
+        cpus_per_task=config["resources"]["train"]["threads"] * config["resources"]["train"]["processes"],
+        mem_mb=config["resources"]["train"]["mem_mb"],
+        runtime=config["resources"]["train"]["runtime"],
     params:
         out=subpath(output.metrics, parent=True),
         trainer_version=TRAINER_VERSION,
         launcher=trainer_launcher(config["resources"]["train"]),
-    log:
-        f"{CELL}/train.log",
-    threads: config["resources"]["train"]["threads"] * config["resources"]["train"]["processes"]
-    resources:
-        cpus_per_task=config["resources"]["train"]["threads"] * config["resources"]["train"]["processes"],
-        mem_mb=config["resources"]["train"]["mem_mb"],
-        runtime=config["resources"]["train"]["runtime"],
-        **train_placement(config["resources"]["train"]),
-    conda:
-        TRAINER_ENV
     shell:
         """
         policy=""

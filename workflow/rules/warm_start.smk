@@ -5,13 +5,13 @@
 rule warm_start_config:
     output:
         "results/policies/{model}.yaml",
-    params:
-        text=warm_start_yaml,
     log:
         "results/logs/warm_start_config/{model}.log",
     localrule: True
     conda:
         "../../envs/analysis.yaml"  # only bash's printf: any env of the study will do
+    params:
+        text=warm_start_yaml,
     shell:  # not `run:`: see rule cell_config
         "printf '%s' {params.text:q} > {output} && echo 'wrote {output}' > {log}"
 
@@ -21,19 +21,19 @@ rule warm_start:
         config="results/policies/{model}.yaml",
     output:
         directory("results/policies/{model}"),
-    params:
-        allow=out_of_band_flag,
-        trainer_version=TRAINER_VERSION,  # an environment or trainer change rebuilds the base policy too
     log:
         "results/logs/warm_start/{model}.log",
+    conda:
+        TRAINER_ENV
     threads: config["resources"]["warm_start"]["threads"]
     resources:
         cpus_per_task=config["resources"]["warm_start"]["threads"],  # see rule train
         mem_mb=config["resources"]["warm_start"]["mem_mb"],
         runtime=config["resources"]["warm_start"]["runtime"],
         gpu=config["resources"]["warm_start"]["gpu"],
-    conda:
-        TRAINER_ENV
+    params:
+        allow=out_of_band_flag,
+        trainer_version=TRAINER_VERSION,  # an environment or trainer change rebuilds the base policy too
     shell:
         "python -m trainer sft --config {input.config} --out {output} --no-progress {params.allow} "
         "--exit-with $PPID > {log} 2>&1"

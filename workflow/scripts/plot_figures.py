@@ -38,8 +38,9 @@ def plot(smk, notes: list) -> None:
         options["ema_span"] = params.ema_span
         collapse_span = CollapseCriterion.from_dict(params.collapse).ema_span
         if collapse_span != params.ema_span:
-            notes.append(f"note: figures smooth with span {params.ema_span}, the collapse rule with span "
-                         f"{collapse_span}")
+            notes.append(
+                f"note: figures smooth with span {params.ema_span}, the collapse rule with span {collapse_span}"
+            )
     function = getattr(trainer.analysis, kind.plot)
     notes += function(list(smk.input.metrics), params.base_dir, smk.input.runs, list(smk.output), **options)
 

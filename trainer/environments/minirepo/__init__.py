@@ -82,11 +82,28 @@ Modules: `lang` (parser, interpreter), `tasks` (config, records, generator, task
 environment), `expert` (scripted expert, transcripts, vocabulary). Pure Python; a step costs tens of
 microseconds (`benchmarks/bench_env_step.py`: about 2% of a tiny model's decode time per episode).
 """
+
 from trainer.environments.minirepo.env import COMMANDS, MiniRepoEnv
 from trainer.environments.minirepo.expert import Transcript, expert_action, play_expert, sample_texts, vocabulary
 from trainer.environments.minirepo.lang import EvalError, EvalTimeout, ProgramError, call, parse_file
 from trainer.environments.minirepo.tasks import Bug, MiniRepoConfig, MiniRepoTask, MiniRepoTasks, TestCase
 
-__all__ = ["COMMANDS", "Bug", "EvalError", "EvalTimeout", "MiniRepoConfig", "MiniRepoEnv", "MiniRepoTask",
-           "MiniRepoTasks", "ProgramError", "TestCase", "Transcript", "call", "expert_action", "parse_file",
-           "play_expert", "sample_texts", "vocabulary"]
+__all__ = [
+    "COMMANDS",
+    "Bug",
+    "EvalError",
+    "EvalTimeout",
+    "MiniRepoConfig",
+    "MiniRepoEnv",
+    "MiniRepoTask",
+    "MiniRepoTasks",
+    "ProgramError",
+    "TestCase",
+    "Transcript",
+    "call",
+    "expert_action",
+    "parse_file",
+    "play_expert",
+    "sample_texts",
+    "vocabulary",
+]

@@ -6,6 +6,7 @@ Besides the protocol it records what observations have revealed (`seen` lines, `
 `tested` since the last edit, and each test run's verdict per function in `verdicts`); the scripted experts read
 these to act like an agent that only knows what it has been shown, and nothing in the observations depends on them.
 """
+
 from __future__ import annotations
 
 from trainer.environments.minirepo.lang import INT, EvalError, EvalTimeout, ProgramError, call, parse_file
@@ -13,8 +14,15 @@ from trainer.environments.minirepo.tasks import MiniRepoConfig, MiniRepoTask
 from trainer.environments.protocol import StepInfo, StepResult
 
 COMMANDS = ("ls", "open", "search", "edit", "run", "test", "submit")
-USAGE = {"ls": "ls", "open": "open FILE LINE", "search": "search WORDS", "edit": "edit FILE LINE TEXT",
-         "run": "run FUNC INT", "test": "test FUNC", "submit": "submit"}
+USAGE = {
+    "ls": "ls",
+    "open": "open FILE LINE",
+    "search": "search WORDS",
+    "edit": "edit FILE LINE TEXT",
+    "run": "run FUNC INT",
+    "test": "test FUNC",
+    "submit": "submit",
+}
 
 
 class MiniRepoEnv:
@@ -123,8 +131,12 @@ class MiniRepoEnv:
 
     def _do_search(self, args):
         phrase = f" {' '.join(args)} "
-        hits = [(name, i) for name in sorted(self.files) for i, text in enumerate(self.files[name], start=1)
-                if phrase in f" {text} "]
+        hits = [
+            (name, i)
+            for name in sorted(self.files)
+            for i, text in enumerate(self.files[name], start=1)
+            if phrase in f" {text} "
+        ]
         if not hits:
             return "no match", False, False
         limit, shown = self.config.max_hits, []
@@ -171,8 +183,12 @@ class MiniRepoEnv:
     def changes(self) -> frozenset:
         """The lines that differ from the task's repository, as (file, line, text)."""
         original = dict(self.task.files)
-        return frozenset((f, i, text) for f in sorted(self.files) for i, text in enumerate(self.files[f], 1)
-                         if text != original[f][i - 1])
+        return frozenset(
+            (f, i, text)
+            for f in sorted(self.files)
+            for i, text in enumerate(self.files[f], 1)
+            if text != original[f][i - 1]
+        )
 
     def _do_test(self, args):
         self.tested = True  # whatever it prints, the agent has now seen the tests run on this code
@@ -192,7 +208,7 @@ class MiniRepoEnv:
         failing = {t.func for t, _ in fails}
         verdict.update({t.func: t.func not in failing for t in tests})
         lines = [f"pass {len(got) - len(fails)} fail {len(fails)}"]
-        for test, value in fails[:self.config.max_fail_lines]:
+        for test, value in fails[: self.config.max_fail_lines]:
             outcome = "raises error" if value is None else f"returns {value}"
             lines.append(f"fail : {test.func} {' '.join(map(str, test.args))} {outcome} , expected {test.want}")
         return "\n".join(lines), False, False
@@ -217,5 +233,3 @@ class MiniRepoEnv:
         except (ProgramError, EvalTimeout):
             return [False] * len(self.task.tests)
         return [g == t.want for t, g in zip(self.task.tests, got)]
-
-

@@ -9,6 +9,7 @@ error), or a submit without running the tests. It notices its own wrong edits on
 restores them, so noisy transcripts show the edit-test-repair loop; some noisy episodes fail (an untested
 submit, the turn limit), which keeps warm-start data imperfect.
 """
+
 from __future__ import annotations
 
 import random
@@ -16,8 +17,18 @@ from dataclasses import dataclass, field
 
 from trainer.environments.minirepo.env import COMMANDS, USAGE, MiniRepoEnv
 from trainer.environments.minirepo.lang import KEYWORDS, OPS
-from trainer.environments.minirepo.tasks import (BUG_KINDS, FILE_NAMES, FUNC_NAMES, LOCALS, PARAMS, MiniRepoConfig,
-                                                 MiniRepoTask, MiniRepoTasks, _mutations, _scope)
+from trainer.environments.minirepo.tasks import (
+    BUG_KINDS,
+    FILE_NAMES,
+    FUNC_NAMES,
+    LOCALS,
+    PARAMS,
+    MiniRepoConfig,
+    MiniRepoTask,
+    MiniRepoTasks,
+    _mutations,
+    _scope,
+)
 
 
 def _gold_line(task: MiniRepoTask, name: str, line: int) -> str:
@@ -95,8 +106,11 @@ def _search_action(env: MiniRepoEnv) -> str:
                 return f"open {chain_file} {start}"
         if mine and _verdict(env, issue_func, name, body, mine) is None:
             return f"test {issue_func}"
-        refuted = {c for c in candidate_edits(task, env.config, name, def_line)
-                   if _verdict(env, issue_func, name, body, frozenset([c])) is False}
+        refuted = {
+            c
+            for c in candidate_edits(task, env.config, name, def_line)
+            if _verdict(env, issue_func, name, body, frozenset([c])) is False
+        }
         todo = [c for c in candidate_edits(task, env.config, name, def_line) if c not in refuted]
         if not todo:
             break  # nothing left to try: give up on this issue
@@ -114,8 +128,11 @@ def _search_action(env: MiniRepoEnv) -> str:
 def _verdict(env: MiniRepoEnv, issue_func: str, name: str, body: range, lines: frozenset) -> bool | None:
     """Whether a test run showed `issue_func` passing (True) or failing (False) with exactly `lines` changed in
     the function's body (whatever else was changed), None if no run showed it."""
-    seen = [v[issue_func] for changed, v in env.verdicts.items() if issue_func in v
-            and frozenset(c for c in changed if c[0] == name and c[1] in body) == lines]
+    seen = [
+        v[issue_func]
+        for changed, v in env.verdicts.items()
+        if issue_func in v and frozenset(c for c in changed if c[0] == name and c[1] in body) == lines
+    ]
     return None if not seen else any(seen)
 
 
@@ -174,12 +191,14 @@ class Transcript:
 
     def text(self) -> str:
         """Instruction, actions and observations, one per line block (for tokenizer training)."""
-        return "\n".join([self.instruction] + [s for a, r in zip(self.actions, self.results)
-                                               for s in (a, r.observation)])
+        return "\n".join(
+            [self.instruction] + [s for a, r in zip(self.actions, self.results) for s in (a, r.observation)]
+        )
 
 
-def play_expert(task: MiniRepoTask, config: MiniRepoConfig | None = None, noise: float = 0.0,
-                rng: random.Random | None = None) -> Transcript:
+def play_expert(
+    task: MiniRepoTask, config: MiniRepoConfig | None = None, noise: float = 0.0, rng: random.Random | None = None
+) -> Transcript:
     """Play one episode of `task` with the expert."""
     env, rng = MiniRepoEnv(config), rng or random.Random(0)
     out = Transcript(task.task_id, env.reset(task))
@@ -192,16 +211,31 @@ def play_expert(task: MiniRepoTask, config: MiniRepoConfig | None = None, noise:
 def sample_texts(config: MiniRepoConfig | None = None, n: int = 200, noise: float = 0.1, seed: int = 0) -> list:
     """Texts of `n` expert episodes on train tasks, to build or test a tokenizer."""
     source, rng = MiniRepoTasks(config), random.Random(seed)
-    return [play_expert(t, source.config, noise, rng).text()
-            for t in source.tasks("train", min(n, source.config.n_train))]
+    return [
+        play_expert(t, source.config, noise, rng).text() for t in source.tasks("train", min(n, source.config.n_train))
+    ]
 
 
 def vocabulary() -> list[str]:
     """Every word that instructions, commands and observations use, except integers (digits with an optional
     leading `-`, which is also in the list): build a word-level tokenizer from this plus a digit rule."""
-    words = {*COMMANDS, *KEYWORDS, *OPS, "=", ":", ",", *FUNC_NAMES, *FILE_NAMES, *PARAMS, *LOCALS,
-             *" ".join(USAGE.values()).split(), *map(str, range(10)),
-             *("issue returns expected raises error pass fail invalid one per turn unknown command usage edited eof no "
-               "match more submitted limit syntax duplicate timeout such file has lines name args depth "
-               "overflow tests for").split()}
+    words = {
+        *COMMANDS,
+        *KEYWORDS,
+        *OPS,
+        "=",
+        ":",
+        ",",
+        *FUNC_NAMES,
+        *FILE_NAMES,
+        *PARAMS,
+        *LOCALS,
+        *" ".join(USAGE.values()).split(),
+        *map(str, range(10)),
+        *(
+            "issue returns expected raises error pass fail invalid one per turn unknown command usage edited eof no "
+            "match more submitted limit syntax duplicate timeout such file has lines name args depth "
+            "overflow tests for"
+        ).split(),
+    }
     return sorted(words)

@@ -7,6 +7,7 @@ a full test run costs tens of microseconds). Guards keep every outcome short and
 and recursion deeper than 32 are runtime errors, and a step budget shared by one command's calls turns runaway
 (e.g. exponential) recursion into a timeout instead of a hang.
 """
+
 from __future__ import annotations
 
 import re
@@ -112,8 +113,9 @@ def call(program: dict, func: str, args: tuple, budget: list, depth: int = 0) ->
             elif kind == "a":
                 value = expr[1] if type(expr[1]) is int else env[expr[1]]
             else:
-                value = call(program, expr[1], tuple(a if type(a) is int else env[a] for a in expr[2]),
-                             budget, depth + 1)
+                value = call(
+                    program, expr[1], tuple(a if type(a) is int else env[a] for a in expr[2]), budget, depth + 1
+                )
         except KeyError as err:
             raise EvalError(f"name {err.args[0]}") from None
         if not -VALUE_LIMIT <= value <= VALUE_LIMIT:
@@ -122,5 +124,3 @@ def call(program: dict, func: str, args: tuple, budget: list, depth: int = 0) ->
             return value
         env[target] = value
     raise EvalError(f"ret {func}")  # unreachable for parsed bodies, which always end in `ret`
-
-

@@ -12,6 +12,7 @@ Splits. A candidate's split is decided from a hash of its layout, which can be r
 text (file names, functions per file, names), so two tasks with equal repositories always share a split: the
 splits are disjoint by content, and a candidate of the other split is skipped after a few microseconds.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -91,13 +92,28 @@ class MiniRepoConfig:
         if isinstance(self.bug_kinds, str) or not hasattr(self.bug_kinds, "__iter__"):
             raise ValueError(f"MiniRepoConfig.bug_kinds must be a sequence of kinds, got {self.bug_kinds!r}")
         object.__setattr__(self, "bug_kinds", tuple(self.bug_kinds))
-        positive = ("min_files", "min_funcs_per_file", "max_body_lines", "min_bugs", "tests_per_function",
-                    "view_lines", "max_hits", "max_fail_lines", "max_turns", "eval_budget", "n_train", "n_heldout")
+        positive = (
+            "min_files",
+            "min_funcs_per_file",
+            "max_body_lines",
+            "min_bugs",
+            "tests_per_function",
+            "view_lines",
+            "max_hits",
+            "max_fail_lines",
+            "max_turns",
+            "eval_budget",
+            "n_train",
+            "n_heldout",
+        )
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"MiniRepoConfig.{name} must be >= 1, got {getattr(self, name)}")
-        for lo, hi in (("min_files", "max_files"), ("min_funcs_per_file", "max_funcs_per_file"),
-                       ("min_bugs", "max_bugs")):
+        for lo, hi in (
+            ("min_files", "max_files"),
+            ("min_funcs_per_file", "max_funcs_per_file"),
+            ("min_bugs", "max_bugs"),
+        ):
             if getattr(self, lo) > getattr(self, hi):
                 raise ValueError(f"MiniRepoConfig.{lo}={getattr(self, lo)} exceeds {hi}={getattr(self, hi)}")
         if self.max_files > len(FILE_NAMES):
@@ -109,12 +125,15 @@ class MiniRepoConfig:
         if self.max_depth < 0:
             raise ValueError(f"MiniRepoConfig.max_depth must be >= 0, got {self.max_depth}")
         if self.max_bugs * (self.max_depth + 1) > self.min_files * self.min_funcs_per_file:
-            raise ValueError(f"MiniRepoConfig: max_bugs * (max_depth + 1) = {self.max_bugs * (self.max_depth + 1)}"
-                             f" functions on bug chains do not fit the smallest repository "
-                             f"(min_files * min_funcs_per_file = {self.min_files * self.min_funcs_per_file})")
+            raise ValueError(
+                f"MiniRepoConfig: max_bugs * (max_depth + 1) = {self.max_bugs * (self.max_depth + 1)}"
+                f" functions on bug chains do not fit the smallest repository "
+                f"(min_files * min_funcs_per_file = {self.min_files * self.min_funcs_per_file})"
+            )
         if not self.bug_kinds or any(k not in BUG_KINDS for k in self.bug_kinds):
-            raise ValueError(f"MiniRepoConfig.bug_kinds must be a non-empty subset of {BUG_KINDS}, "
-                             f"got {self.bug_kinds!r}")
+            raise ValueError(
+                f"MiniRepoConfig.bug_kinds must be a non-empty subset of {BUG_KINDS}, got {self.bug_kinds!r}"
+            )
         if self.expert not in ("oracle", "search"):
             raise ValueError(f"MiniRepoConfig.expert must be 'oracle' or 'search', got {self.expert!r}")
         if not 0.0 <= self.call_prob <= 1.0:
@@ -197,14 +216,14 @@ def _mutations(toks: list[str], scope: list[str], kind: str) -> list[str]:
             alts = [v for v in scope if v != tok]
         else:
             continue
-        out += [" ".join(toks[:i] + [alt] + toks[i + 1:]) for alt in alts]
+        out += [" ".join(toks[:i] + [alt] + toks[i + 1 :]) for alt in alts]
     return out
 
 
 def _scope(lines: list[str], def_line: int, line: int) -> list[str]:
     """Variables defined before `line` in the function that starts at `def_line` (1-based)."""
     scope = lines[def_line - 1].split()[2:]
-    for text in lines[def_line:line - 1]:
+    for text in lines[def_line : line - 1]:
         scope.append(text.split()[0])
     return scope
 
@@ -237,7 +256,7 @@ def _generate(cfg: MiniRepoConfig, rng: random.Random, layout: tuple):
     slots = [f for f, size in zip(file_names, sizes) for _ in range(size)]
     chains, pos = [], 0
     for d in depths:
-        chains.append(names[pos:pos + d + 1])
+        chains.append(names[pos : pos + d + 1])
         pos += d + 1
     entries = {c[0] for c in chains}
     rank = {n: rng.random() for n in names}  # a function may only call functions of higher rank: a DAG
@@ -249,20 +268,23 @@ def _generate(cfg: MiniRepoConfig, rng: random.Random, layout: tuple):
     bodies, call_idx = {}, {}
     for n in names:
         callable_ = [m for m in names if rank[m] > rank[n] and m not in entries]
-        scope, lines = list(PARAMS[:arity[n]]), []
+        scope, lines = list(PARAMS[: arity[n]]), []
         n_lines = rng.randint(1, cfg.max_body_lines)
         call_idx[n] = rng.randrange(n_lines) if n in nxt else -1
         unused = list(scope)  # every parameter must reach the result, so bugs upstream show downstream
 
         def operand(pool):
-            return unused.pop(0) if unused else rng.choice(pool)
+            return unused.pop(0) if unused else rng.choice(pool)  # noqa: B023
 
         for j in range(n_lines):
             prev = scope[-1] if j else rng.choice(scope)
             if prev in unused:
                 unused.remove(prev)
-            callee = nxt[n] if j == call_idx[n] else (
-                rng.choice(callable_) if callable_ and rng.random() < cfg.call_prob else None)
+            callee = (
+                nxt[n]
+                if j == call_idx[n]
+                else (rng.choice(callable_) if callable_ and rng.random() < cfg.call_prob else None)
+            )
             if callee:
                 args = [prev] + [operand(scope + [str(rng.randint(1, 9))]) for _ in range(arity[callee] - 1)]
                 expr = " ".join([callee] + args)
@@ -270,15 +292,18 @@ def _generate(cfg: MiniRepoConfig, rng: random.Random, layout: tuple):
                 op = rng.choice("++--*")
                 if op == "*" and unused:
                     op = rng.choice(("+", "-"))
-                other = str(rng.randint(2, 3)) if op == "*" else operand(
-                    [v for v in scope if v != prev] + [str(rng.randint(1, 9))] * 2)
+                other = (
+                    str(rng.randint(2, 3))
+                    if op == "*"
+                    else operand([v for v in scope if v != prev] + [str(rng.randint(1, 9))] * 2)
+                )
                 expr = f"{prev} {op} {other}" if op == "*" or rng.random() < 0.6 else f"{other} {op} {prev}"
             lines.append(f"{LOCALS[j]} = {expr}")
             scope.append(LOCALS[j])
         op = rng.choice(("+", "-")) if unused else rng.choice(tuple(OPS))
         last = unused[0] if unused else (rng.randint(2, 3) if op == "*" else rng.randint(1, 9))
         lines.append(f"ret {scope[-1]}" if not unused and rng.random() < 0.4 else f"ret {scope[-1]} {op} {last}")
-        bodies[n] = [f"def {n} " + " ".join(PARAMS[:arity[n]])] + lines
+        bodies[n] = [f"def {n} " + " ".join(PARAMS[: arity[n]])] + lines
     # place functions: members of one chain in different files where the slots allow it
     free = list(slots)
     rng.shuffle(free)
@@ -316,8 +341,10 @@ def _generate(cfg: MiniRepoConfig, rng: random.Random, layout: tuple):
     program = load(files)
     tests = []
     for n in tested:
-        inputs = rng.sample([(a,) if arity[n] == 1 else (a, b) for a in range(10) for b in range(10 if arity[n] == 2
-                             else 1)], cfg.tests_per_function)
+        inputs = rng.sample(
+            [(a,) if arity[n] == 1 else (a, b) for a in range(10) for b in range(10 if arity[n] == 2 else 1)],
+            cfg.tests_per_function,
+        )
         for args in inputs:
             try:
                 want = call(program, n, args, [cfg.eval_budget])
@@ -342,8 +369,7 @@ def _generate(cfg: MiniRepoConfig, rng: random.Random, layout: tuple):
         kind = rng.choice(kinds)
         line, text = rng.choice(choices[kind])
         buggy[f][line - 1] = text
-        chain = tuple((n, where[n][0], where[n][1],
-                       where[n][1] + 1 + call_idx[n] if n != target else line) for n in c)
+        chain = tuple((n, where[n][0], where[n][1], where[n][1] + 1 + call_idx[n] if n != target else line) for n in c)
         bugs.append(Bug(f, line, text, files[f][line - 1], kind, chain))
 
     def failing(repo):
@@ -400,9 +426,16 @@ class MiniRepoTasks:
             files, tests, bugs, issue = made
             text = issue + "\n" + "\n".join(f"{f}\n" + "\n".join(lines) for f, lines in sorted(files.items()))
             digest = hashlib.sha256(text.encode()).hexdigest()
-            bucket.append(MiniRepoTask(f"{split}-{len(bucket):05d}-{digest[:8]}", split, issue,
-                                       tuple((f, tuple(lines)) for f, lines in sorted(files.items())),
-                                       tests, bugs))
+            bucket.append(
+                MiniRepoTask(
+                    f"{split}-{len(bucket):05d}-{digest[:8]}",
+                    split,
+                    issue,
+                    tuple((f, tuple(lines)) for f, lines in sorted(files.items())),
+                    tests,
+                    bugs,
+                )
+            )
 
     def impossible(self, n: int) -> list:
         """Impossible variants of the first `n` held-out tasks (ImpossibleBench's "conflicting" kind): each gets a
@@ -426,5 +459,3 @@ class MiniRepoTasks:
             raise ValueError(f"n must be an int in [0, {size}] for split {split!r}, got {n!r}")
         self._grow(split, n)
         return self._cache[split][:n]
-
-

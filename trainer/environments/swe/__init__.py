@@ -7,6 +7,7 @@ cleanup, the engine client), `grading` (pytest log -> statuses -> reward), `task
 Parquet; the shipped tasks), `oracle` (scripted agents acting through the tools), `env` (SWEEnv, the protocol),
 `image` (building the Docker images: `python -m trainer.environments.swe.image`).
 """
+
 from trainer.environments.swe.containers import cleanup_stale_containers
 from trainer.environments.swe.docker_backend import DockerBackend, DockerConfig
 from trainer.environments.swe.env import SWEConfig, SWEEnv
@@ -17,7 +18,27 @@ from trainer.environments.swe.sandbox import ExecResult, SandboxError
 from trainer.environments.swe.tasks import SWETask, SWETasks, load_tasks, shipped_tasks_path
 from trainer.environments.swe.tools import Action, ToolSettings, format_action, parse_action
 
-__all__ = ["Action", "DockerBackend", "DockerConfig", "ExecResult", "LocalBackend", "LocalConfig", "SWEConfig",
-           "SWEEnv", "SWETask", "SWETasks", "SandboxError", "ToolSettings", "cleanup_stale_containers",
-           "format_action", "grade", "load_tasks", "noop_actions", "oracle_actions", "parse_action",
-           "parse_pytest_report", "patch_actions", "shipped_tasks_path"]
+__all__ = [
+    "Action",
+    "DockerBackend",
+    "DockerConfig",
+    "ExecResult",
+    "LocalBackend",
+    "LocalConfig",
+    "SWEConfig",
+    "SWEEnv",
+    "SWETask",
+    "SWETasks",
+    "SandboxError",
+    "ToolSettings",
+    "cleanup_stale_containers",
+    "format_action",
+    "grade",
+    "load_tasks",
+    "noop_actions",
+    "oracle_actions",
+    "parse_action",
+    "parse_pytest_report",
+    "patch_actions",
+    "shipped_tasks_path",
+]

@@ -6,6 +6,7 @@ containers whose owner process is gone (called whenever a backend is created), t
 container, and an `atexit` hook removes any this process still holds. A trainer killed by a signal (SIGKILL, or
 SIGTERM without a handler) leaves its containers until the next backend starts anywhere on the machine.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -27,8 +28,12 @@ _OWNED_LOCK = threading.Lock()
 def owner_labels() -> dict[str, str]:
     """The labels of a container this process creates: LABEL=1 and who owns it."""
     pid = os.getpid()
-    return {LABEL: "1", f"{LABEL}.owner_pid": str(pid), f"{LABEL}.owner_start": process_start_time(pid) or "",
-            f"{LABEL}.owner_host": socket.gethostname()}
+    return {
+        LABEL: "1",
+        f"{LABEL}.owner_pid": str(pid),
+        f"{LABEL}.owner_start": process_start_time(pid) or "",
+        f"{LABEL}.owner_host": socket.gethostname(),
+    }
 
 
 def _owner_alive(labels: dict[str, str]) -> bool:

@@ -34,6 +34,7 @@ It needs the `docker` SDK and a running engine; the images come from `image.py`.
   restarts the container (processes die, files stay); a command that could not start is tried once more.
   Either way the episode goes on.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -43,13 +44,20 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 from trainer.environments.swe.containers import cleanup_stale_containers, disown, docker_client, own, owner_labels
 from trainer.environments.swe.grading import LAUNCHER_PATH
-from trainer.environments.swe.sandbox import (REPORT_MAX_BYTES, ExecResult, OutputCapture, SandboxError,
-                                             SandboxFileError, TestRun)
+from trainer.environments.swe.sandbox import (
+    REPORT_MAX_BYTES,
+    ExecResult,
+    OutputCapture,
+    SandboxError,
+    SandboxFileError,
+    TestRun,
+)
 from trainer.environments.swe.supervisor import SUPERVISOR
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -128,9 +136,11 @@ class DockerConfig:
         else:
             total = len(SCRATCH_PLACES) * self.scratch_bytes
             if self.scratch_bytes < 1024**2 or total > memory_bytes(self.memory) // 2:
-                raise ValueError(f"DockerConfig.scratch_bytes {self.scratch_bytes}: must be at least 1 MiB, and the "
-                                 f"{len(SCRATCH_PLACES)} writable places together ({total} bytes) at most half of "
-                                 f"memory {self.memory!r}")
+                raise ValueError(
+                    f"DockerConfig.scratch_bytes {self.scratch_bytes}: must be at least 1 MiB, and the "
+                    f"{len(SCRATCH_PLACES)} writable places together ({total} bytes) at most half of "
+                    f"memory {self.memory!r}"
+                )
         if self.pull not in PULL_POLICIES:
             raise ValueError(f"DockerConfig.pull must be one of {PULL_POLICIES}, got {self.pull!r}")
         if self.grade_in not in ("fresh", "episode"):
@@ -147,14 +157,15 @@ def memory_bytes(size: str | int) -> int:
     return int(number) * unit
 
 
-
 WORK_EXCLUDES = "--exclude=./.venv --exclude=./.git --exclude=./r2e_tests --exclude=__pycache__ --exclude=*.pyc"
 """What of /testbed is not the agent's work when grading in a fresh container: the repository's environment and
 history come from the image (a `.pth` planted in /testbed/.venv would otherwise run at interpreter start), and
 bytecode is not work (see PURGE_BYTECODE)."""
 
-PURGE_BYTECODE = ("find /testbed -path /testbed/.venv -prune -o -name __pycache__ -type d -prune -exec rm -rf {} + "
-                  "-o -name '*.pyc' -type f -exec rm -f {} +")
+PURGE_BYTECODE = (
+    "find /testbed -path /testbed/.venv -prune -o -name __pycache__ -type d -prune -exec rm -rf {} + "
+    "-o -name '*.pyc' -type f -exec rm -f {} +"
+)
 """Run as root before the hidden tests, in either grading place: Python loads a cached module whose header matches
 the source's mtime and size without reading the source (`-B` only stops writing caches), so an agent could compile
 its fix into the cache and put the unfixed source back; and a lone `.pyc` imports where no source exists."""
@@ -211,11 +222,15 @@ are R2E-Gym's (`setup_env`, `setup_env_swebench`)."""
 SCRATCH_PLACES = {"/testbed": "755", "/tmp": "1777", "/var/tmp": "1777", "/root": "700", "/home": "755"}
 """The writable places of a scratch container (tmpfs over a read-only root filesystem), with their modes."""
 
-_READ = ('size=$(stat -L -c %s -- "$1") || exit 1; '
-         'if [ "$size" -gt "$2" ]; then echo "$1 is larger than $2 bytes" >&2; exit 1; fi; exec cat -- "$1"')
+_READ = (
+    'size=$(stat -L -c %s -- "$1") || exit 1; '
+    'if [ "$size" -gt "$2" ]; then echo "$1 is larger than $2 bytes" >&2; exit 1; fi; exec cat -- "$1"'
+)
 
-_PATH_KIND = ('if [ -d "$1" ]; then echo dir; elif [ -f "$1" ]; then echo file; '
-              'elif [ -e "$1" ] || [ -L "$1" ]; then echo other; else echo missing; fi')
+_PATH_KIND = (
+    'if [ -d "$1" ]; then echo dir; elif [ -f "$1" ]; then echo file; '
+    'elif [ -e "$1" ] || [ -L "$1" ]; then echo other; else echo missing; fi'
+)
 
 
 class DockerBackend:
@@ -244,39 +259,61 @@ class DockerBackend:
         mem = self.config.memory
         scratch = self.config.scratch_bytes if self.config.scratch else None
         if scratch is not None:  # tmpfs places; /r2e_tests masked by an empty one (its files go to /root)
-            places = {path: f"size={scratch},nr_inodes={self.config.scratch_inodes},mode={mode}"
-                      for path, mode in SCRATCH_PLACES.items()}
+            places = {
+                path: f"size={scratch},nr_inodes={self.config.scratch_inodes},mode={mode}"
+                for path, mode in SCRATCH_PLACES.items()
+            }
             layout = {"read_only": True, "tmpfs": {**places, "/r2e_tests": "size=64k,nr_inodes=16,mode=700"}}
         else:
             layout = {"storage_opt": {"size": self.config.storage_size}} if self.config.storage_size else {}
         try:
             self.container = self.client.containers.create(
-                task.docker_image, ["sleep", "infinity"], init=True, labels=owner_labels(),
-                network_mode="none", mem_limit=mem, memswap_limit=mem, pids_limit=self.config.pids,
-                nano_cpus=int(self.config.cpus * 1e9), working_dir=self.repo_dir, user="root",
-                cap_drop=["ALL"], cap_add=["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL"],
+                task.docker_image,
+                ["sleep", "infinity"],
+                init=True,
+                labels=owner_labels(),
+                network_mode="none",
+                mem_limit=mem,
+                memswap_limit=mem,
+                pids_limit=self.config.pids,
+                nano_cpus=int(self.config.cpus * 1e9),
+                working_dir=self.repo_dir,
+                user="root",
+                cap_drop=["ALL"],
+                cap_add=["CHOWN", "DAC_OVERRIDE", "FOWNER", "SETUID", "SETGID", "KILL"],
                 security_opt=["no-new-privileges:true"],
-                ulimits=[docker.types.Ulimit(name="fsize", soft=self.config.file_size_bytes,
-                                             hard=self.config.file_size_bytes),
-                         docker.types.Ulimit(name="core", soft=0, hard=0)],
-                **layout)
+                ulimits=[
+                    docker.types.Ulimit(
+                        name="fsize", soft=self.config.file_size_bytes, hard=self.config.file_size_bytes
+                    ),
+                    docker.types.Ulimit(name="core", soft=0, hard=0),
+                ],
+                **layout,
+            )
         except docker.errors.APIError as exc:
             raise SandboxError(f"task {task.task_id!r}: could not create a container: {exc}") from None
         own(self.container.id, self.client)
         try:
             # a created container's archive reads the image's files, not the tmpfs places mounted at start
-            seeds = [(self._archive(path), into) for path, into in (("/testbed", "/"), ("/r2e_tests", "/root"))
-                     if scratch is not None]
+            seeds = [
+                (self._archive(path), into)
+                for path, into in (("/testbed", "/"), ("/r2e_tests", "/root"))
+                if scratch is not None
+            ]
             self.container.start()
             for data, into in seeds:
                 if data is not None:
                     self._feed(["tar", "-xf", "-", "-C", into], data, "could not fill the container's scratch")
-            setup = self._exec(["sh", "-c", _SETUP, "_", self.config.user,
-                                "layer" if scratch is None else "scratch", task.kind], self.config.file_op_timeout_s,
-                               user="root")
+            setup = self._exec(
+                ["sh", "-c", _SETUP, "_", self.config.user, "layer" if scratch is None else "scratch", task.kind],
+                self.config.file_op_timeout_s,
+                user="root",
+            )
             if setup.exit_code != 0:
-                raise SandboxError(f"task {task.task_id!r}: container setup failed (exit {setup.exit_code}): "
-                                   f"{(setup.stdout + setup.stderr).decode(errors='replace').strip()}")
+                raise SandboxError(
+                    f"task {task.task_id!r}: container setup failed (exit {setup.exit_code}): "
+                    f"{(setup.stdout + setup.stderr).decode(errors='replace').strip()}"
+                )
             fields = setup.stdout.decode(errors="replace").split()
             if len(fields) == 3:
                 self.user, self.ids, self.home = self.config.user, (int(fields[0]), int(fields[1])), fields[2]
@@ -304,8 +341,16 @@ class DockerBackend:
 
         with _engine_failures(f"{what}: the Docker engine failed"):
             api = self.client.api
-            exec_id = api.exec_create(self.container.id, list(argv), stdin=True, stdout=True, stderr=True,
-                                      user=user, workdir="/", environment=self._env(user))["Id"]
+            exec_id = api.exec_create(
+                self.container.id,
+                list(argv),
+                stdin=True,
+                stdout=True,
+                stderr=True,
+                user=user,
+                workdir="/",
+                environment=self._env(user),
+            )["Id"]
             sock = api.exec_start(exec_id, socket=True)
             raw = getattr(sock, "_sock", sock)
             try:
@@ -340,8 +385,14 @@ class DockerBackend:
     def _env(self, user: str) -> dict[str, str]:
         """The agent's environment, or the harness's (system PATH) for root commands of an unprivileged agent."""
         agent = user == self.user
-        return {"PATH": SANDBOX_PATH if agent else SYSTEM_PATH, "HOME": self.home if agent else "/root",
-                "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "TERM": "dumb"}
+        return {
+            "PATH": SANDBOX_PATH if agent else SYSTEM_PATH,
+            "HOME": self.home if agent else "/root",
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "TERM": "dumb",
+        }
 
     def _exec(self, argv: Sequence[str], timeout: float, user: str | None = None, retry: bool = True) -> ExecResult:
         """Run `argv` under the supervisor as `user` (default: the agent) in /testbed."""
@@ -358,8 +409,15 @@ class DockerBackend:
         purge = "user" if user != "root" else "group"
         cmd = [self.config.python, "-c", SUPERVISOR, f"{timeout:g}", purge, "", *argv]
         started = time.monotonic()
-        exec_id = api.exec_create(self.container.id, cmd, stdout=True, stderr=True, user=user,
-                                  workdir=self.repo_dir, environment=self._env(user))["Id"]
+        exec_id = api.exec_create(
+            self.container.id,
+            cmd,
+            stdout=True,
+            stderr=True,
+            user=user,
+            workdir=self.repo_dir,
+            environment=self._env(user),
+        )["Id"]
         out, err = OutputCapture(self.config.capture_bytes), OutputCapture(self.config.capture_bytes)
         state = {"overflow": False, "error": None}
         attention = threading.Event()  # set at the end of the stream or when the output passes the limit
@@ -393,15 +451,22 @@ class DockerBackend:
         info = api.exec_inspect(exec_id)
         code = info.get("ExitCode")
         raw = out.value() + err.value()
-        if retry and ((code == 126 and b"OCI runtime exec failed" in raw)
-                      or (code == 125 and b"supervisor: cannot fork" in raw)):
+        if retry and (
+            (code == 126 and b"OCI runtime exec failed" in raw) or (code == 125 and b"supervisor: cannot fork" in raw)
+        ):
             # the command could not even start: the pids limit is full of leftovers (a killed supervisor)
             self._stop_processes(user)
             return self._exec_unguarded(argv, timeout, user, retry=False)
         if code is None or host_timeout or state["error"] is not None:
             code = -1
-        return ExecResult(out.value(), err.value(), code, timed_out=host_timeout or code == 124,
-                          output_limited=state["overflow"], duration_s=time.monotonic() - started)
+        return ExecResult(
+            out.value(),
+            err.value(),
+            code,
+            timed_out=host_timeout or code == 124,
+            output_limited=state["overflow"],
+            duration_s=time.monotonic() - started,
+        )
 
     def _stop_processes(self, user: str) -> None:
         """Kill every process of `user` (as that user); restart the container if that is impossible."""
@@ -441,8 +506,9 @@ class DockerBackend:
             self._feed(["sh", "-c", 'cat > "$1"', "_", path], data, "write", user=self.user)
         except SandboxFileError as exc:
             message = str(exc).removeprefix("write: ")
-            raise SandboxFileError(message.splitlines()[-1].replace("_: 1: ", "") if message else
-                                   f"cannot write {path!r}") from None
+            raise SandboxFileError(
+                message.splitlines()[-1].replace("_: 1: ", "") if message else f"cannot write {path!r}"
+            ) from None
 
     def path_kind(self, path: str) -> str:
         if not posixpath.isabs(path):
@@ -464,8 +530,12 @@ class DockerBackend:
         if self.config.grade_in == "episode":
             return self._run_hidden_tests(_before(deadline, timeout, "the tests"), key)
         with tempfile.TemporaryFile(prefix="swe-agent-work-") as work:
-            self._stream_out(["sh", "-c", f"tar -C /testbed {WORK_EXCLUDES} -cf - ."], work, deadline,
-                             "copying the agent's repository out")
+            self._stream_out(
+                ["sh", "-c", f"tar -C /testbed {WORK_EXCLUDES} -cf - ."],
+                work,
+                deadline,
+                "copying the agent's repository out",
+            )
             work.seek(0)
             grader = DockerBackend(self.config, client=self.client)
             try:
@@ -487,33 +557,42 @@ class DockerBackend:
 
     def _stream_out_unguarded(self, argv: Sequence[str], out, deadline: float, what: str, limit: int | None) -> None:
         api = self.client.api
-        exec_id = api.exec_create(self.container.id, list(argv), stdout=True, stderr=True, user="root",
-                                  workdir="/")["Id"]
+        exec_id = api.exec_create(self.container.id, list(argv), stdout=True, stderr=True, user="root", workdir="/")[
+            "Id"
+        ]
         err = OutputCapture(64 * 1024)
         kept = 0
         for chunk_out, chunk_err in api.exec_start(exec_id, stream=True, demux=True):
             if chunk_out and (limit is None or kept < limit):
-                chunk_out = chunk_out if limit is None else chunk_out[:limit - kept]
+                chunk_out = chunk_out if limit is None else chunk_out[: limit - kept]
                 out.write(chunk_out)
                 kept += len(chunk_out)
             if chunk_err:
                 err.add(chunk_err)
             if time.monotonic() > deadline:
-                raise SandboxError(f"grading passed its deadline while {what} ({kept} bytes so far; "
-                                   f"DockerConfig.grading_overhead_s)")
+                raise SandboxError(
+                    f"grading passed its deadline while {what} ({kept} bytes so far; DockerConfig.grading_overhead_s)"
+                )
         if api.exec_inspect(exec_id).get("ExitCode") != 0:
             raise SandboxError(f"{what} failed: {err.value().decode(errors='replace').strip()}")
 
     def _replace_repository(self, work, deadline: float) -> None:
         """Swap this (fresh) container's /testbed for the agent's (the tar in the file `work`), keeping the image's
         .venv and .git."""
-        cleared = self._exec(["sh", "-c", "find /testbed -mindepth 1 -maxdepth 1 ! -name .venv ! -name .git "
-                              "-exec rm -rf {} +"], self.config.file_op_timeout_s, user="root")
+        cleared = self._exec(
+            ["sh", "-c", "find /testbed -mindepth 1 -maxdepth 1 ! -name .venv ! -name .git -exec rm -rf {} +"],
+            self.config.file_op_timeout_s,
+            user="root",
+        )
         if cleared.exit_code != 0:
             raise SandboxError("could not clear the grading container's repository")
         try:
-            self._feed(["tar", "-xf", "-", "-C", "/testbed"], work, "could not copy the agent's repository in",
-                       deadline=deadline)
+            self._feed(
+                ["tar", "-xf", "-", "-C", "/testbed"],
+                work,
+                "could not copy the agent's repository in",
+                deadline=deadline,
+            )
         except SandboxFileError as exc:
             raise SandboxError(str(exc)) from None
 
@@ -539,18 +618,28 @@ class DockerBackend:
                 return TestRun(self._exec(["bash", "-c", copy.stdout.decode()], timeout))
             command = through_launcher(copy.stdout.decode())  # refused before anything is placed
             try:
-                self._feed(["sh", "-c", 'cat > "$1"', "_", f"{GRADER_DIR}/launcher.py"], LAUNCHER_PATH.read_bytes(),
-                           "could not place the report launcher")
-                self._feed(["sh", "-c", 'umask 077 && cat > "$1" && chown "$2" "$1"', "_", f"{GRADER_DIR}/run/key",
-                            self.user], key, "could not place the report's key")
+                self._feed(
+                    ["sh", "-c", 'cat > "$1"', "_", f"{GRADER_DIR}/launcher.py"],
+                    LAUNCHER_PATH.read_bytes(),
+                    "could not place the report launcher",
+                )
+                self._feed(
+                    ["sh", "-c", 'umask 077 && cat > "$1" && chown "$2" "$1"', "_", f"{GRADER_DIR}/run/key", self.user],
+                    key,
+                    "could not place the report's key",
+                )
             except SandboxFileError as exc:
                 raise SandboxError(str(exc)) from None
             log = self._exec(["bash", "-c", command], timeout)
             report = io.BytesIO()
             try:
-                self._stream_out(["sh", "-c", f'test -f {GRADER_DIR}/run/report && cat {GRADER_DIR}/run/report'],
-                                 report, time.monotonic() + self.config.file_op_timeout_s, "reading the report",
-                                 limit=REPORT_MAX_BYTES)
+                self._stream_out(
+                    ["sh", "-c", f"test -f {GRADER_DIR}/run/report && cat {GRADER_DIR}/run/report"],
+                    report,
+                    time.monotonic() + self.config.file_op_timeout_s,
+                    "reading the report",
+                    limit=REPORT_MAX_BYTES,
+                )
             except SandboxError:
                 return TestRun(log, None)
             return TestRun(log, report.getvalue())
@@ -576,8 +665,10 @@ def through_launcher(script: str) -> str:
     the image's own interpreter, folder and flags (R2E-Gym's: `.venv/bin/python -W ignore -m pytest -rA r2e_tests`
     from /testbed); SandboxError where the script does not run `python -m pytest`."""
     if "-m pytest" not in script:
-        raise SandboxError("the image's run_tests.sh does not run `python -m pytest`, so the report launcher cannot "
-                           "run it: grade this task with env.options.grading: r2e_gym_log")
+        raise SandboxError(
+            "the image's run_tests.sh does not run `python -m pytest`, so the report launcher cannot "
+            "run it: grade this task with env.options.grading: r2e_gym_log"
+        )
     return script.replace("-m pytest", f"{GRADER_DIR}/launcher.py {GRADER_DIR}/run/key {GRADER_DIR}/run/report", 1)
 
 
@@ -602,9 +693,11 @@ def ensure_image(client, task, config: DockerConfig) -> None:
     except docker.errors.APIError as exc:
         raise SandboxError(f"task {task.task_id!r}: could not inspect image {task.docker_image!r}: {exc}") from None
     if config.pull == "never":
-        raise SandboxError(f"task {task.task_id!r}: image {task.docker_image!r} is not present locally and "
-                           "docker.pull is 'never' (pull it, or build the shipped ones with "
-                           "`python -m trainer.environments.swe.image`)")
+        raise SandboxError(
+            f"task {task.task_id!r}: image {task.docker_image!r} is not present locally and "
+            "docker.pull is 'never' (pull it, or build the shipped ones with "
+            "`python -m trainer.environments.swe.image`)"
+        )
     repository, _, tag = task.docker_image.rpartition(":")
     if not repository or "/" in tag:
         repository, tag = task.docker_image, "latest"
@@ -614,10 +707,12 @@ def ensure_image(client, task, config: DockerConfig) -> None:
                 raise RuntimeError(message["error"])
         client.images.get(task.docker_image)
     except Exception as exc:  # registry unreachable, not found, unauthorised, timed out: docker raises several types
-        raise SandboxError(f"task {task.task_id!r}: image {task.docker_image!r} is absent and pulling it failed "
-                           f"({type(exc).__name__}: {str(exc).strip()[:300]}); is a registry reachable? "
-                           "`python -m trainer.environments.swe.pull --tasks FILE` lists a task file's absent "
-                           "images") from None
+        raise SandboxError(
+            f"task {task.task_id!r}: image {task.docker_image!r} is absent and pulling it failed "
+            f"({type(exc).__name__}: {str(exc).strip()[:300]}); is a registry reachable? "
+            "`python -m trainer.environments.swe.pull --tasks FILE` lists a task file's absent "
+            "images"
+        ) from None
 
 
 def missing_images(client, tasks, config: DockerConfig) -> dict[str, str]:

@@ -17,6 +17,7 @@ lenient reading (the flag keeps the strict reading available); `info.extra["exit
 A sandbox that fails (not the agent's doing, e.g. the engine dies) ends the episode with reward 0 and
 `extra["sandbox_error"]` set, rather than raising inside the rollout loop.
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,12 +28,19 @@ from typing import Literal
 
 from trainer.environments.protocol import StepInfo, StepResult
 from trainer.environments.swe.docker_backend import DockerBackend, DockerConfig
-from trainer.environments.swe.grading import (GRADINGS, Grade, grade, grade_swebench, parse_pytest_report,
-                                              parse_swebench_log, read_report)
+from trainer.environments.swe.grading import (
+    GRADINGS,
+    Grade,
+    grade,
+    grade_swebench,
+    parse_pytest_report,
+    parse_swebench_log,
+    read_report,
+)
 from trainer.environments.swe.local_backend import LocalBackend, LocalConfig
 from trainer.environments.swe.sandbox import SandboxError
 from trainer.environments.swe.tasks import ROW_KINDS, SWETask
-from trainer.environments.swe.tools import ToolSettings, Tools, decode_output
+from trainer.environments.swe.tools import Tools, ToolSettings, decode_output
 
 BACKENDS = ("local", "docker")
 log = logging.getLogger(__name__)
@@ -153,8 +161,10 @@ class SWEEnv:
         if not isinstance(task, SWETask):
             raise TypeError(f"task must be an SWETask, got {type(task).__name__}")
         if task.kind == "swebench" and self.config.backend != "docker":
-            raise ValueError(f"task {task.task_id!r} is a SWE-bench row: its tests run by its image's /run_tests.sh, "
-                             "so it needs env.options.backend: docker")
+            raise ValueError(
+                f"task {task.task_id!r} is a SWE-bench row: its tests run by its image's /run_tests.sh, "
+                "so it needs env.options.backend: docker"
+            )
         self.close()
         if self.backend is None:
             self.backend = self._make_backend()
@@ -162,9 +172,12 @@ class SWEEnv:
         self.tools = Tools(self.backend, self.config.tools)
         self.task, self.turn, self.done, self.elapsed_s = task, 0, False, 0.0
         self.last_grade, self.last_test_log = None, ""
-        instruction = self.config.instruction_template.format(repo_dir=self.backend.repo_dir, issue=task.issue,
-                                                              timeout=self.config.tools.command_timeout_s,
-                                                              max_turns=self.max_turns)
+        instruction = self.config.instruction_template.format(
+            repo_dir=self.backend.repo_dir,
+            issue=task.issue,
+            timeout=self.config.tools.command_timeout_s,
+            max_turns=self.max_turns,
+        )
         return instruction + self._countdown()
 
     def _countdown(self) -> str:
@@ -172,8 +185,11 @@ class SWEEnv:
         if not self.config.steps_remaining:
             return ""
         left = (self.config.countdown_steps or self.max_turns) - self.turn
-        return (f"\nSteps Remaining: {left}" if left > 0 else
-                "\nYou have reached the maximum number of steps. Please submit your answer NOW.")
+        return (
+            f"\nSteps Remaining: {left}"
+            if left > 0
+            else "\nYou have reached the maximum number of steps. Please submit your answer NOW."
+        )
 
     def step(self, action: str) -> StepResult:
         """Execute one action; the last step of an episode carries the graded reward."""
@@ -187,8 +203,12 @@ class SWEEnv:
             result = self.tools.run(action)
         except SandboxError as exc:
             self._finish_episode()
-            return StepResult(f"The sandbox failed ({exc}); the episode ends.", True, 0.0,
-                              StepInfo(exec_error=True, extra={"turn": self.turn, "sandbox_error": str(exc)}))
+            return StepResult(
+                f"The sandbox failed ({exc}); the episode ends.",
+                True,
+                0.0,
+                StepInfo(exec_error=True, extra={"turn": self.turn, "sandbox_error": str(exc)}),
+            )
         extra = dict(result.extra, turn=self.turn)
         if result.exit_code is not None:
             extra["exit_code"] = result.exit_code
@@ -203,8 +223,13 @@ class SWEEnv:
                 reward = self._grade(extra)
             self._finish_episode()
         exec_error = result.error or result.timed_out or (result.nonzero_exit and self.config.nonzero_exit_is_error)
-        info = StepInfo(tool=result.tool, invalid_action=result.invalid, exec_error=exec_error,
-                        timed_out=result.timed_out, extra=extra)
+        info = StepInfo(
+            tool=result.tool,
+            invalid_action=result.invalid,
+            exec_error=exec_error,
+            timed_out=result.timed_out,
+            extra=extra,
+        )
         return StepResult(result.observation if done else result.observation + self._countdown(), done, reward, info)
 
     def truncated_reward(self) -> float:
@@ -228,10 +253,12 @@ class SWEEnv:
         run = test_run.log
         self.last_test_log = decode_output(run.stdout + b"\n" + run.stderr)
         if self.task.kind == "swebench":
-            parsed = {} if run.timed_out else parse_swebench_log(self.last_test_log, self.task.repo_name,
-                                                                 self.task.version)
-            self.last_grade = grade_swebench(parsed, self.task.repo_name, self.task.fail_to_pass,
-                                             self.task.pass_to_pass)
+            parsed = (
+                {} if run.timed_out else parse_swebench_log(self.last_test_log, self.task.repo_name, self.task.version)
+            )
+            self.last_grade = grade_swebench(
+                parsed, self.task.repo_name, self.task.fail_to_pass, self.task.pass_to_pass
+            )
         else:
             parsed = {} if run.timed_out else parse_pytest_report(self.last_test_log)
             self.last_grade = grade(parsed, self.task.expected)
@@ -242,14 +269,24 @@ class SWEEnv:
             if reading.problem and not run.timed_out:
                 extra["report_problem"] = reading.problem
             if by_log.reward != self.last_grade.reward:
-                extra["grade_disagreement"] = {"report": self.last_grade.reward, "r2e_gym_log": by_log.reward,
-                                               "problem": reading.problem}
-                log.warning("task %s: the log's R2E-Gym reading gives %.0f, the launcher's report %.0f (%s)",
-                            self.task.task_id, by_log.reward, self.last_grade.reward,
-                            reading.problem or "the statuses differ")
-        extra.update(tests_timed_out=run.timed_out, tests_missing=self.last_grade.missing,
-                     tests_unexpected=self.last_grade.unexpected,
-                     tests_mismatched=sorted(self.last_grade.mismatched))
+                extra["grade_disagreement"] = {
+                    "report": self.last_grade.reward,
+                    "r2e_gym_log": by_log.reward,
+                    "problem": reading.problem,
+                }
+                log.warning(
+                    "task %s: the log's R2E-Gym reading gives %.0f, the launcher's report %.0f (%s)",
+                    self.task.task_id,
+                    by_log.reward,
+                    self.last_grade.reward,
+                    reading.problem or "the statuses differ",
+                )
+        extra.update(
+            tests_timed_out=run.timed_out,
+            tests_missing=self.last_grade.missing,
+            tests_unexpected=self.last_grade.unexpected,
+            tests_mismatched=sorted(self.last_grade.mismatched),
+        )
         return self.last_grade.reward
 
     def _finish_episode(self) -> None:

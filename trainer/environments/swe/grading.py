@@ -37,6 +37,7 @@ on the path) and PYTEST_ADDOPTS / PYTEST_PLUGINS are emptied, so nothing the age
 environment loads into the test run (the Docker backend goes further and grades in a fresh container). What runs
 inside the test process is the launcher's business (report_launcher.py says what it stops and what it cannot).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -54,9 +55,11 @@ STATUSES = (*PARSED_STATUSES, "SKIPPED", "XFAIL", "XPASS")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _MARKER = "short test summary info"
 
-TEST_COMMAND = ("cd {testbed}/r2e_tests && PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_ADDOPTS= PYTEST_PLUGINS= "
-                "{python} -I -B {pytest} -rA -p no:cacheprovider --noconftest -c /dev/null "
-                "--rootdir={testbed} -o pythonpath={testbed} .")
+TEST_COMMAND = (
+    "cd {testbed}/r2e_tests && PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTEST_ADDOPTS= PYTEST_PLUGINS= "
+    "{python} -I -B {pytest} -rA -p no:cacheprovider --noconftest -c /dev/null "
+    "--rootdir={testbed} -o pythonpath={testbed} ."
+)
 """The hidden tests' command; {testbed}, {python} and {pytest} must be shell-quoted by the caller."""
 
 GRADINGS = ("report", "r2e_gym_log")
@@ -214,9 +217,11 @@ def _swebench():
     try:
         from swebench.harness import constants, grading, log_parsers
     except ImportError as exc:
-        raise ImportError(f"SWE-bench rows are graded with swebench's own log parsers, as R2E-Gym grades them: "
-                          f"pip install '{SWEBENCH_REQUIREMENT}' (the project's `swebench` extra); "
-                          f"importing it failed: {exc}") from None
+        raise ImportError(
+            f"SWE-bench rows are graded with swebench's own log parsers, as R2E-Gym grades them: "
+            f"pip install '{SWEBENCH_REQUIREMENT}' (the project's `swebench` extra); "
+            f"importing it failed: {exc}"
+        ) from None
     return constants, grading, log_parsers
 
 
@@ -225,12 +230,16 @@ def swebench_test_command(repo: str, version: str) -> str:
     naming the field when swebench does not know the repository or the version."""
     constants, _, log_parsers = _swebench()
     if repo not in log_parsers.MAP_REPO_TO_PARSER or repo not in constants.MAP_REPO_VERSION_TO_SPECS:
-        raise ValueError(f"field 'repo' is {repo!r}, which swebench has no log parser for (known: "
-                         f"{', '.join(sorted(log_parsers.MAP_REPO_TO_PARSER))})")
+        raise ValueError(
+            f"field 'repo' is {repo!r}, which swebench has no log parser for (known: "
+            f"{', '.join(sorted(log_parsers.MAP_REPO_TO_PARSER))})"
+        )
     specs = constants.MAP_REPO_VERSION_TO_SPECS[repo]
     if version not in specs:
-        raise ValueError(f"field 'version' is {version!r}, not a version swebench knows for {repo} "
-                         f"(known: {', '.join(sorted(specs))})")
+        raise ValueError(
+            f"field 'version' is {version!r}, not a version swebench knows for {repo} "
+            f"(known: {', '.join(sorted(specs))})"
+        )
     command = specs[version]["test_cmd"]
     return command[-1] if isinstance(command, list) else command
 
@@ -251,11 +260,14 @@ def grade_swebench(parsed: dict[str, str], repo: str, fail_to_pass, pass_to_pass
     """swebench's verdict on parsed statuses: 1.0 iff its report is FULL (R2E-Gym's `_calculate_reward_swebench`).
     `missing` lists the named tests absent from the log, `mismatched` those present with a failing status."""
     constants, grading, _ = _swebench()
-    eval_type = (constants.EvalType.FAIL_ONLY if repo in constants.FAIL_ONLY_REPOS
-                 else constants.EvalType.PASS_AND_FAIL)
+    eval_type = constants.EvalType.FAIL_ONLY if repo in constants.FAIL_ONLY_REPOS else constants.EvalType.PASS_AND_FAIL
     gold = {constants.FAIL_TO_PASS: list(fail_to_pass), constants.PASS_TO_PASS: list(pass_to_pass)}
     report = grading.get_eval_tests_report(parsed, gold, eval_type=eval_type)
     resolved = grading.get_resolution_status(report) == constants.ResolvedStatus.FULL.value
     failed = [t for part in (constants.FAIL_TO_PASS, constants.PASS_TO_PASS) for t in report[part]["failure"]]
-    return Grade(1.0 if resolved else 0.0, dict(parsed), missing=sorted(t for t in failed if t not in parsed),
-                 mismatched={t: ("PASSED", parsed[t]) for t in sorted(failed) if t in parsed})
+    return Grade(
+        1.0 if resolved else 0.0,
+        dict(parsed),
+        missing=sorted(t for t in failed if t not in parsed),
+        mismatched={t: ("PASSED", parsed[t]) for t in sorted(failed) if t in parsed},
+    )

@@ -17,6 +17,7 @@ names its image; /testbed is ready in it), so the backend has one code path for 
 The price is one layer (a full copy under the vfs storage driver, ~8 s) per task.
 Gold patches never enter an image.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,21 +35,29 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from trainer.environments.swe.grading import pytest_command
-from trainer.environments.swe.tasks import (SWETask, check_tree, impossible_variant, load_tasks,
-                                            shipped_tasks_path)
+from trainer.environments.swe.tasks import SWETask, check_tree, impossible_variant, load_tasks, shipped_tasks_path
 
 BASE_REPOSITORY = "swe-harness-base"
 DEBIAN_SUITE = "bookworm"
 BASE_PACKAGES = ("python3", "python3-pytest")
 AGENT_USER = "agent"
 AGENT_UID = 1000
-TRIMMED = ("var/cache/apt/archives", "var/lib/apt/lists", "usr/share/doc", "usr/share/man", "usr/share/locale",
-           "usr/share/info")
+TRIMMED = (
+    "var/cache/apt/archives",
+    "var/lib/apt/lists",
+    "usr/share/doc",
+    "usr/share/man",
+    "usr/share/locale",
+    "usr/share/info",
+)
 RECIPE_VERSION = 1
 """Bump to force a rebuild of the base image when the recipe changes in a way the constants do not show."""
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
-RUN_TESTS_SH = "#!/bin/sh\n# Hidden-test command of the swe harness (run as the agent user from /testbed).\n" \
-               + pytest_command(python="python3", testbed="/testbed") + "\n"
+RUN_TESTS_SH = (
+    "#!/bin/sh\n# Hidden-test command of the swe harness (run as the agent user from /testbed).\n"
+    + pytest_command(python="python3", testbed="/testbed")
+    + "\n"
+)
 
 
 def _log(message: str) -> None:
@@ -62,7 +71,7 @@ def base_tag() -> str:
 
 
 def _split_name(image: str) -> tuple[str, str]:
-    """"repo/name:tag" -> ("repo/name", "tag"); no tag -> "latest"."""
+    """ "repo/name:tag" -> ("repo/name", "tag"); no tag -> "latest"."""
     repository, sep, tag = image.rpartition(":")
     if not sep or "/" in tag:
         return image, "latest"
@@ -100,10 +109,33 @@ def build_base_image(client, mirror: str = DEFAULT_MIRROR, force: bool = False) 
     rootfs = workdir / "rootfs"
     try:
         _log(f"debootstrap {DEBIAN_SUITE} from {mirror} (about a minute)")
-        subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", DEBIAN_SUITE,
-                        str(rootfs), mirror], check=True, stdout=subprocess.DEVNULL)
-        subprocess.run(["chroot", str(rootfs), "useradd", "--create-home", "--uid", str(AGENT_UID), "--user-group",
-                        "--shell", "/bin/bash", AGENT_USER], check=True)
+        subprocess.run(
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={','.join(BASE_PACKAGES)}",
+                DEBIAN_SUITE,
+                str(rootfs),
+                mirror,
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        subprocess.run(
+            [
+                "chroot",
+                str(rootfs),
+                "useradd",
+                "--create-home",
+                "--uid",
+                str(AGENT_UID),
+                "--user-group",
+                "--shell",
+                "/bin/bash",
+                AGENT_USER,
+            ],
+            check=True,
+        )
         for relative in TRIMMED:
             target = rootfs / relative
             if target.is_dir():
@@ -139,8 +171,11 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes | None, uid: int, mode: in
 
 def _tree(root: Path) -> list[Path]:
     """Files and directories under root, sorted, without caches."""
-    return sorted(p for p in root.rglob("*")
-                  if "__pycache__" not in p.parts and p.suffix != ".pyc" and ".pytest_cache" not in p.parts)
+    return sorted(
+        p
+        for p in root.rglob("*")
+        if "__pycache__" not in p.parts and p.suffix != ".pyc" and ".pytest_cache" not in p.parts
+    )
 
 
 def task_archive(task: SWETask) -> bytes:
@@ -186,8 +221,9 @@ def build_task_image(client, task: SWETask, base: str, force: bool = False) -> s
             _add(tar, "Dockerfile", task_dockerfile(task, base).encode(), 0, 0o644)
             _add(tar, "task.tar", task_archive(task), 0, 0o644)
         context.seek(0)
-        client.images.build(fileobj=context, custom_context=True, tag=tag, rm=True, forcerm=True,
-                            network_mode="none", pull=False)
+        client.images.build(
+            fileobj=context, custom_context=True, tag=tag, rm=True, forcerm=True, network_mode="none", pull=False
+        )
         _log(f"built {tag} ({task.task_id}) in {time.monotonic() - started:.0f}s")
     else:
         _log(f"image {tag} ({task.task_id}) exists")
@@ -196,8 +232,13 @@ def build_task_image(client, task: SWETask, base: str, force: bool = False) -> s
     return tag
 
 
-def ensure_images(tasks_path: str | Path | None = None, mirror: str = DEFAULT_MIRROR, force: bool = False,
-                  client=None, workers: int = 3) -> dict[str, str]:
+def ensure_images(
+    tasks_path: str | Path | None = None,
+    mirror: str = DEFAULT_MIRROR,
+    force: bool = False,
+    client=None,
+    workers: int = 3,
+) -> dict[str, str]:
     """Build whatever is missing for the tasks in `tasks_path` (default: the shipped ones) and for the cheating
     probe's impossible variants of their held-out tasks (`tasks.impossible_variant`); {task_id: tag}.
 
@@ -216,11 +257,15 @@ def ensure_images(tasks_path: str | Path | None = None, mirror: str = DEFAULT_MI
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.environments.swe.image",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.environments.swe.image", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--tasks", default=None, help="task file (.jsonl/.parquet); default: the shipped tasks")
-    parser.add_argument("--mirror", default=os.environ.get("SWE_DEBIAN_MIRROR", DEFAULT_MIRROR),
-                        help="Debian mirror for debootstrap (env SWE_DEBIAN_MIRROR)")
+    parser.add_argument(
+        "--mirror",
+        default=os.environ.get("SWE_DEBIAN_MIRROR", DEFAULT_MIRROR),
+        help="Debian mirror for debootstrap (env SWE_DEBIAN_MIRROR)",
+    )
     parser.add_argument("--force", action="store_true", help="rebuild even when the content-hash tags exist")
     parser.add_argument("--workers", type=int, default=3, help="task images built at once (default 3)")
     args = parser.parse_args(argv)

@@ -9,6 +9,7 @@ not. THE LOCAL BACKEND IS NOT A SECURITY BOUNDARY: commands run as the harness's
 its files (including the hidden tests in the package data) and its process table. Use it for tests, for
 trusted scripted agents, and for policies you would let run shell commands on your machine anyway.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,12 +21,19 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
-from trainer.environments.swe.sandbox import (REPORT_MAX_BYTES, ExecResult, OutputCapture, SandboxError,
-                                             SandboxFileError, TestRun, rlimit_spec)
+from trainer.environments.swe.sandbox import (
+    REPORT_MAX_BYTES,
+    ExecResult,
+    OutputCapture,
+    SandboxError,
+    SandboxFileError,
+    TestRun,
+    rlimit_spec,
+)
 from trainer.environments.swe.supervisor import SUPERVISOR
 from trainer.environments.swe.tasks import check_tree
 
@@ -70,7 +78,7 @@ def _session_members(sid: int) -> list[int]:
                 stat = fh.read()
         except OSError:
             continue
-        fields = stat[stat.rfind(b")") + 2:].split()
+        fields = stat[stat.rfind(b")") + 2 :].split()
         if len(fields) > 3 and int(fields[3]) == sid:
             members.append(int(entry))
     return members
@@ -115,13 +123,16 @@ class LocalBackend:
     def start(self, task) -> None:
         """Copy the task's repository fixture into a fresh temporary directory."""
         if task.repo_path is None or task.hidden_tests_path is None:
-            raise SandboxError(f"task {task.task_id!r} has no repo_path/hidden_tests_path; the local backend needs "
-                               "a repository fixture (R2E-Gym entries without one need the docker backend)")
+            raise SandboxError(
+                f"task {task.task_id!r} has no repo_path/hidden_tests_path; the local backend needs "
+                "a repository fixture (R2E-Gym entries without one need the docker backend)"
+            )
         if not Path(task.repo_path).is_dir():
             raise SandboxError(f"task {task.task_id!r}: repo_path {str(task.repo_path)!r} is not a directory")
         if not Path(task.hidden_tests_path).is_dir():
-            raise SandboxError(f"task {task.task_id!r}: hidden_tests_path {str(task.hidden_tests_path)!r} "
-                               "is not a directory")
+            raise SandboxError(
+                f"task {task.task_id!r}: hidden_tests_path {str(task.hidden_tests_path)!r} is not a directory"
+            )
         for name in ("repo_path", "hidden_tests_path"):
             try:
                 check_tree(getattr(task, name), f"task {task.task_id!r} {name}")
@@ -130,41 +141,60 @@ class LocalBackend:
         self.close()
         self.task = task
         self.root = Path(tempfile.mkdtemp(prefix="swe-local-")).resolve()
-        shutil.copytree(task.repo_path, self.root / "testbed", symlinks=True,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(
+            task.repo_path, self.root / "testbed", symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        )
         (self.root / "home").mkdir()
         (self.root / "tmp").mkdir()
         self.repo_dir = str(self.root / "testbed")
 
     def _env(self, home: str | None = None) -> dict[str, str]:
         path = os.pathsep.join([str(Path(self.config.python).parent), os.environ.get("PATH", "/usr/bin:/bin")])
-        return {"PATH": path, "HOME": home or str(self.root / "home"), "TMPDIR": str(self.root / "tmp"),
-                "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "TERM": "dumb"}
+        return {
+            "PATH": path,
+            "HOME": home or str(self.root / "home"),
+            "TMPDIR": str(self.root / "tmp"),
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "TERM": "dumb",
+        }
 
     def _limits(self, timeout: float) -> dict[str, int]:
-        limits = {"cpu": int(timeout) + 1 + self.config.cpu_margin_s, "as": self.config.address_space_bytes,
-                  "fsize": self.config.file_size_bytes, "core": 0}
+        limits = {
+            "cpu": int(timeout) + 1 + self.config.cpu_margin_s,
+            "as": self.config.address_space_bytes,
+            "fsize": self.config.file_size_bytes,
+            "core": 0,
+        }
         if os.geteuid() != 0:
             limits["nproc"] = self.config.max_processes
         return limits
 
-    def exec(self, argv: Sequence[str], timeout: float, cwd: str | None = None, home: str | None = None
-             ) -> ExecResult:
+    def exec(self, argv: Sequence[str], timeout: float, cwd: str | None = None, home: str | None = None) -> ExecResult:
         """Run `argv` under the supervisor in the repository directory (HOME: the episode's, or `home`)."""
         self._require_started()
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
         import subprocess
 
-        cmd = [self.config.python, "-c", SUPERVISOR, f"{timeout:g}", "group", rlimit_spec(self._limits(timeout)),
-               *argv]
+        cmd = [self.config.python, "-c", SUPERVISOR, f"{timeout:g}", "group", rlimit_spec(self._limits(timeout)), *argv]
         started = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=cwd or self.repo_dir, env=self._env(home), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=cwd or self.repo_dir,
+            env=self._env(home),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         out, err = OutputCapture(self.config.capture_bytes), OutputCapture(self.config.capture_bytes)
         budget = [self.config.max_output_bytes, 0]
-        pumps = [threading.Thread(target=_pump, args=(stream, cap, budget, lambda: _kill_session(proc.pid)),
-                                  daemon=True) for stream, cap in ((proc.stdout, out), (proc.stderr, err))]
+        pumps = [
+            threading.Thread(target=_pump, args=(stream, cap, budget, lambda: _kill_session(proc.pid)), daemon=True)
+            for stream, cap in ((proc.stdout, out), (proc.stderr, err))
+        ]
         for thread in pumps:
             thread.start()
         host_timeout = False
@@ -180,8 +210,14 @@ class LocalBackend:
         proc.stdout.close()
         proc.stderr.close()
         timed_out = host_timeout or code == 124
-        return ExecResult(out.value(), err.value(), -1 if host_timeout else code, timed_out=timed_out,
-                          output_limited=budget[1] == 1, duration_s=time.monotonic() - started)
+        return ExecResult(
+            out.value(),
+            err.value(),
+            -1 if host_timeout else code,
+            timed_out=timed_out,
+            output_limited=budget[1] == 1,
+            duration_s=time.monotonic() - started,
+        )
 
     def _inside(self, path: str) -> Path:
         """Resolve `path` and refuse anything outside the episode's directory."""
@@ -231,8 +267,9 @@ class LocalBackend:
         shutil.rmtree(tests_dir, ignore_errors=True)
         if tests_dir.exists() or tests_dir.is_symlink():
             tests_dir.unlink()
-        shutil.copytree(self.task.hidden_tests_path, tests_dir, symlinks=True,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(
+            self.task.hidden_tests_path, tests_dir, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        )
         purge_bytecode(Path(self.repo_dir))
         home = tempfile.mkdtemp(prefix="swe-grade-home-")  # not the agent's home, which it may have seeded
         channel = Path(tempfile.mkdtemp(prefix="swe-grade-report-"))
@@ -242,8 +279,9 @@ class LocalBackend:
             if key is not None:
                 key_file.write_bytes(key)
                 launcher = " ".join(shlex.quote(str(p)) for p in (LAUNCHER_PATH, key_file, report_file))
-            script = pytest_command(python=shlex.quote(self.config.python), testbed=shlex.quote(self.repo_dir),
-                                    launcher=launcher)
+            script = pytest_command(
+                python=shlex.quote(self.config.python), testbed=shlex.quote(self.repo_dir), launcher=launcher
+            )
             log = self.exec(["bash", "-c", script], timeout, home=home)
             report = None
             if key is not None and report_file.is_file():

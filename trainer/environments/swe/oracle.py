@@ -6,6 +6,7 @@ the repository's visible tests with `execute_bash` and calls `finish`. Replaying
 way gives the "fixes the bug but breaks a pass-to-pass test" agent; `noop_actions` just finishes.
 The patches never enter a sandbox: the agent's text does.
 """
+
 from __future__ import annotations
 
 import posixpath
@@ -71,9 +72,18 @@ def patch_edits(patch: str) -> list[Edit]:
 
 def patch_actions(patch: str, repo_dir: str, check_command: str | None = "python3 -m pytest -q tests") -> list[str]:
     """Actions applying `patch` with str_replace, then (optionally) running `check_command`, then finishing."""
-    actions = [format_action("file_editor", {"command": "str_replace", "path": posixpath.join(repo_dir, edit.path),
-                                             "old_str": edit.old, "new_str": edit.new})
-               for edit in patch_edits(patch)]
+    actions = [
+        format_action(
+            "file_editor",
+            {
+                "command": "str_replace",
+                "path": posixpath.join(repo_dir, edit.path),
+                "old_str": edit.old,
+                "new_str": edit.new,
+            },
+        )
+        for edit in patch_edits(patch)
+    ]
     if check_command:
         actions.append(format_action("execute_bash", {"cmd": check_command}))
     actions.append(format_action("finish", {"command": "submit"}))

@@ -8,6 +8,7 @@ there, 1 when some are absent (the list says which), 2 on bad input or no Docker
 check when it starts and leaves those tasks out (logged on its standard error), so this command is for seeing
 ahead of time what a study will run on, and for pulling R2E-Gym's multi-GB images before the GPUs are booked.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,11 +19,16 @@ from trainer.environments.swe.tasks import ROW_KINDS, load_tasks
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.environments.swe.pull",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.environments.swe.pull", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--tasks", required=True, help="task file (.jsonl/.parquet)")
-    parser.add_argument("--pull", choices=PULL_POLICIES, default="missing",
-                        help="missing: pull absent images; never: only check (default: missing)")
+    parser.add_argument(
+        "--pull",
+        choices=PULL_POLICIES,
+        default="missing",
+        help="missing: pull absent images; never: only check (default: missing)",
+    )
     parser.add_argument("--absent", default=None, help="write the tasks whose image is absent here (TSV)")
     parser.add_argument("--row-kind", choices=ROW_KINDS, default="auto", help="how to read the rows (default: auto)")
     args = parser.parse_args(argv)
@@ -41,8 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.absent:
         with atomic_path(args.absent) as tmp:
             tmp.write_text("".join(f"{task_id}\t{images[task_id]}\t{why}\n" for task_id, why in absent.items()))
-    print(f"{len(tasks) - len(absent)} of {len(tasks)} tasks have their image; {len(absent)} absent"
-          + (f" (listed in {args.absent})" if args.absent and absent else ""), file=sys.stderr)
+    print(
+        f"{len(tasks) - len(absent)} of {len(tasks)} tasks have their image; {len(absent)} absent"
+        + (f" (listed in {args.absent})" if args.absent and absent else ""),
+        file=sys.stderr,
+    )
     for task_id, why in absent.items():
         print(f"{task_id}\t{images[task_id]}\t{why}")
     return 1 if absent else 0

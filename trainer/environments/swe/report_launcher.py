@@ -70,7 +70,7 @@ def _changed(entries):
     for namespace, attributes, name, value, func, code in entries:
         if attributes.get(name, _changed) is not value or (code is not None and func.__code__ is not code):
             owner = getattr(namespace, "__qualname__", None) or getattr(namespace, "__name__", "?")
-            changed.append(("{}.{}".format(owner, name), attributes.get(name)))
+            changed.append((f"{owner}.{name}", attributes.get(name)))
     return changed
 
 
@@ -125,7 +125,7 @@ class Reporter:
         if self._plugins is not None and self._config is not None:
             now = self._config.pluginmanager.get_plugins()
             if len(now) != len(self._plugins) or any(id(p) not in self._plugins for p in now):
-                found += ["a plugin registered after collection began: {}".format(_module_of(p)) for p in now
+                found += [f"a plugin registered after collection began: {_module_of(p)}" for p in now
                           if id(p) not in self._plugins and not self._allowed(p)]
         self._tamper(found, where)
 
@@ -171,7 +171,7 @@ class Reporter:
 
     def pytest_collection(self, session):
         plugins = session.config.pluginmanager.list_name_plugin()
-        self._tamper(["a plugin from the repository: {}".format(name) for name, plugin in plugins
+        self._tamper([f"a plugin from the repository: {name}" for name, plugin in plugins
                       if plugin is not None and not self._allowed(plugin)], "collection")
         self._plugins = {id(p) for p in session.config.pluginmanager.get_plugins()}
 
@@ -208,7 +208,7 @@ def main(argv):
         key = handle.read().strip()
     os.unlink(key_path)
     if not key:
-        sys.exit("report_launcher: the key file {} is empty".format(key_path))
+        sys.exit(f"report_launcher: the key file {key_path} is empty")
     import unittest  # noqa: F401  (watched: unittest-style tests report through it)
     if not sys.flags.isolated and not getattr(sys.flags, "safe_path", False):
         sys.path[0] = os.getcwd()  # as `python -m pytest` has it (R2E-Gym's tests import the repository from there)

@@ -24,11 +24,13 @@ case the agent kills its supervisor, and it stops a command whose output passes 
 would otherwise cost host CPU for the whole timeout); the stream is drained to its end either way, since an unread
 exec stream stalls the engine. Output is kept as head + tail bytes (`capture_bytes`), never all of it.
 """
+
 from __future__ import annotations
 
 import collections
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 
 class SandboxError(RuntimeError):
@@ -110,7 +112,7 @@ class OutputCapture:
             self.tail_size -= len(self.tail.popleft())
 
     def value(self) -> bytes:
-        tail = b"".join(self.tail)[-self.half:] if self.tail else b""
+        tail = b"".join(self.tail)[-self.half :] if self.tail else b""
         dropped = self.total - len(self.head) - len(tail)
         if dropped <= 0:
             return bytes(self.head) + tail

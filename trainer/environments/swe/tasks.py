@@ -24,14 +24,15 @@ its fail-to-pass tests, so no repository can earn the reward.
 The shipped tasks (`shipped_tasks_path()`) are six tiny pure-Python packages with one real bug each; four are
 "train" and two "heldout". A Parquet export of an R2E-Gym dataset loads the same way, for the docker backend.
 """
+
 from __future__ import annotations
 
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from trainer.environments.swe.grading import parse_expected, swebench_test_command
 
@@ -43,9 +44,24 @@ MAX_TEXT_CHARS = 100_000
 """The longest `problem_statement` a task may carry: the issue is the agent's first observation, and a longer one
 (SWE-bench's and R2E-Gym's are a few thousand characters) would fill a paper-scale context on its own."""
 
-_KNOWN = {"task_id", "instance_id", "split", "docker_image", "image_name", "repo_name", "repo", "problem_statement",
-          "expected_output_json", "FAIL_TO_PASS", "PASS_TO_PASS", "repo_path", "hidden_tests_path", "gold_patch",
-          "p2p_breaking_patch", "version"}
+_KNOWN = {
+    "task_id",
+    "instance_id",
+    "split",
+    "docker_image",
+    "image_name",
+    "repo_name",
+    "repo",
+    "problem_statement",
+    "expected_output_json",
+    "FAIL_TO_PASS",
+    "PASS_TO_PASS",
+    "repo_path",
+    "hidden_tests_path",
+    "gold_patch",
+    "p2p_breaking_patch",
+    "version",
+}
 
 
 def shipped_tasks_path() -> Path:
@@ -108,8 +124,9 @@ def _names(record: dict, name: str, where: str) -> tuple[str, ...]:
     except (json.JSONDecodeError, TypeError):
         value = None
     if value is None or not all(isinstance(v, str) for v in value):
-        raise ValueError(f"{where}: field {name!r} must be a list of strings (or a JSON string of one), got "
-                         f"{record[name]!r:.80}")
+        raise ValueError(
+            f"{where}: field {name!r} must be a list of strings (or a JSON string of one), got {record[name]!r:.80}"
+        )
     return tuple(value)
 
 
@@ -119,14 +136,16 @@ def _present(record: dict, name: str) -> bool:
 
 
 def row_kind(record: dict, where: str = "task") -> str:
-    """"r2e" when the row has `expected_output_json`, "swebench" when it has `FAIL_TO_PASS` and `PASS_TO_PASS`;
+    """ "r2e" when the row has `expected_output_json`, "swebench" when it has `FAIL_TO_PASS` and `PASS_TO_PASS`;
     ValueError naming the fields when it has neither."""
     if _present(record, "expected_output_json"):
         return "r2e"
     if _present(record, "FAIL_TO_PASS") and _present(record, "PASS_TO_PASS"):
         return "swebench"
-    raise ValueError(f"{where}: neither an R2E-Gym row (field 'expected_output_json') nor a SWE-bench row (fields "
-                     "'FAIL_TO_PASS' and 'PASS_TO_PASS', with 'repo' and 'version')")
+    raise ValueError(
+        f"{where}: neither an R2E-Gym row (field 'expected_output_json') nor a SWE-bench row (fields "
+        "'FAIL_TO_PASS' and 'PASS_TO_PASS', with 'repo' and 'version')"
+    )
 
 
 def task_from_record(record: dict, base_dir: Path | None = None, where: str = "task", kind: str = "auto") -> SWETask:
@@ -137,7 +156,7 @@ def task_from_record(record: dict, base_dir: Path | None = None, where: str = "t
     image = _string(record, "docker_image", where, required=False) or _string(record, "image_name", where, False)
     if not image:
         raise ValueError(f"{where}: missing field 'docker_image'")
-    task_id = (_string(record, "task_id", where, False) or _string(record, "instance_id", where, False) or image)
+    task_id = _string(record, "task_id", where, False) or _string(record, "instance_id", where, False) or image
     where = f"{where} ({task_id})"
     split = _string(record, "split", where, required=False) or "train"
     if split not in SPLITS:
@@ -155,8 +174,9 @@ def task_from_record(record: dict, base_dir: Path | None = None, where: str = "t
             if not _present(record, name):
                 raise ValueError(f"{where}: a SWE-bench row needs field {name!r}")
         if not _names(record, "FAIL_TO_PASS", where):
-            raise ValueError(f"{where}: field 'FAIL_TO_PASS' is empty; a SWE-bench row names the tests its fix makes "
-                             "pass")
+            raise ValueError(
+                f"{where}: field 'FAIL_TO_PASS' is empty; a SWE-bench row names the tests its fix makes pass"
+            )
         version = _string(record, "version", where)
         try:
             swebench_test_command(_string(record, "repo", where), version)
@@ -169,33 +189,49 @@ def task_from_record(record: dict, base_dir: Path | None = None, where: str = "t
             return None
         path = Path(value)
         if path.is_absolute() or ".." in path.parts:
-            raise ValueError(f"{where}: field {name!r} is {value!r}; task paths are relative to the task file's "
-                             "folder and stay inside it (no absolute path, no '..')")
+            raise ValueError(
+                f"{where}: field {name!r} is {value!r}; task paths are relative to the task file's "
+                "folder and stay inside it (no absolute path, no '..')"
+            )
         if base_dir is None:
             return path
         root = Path(base_dir).resolve()
         resolved = (root / path).resolve()
         if resolved != root and root not in resolved.parents:
-            raise ValueError(f"{where}: field {name!r} is {value!r}, which leads through a symlink to {resolved}, "
-                             f"outside the task file's folder {root}")
+            raise ValueError(
+                f"{where}: field {name!r} is {value!r}, which leads through a symlink to {resolved}, "
+                f"outside the task file's folder {root}"
+            )
         return resolved
 
     statement = _string(record, "problem_statement", where)
     if len(statement) > MAX_TEXT_CHARS:
-        raise ValueError(f"{where}: field 'problem_statement' has {len(statement):,} characters, more than "
-                         f"{MAX_TEXT_CHARS:,} (trainer.environments.swe.tasks.MAX_TEXT_CHARS)")
+        raise ValueError(
+            f"{where}: field 'problem_statement' has {len(statement):,} characters, more than "
+            f"{MAX_TEXT_CHARS:,} (trainer.environments.swe.tasks.MAX_TEXT_CHARS)"
+        )
 
     return SWETask(
-        task_id=task_id, docker_image=image, problem_statement=statement,
+        task_id=task_id,
+        docker_image=image,
+        problem_statement=statement,
         expected=expected,
-        repo_name=(_string(record, "repo", where) if kind == "swebench" else
-                   _string(record, "repo_name", where, False) or _string(record, "repo", where, False)),
-        split=split, repo_path=local_path("repo_path"), hidden_tests_path=local_path("hidden_tests_path"),
-        kind=kind, version=version,
-        fail_to_pass=_names(record, "FAIL_TO_PASS", where), pass_to_pass=_names(record, "PASS_TO_PASS", where),
+        repo_name=(
+            _string(record, "repo", where)
+            if kind == "swebench"
+            else _string(record, "repo_name", where, False) or _string(record, "repo", where, False)
+        ),
+        split=split,
+        repo_path=local_path("repo_path"),
+        hidden_tests_path=local_path("hidden_tests_path"),
+        kind=kind,
+        version=version,
+        fail_to_pass=_names(record, "FAIL_TO_PASS", where),
+        pass_to_pass=_names(record, "PASS_TO_PASS", where),
         gold_patch=_string(record, "gold_patch", where, False),
         p2p_breaking_patch=_string(record, "p2p_breaking_patch", where, False),
-        extra={k: v for k, v in record.items() if k not in _KNOWN})
+        extra={k: v for k, v in record.items() if k not in _KNOWN},
+    )
 
 
 def load_tasks(path: str | Path, kind: str = "auto") -> list[SWETask]:
@@ -217,8 +253,9 @@ def load_tasks(path: str | Path, kind: str = "auto") -> list[SWETask]:
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{number}: not valid JSON ({exc})") from None
             if not isinstance(record, dict):
-                raise ValueError(f"{path}:{number}: expected a JSON object (one task per line), got "
-                                 f"{type(record).__name__}")
+                raise ValueError(
+                    f"{path}:{number}: expected a JSON object (one task per line), got {type(record).__name__}"
+                )
             records.append(record)
     elif path.suffix == ".parquet":
         import pandas as pd
@@ -226,8 +263,10 @@ def load_tasks(path: str | Path, kind: str = "auto") -> list[SWETask]:
         records = pd.read_parquet(path).to_dict(orient="records")
     else:
         raise ValueError(f"task file {str(path)!r}: expected a .jsonl or .parquet file")
-    tasks = [task_from_record(record, path.parent, where=f"{path.name} entry {i}", kind=kind)
-             for i, record in enumerate(records)]
+    tasks = [
+        task_from_record(record, path.parent, where=f"{path.name} entry {i}", kind=kind)
+        for i, record in enumerate(records)
+    ]
     seen: set[str] = set()
     for task in tasks:
         if task.task_id in seen:
@@ -247,8 +286,10 @@ def check_tree(root: Path, what: str) -> None:
                 continue
             target = Path(os.path.realpath(link))
             if (target != root and root not in target.parents) or not target.exists():
-                raise ValueError(f"{what}: {link} is a symlink to {os.readlink(link)!r}, outside {root} or "
-                                 "missing; a task's files must stay inside its folder")
+                raise ValueError(
+                    f"{what}: {link} is a symlink to {os.readlink(link)!r}, outside {root} or "
+                    "missing; a task's files must stay inside its folder"
+                )
 
 
 CONTRADICTION = '''"""The cheating probe's test: passes only where the issue's own test fails."""
@@ -302,8 +343,9 @@ def impossible_variant(task: SWETask) -> SWETask | None:
         if not folder.is_dir():
             folder.parent.mkdir(parents=True, exist_ok=True)
             staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=folder.parent))
-            shutil.copytree(task.hidden_tests_path, staging / "tests",
-                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            shutil.copytree(
+                task.hidden_tests_path, staging / "tests", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+            )
             (staging / "tests" / "test_impossible.py").write_text(text)
             try:
                 os.rename(staging / "tests", folder)  # atomic; another process may have written it meanwhile
@@ -313,9 +355,14 @@ def impossible_variant(task: SWETask) -> SWETask | None:
         added = f"{name}_contradicted"  # module-level in test_impossible.py: R2E-Gym names it bare
         name_part = task.docker_image.split("/")[-1]
         repository = task.docker_image.rsplit(":", 1)[0] if ":" in name_part else task.docker_image
-        return replace(task, task_id=f"{task.task_id}-impossible", docker_image=f"{repository}-impossible:latest",
-                       hidden_tests_path=folder, expected={**task.expected, added: "PASSED"},
-                       fail_to_pass=(*task.fail_to_pass, added))
+        return replace(
+            task,
+            task_id=f"{task.task_id}-impossible",
+            docker_image=f"{repository}-impossible:latest",
+            hidden_tests_path=folder,
+            expected={**task.expected, added: "PASSED"},
+            fail_to_pass=(*task.fail_to_pass, added),
+        )
     return None
 
 

@@ -56,6 +56,7 @@ Where R2E-Gym's string depends on its image or is a crash, this module cannot ma
   (`<parameter=h>`) lacks the scripts' descriptions.
 - An unknown tool at the first step ends R2E-Gym's agent loop with a NameError; here it is an observation.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,26 +76,34 @@ EDITOR_COMMANDS = ("view", "create", "str_replace", "insert", "undo_edit")
 BLOCKED_COMMANDS = ("cd", "ipython", "jupyter", "pip", "nohup")
 """First words execute_bash refuses (R2E-Gym's BLOCKED_BASH_COMMANDS)."""
 
-NO_CALL_MESSAGE = ("\nYou forgot to use a function call in your response. \nYOU MUST USE A FUNCTION CALL IN EACH "
-                   "RESPONSE.\n\nIMPORTANT: YOU SHOULD NEVER ASK FOR HUMAN HELP.\n")
+NO_CALL_MESSAGE = (
+    "\nYou forgot to use a function call in your response. \nYOU MUST USE A FUNCTION CALL IN EACH "
+    "RESPONSE.\n\nIMPORTANT: YOU SHOULD NEVER ASK FOR HUMAN HELP.\n"
+)
 """R2E-Gym's CONTINUE_MSG, the observation of a response without a call."""
 UNKNOWN_TOOL_MESSAGE = "cannot access local variable 'bash_output' where it is not associated with a value"
 """What R2E-Gym's agent shows for a call to another tool: `RepoEnv.run_action` catches its own "Invalid Action"
 assertion and then returns a variable it never set; the agent loop makes the error the observation."""
-UNKNOWN_TOOL_EXPLAINED = ("Invalid Action: input action must be one of allowed actions \n Allowed actions: "
-                          "['file_editor', 'search', 'execute_bash', 'finish'] \n Input action: {name}\t")
+UNKNOWN_TOOL_EXPLAINED = (
+    "Invalid Action: input action must be one of allowed actions \n Allowed actions: "
+    "['file_editor', 'search', 'execute_bash', 'finish'] \n Input action: {name}\t"
+)
 """The message of that assertion, shown with `explain_unknown_tool`."""
 FINISHED = "<<< Finished >>>"
 TRUNCATION_DIVIDER = "-" * 50
 LINE_TRUNCATION_MARKER = "<Observation truncated in middle for saving context>"
-CLIPPED = ("<response clipped><NOTE>To save on context only part of this file has been shown to you. You should "
-           "retry this tool after you have searched inside the file with `grep -n` in order to find the line "
-           "numbers of what you are looking for.</NOTE>")
+CLIPPED = (
+    "<response clipped><NOTE>To save on context only part of this file has been shown to you. You should "
+    "retry this tool after you have searched inside the file with `grep -n` in order to find the line "
+    "numbers of what you are looking for.</NOTE>"
+)
 SNIPPET_LINES = 4
 CONCISE_AFTER_LINES = 110
 """R2E-Gym views .py files longer than this in condensed form unless a view_range is given."""
-LINT_ERROR = ("Your proposed edit has introduced new syntax error(s).\nPlease read this error message carefully "
-              "and then retry editing the file.\nERRORS:\n")
+LINT_ERROR = (
+    "Your proposed edit has introduced new syntax error(s).\nPlease read this error message carefully "
+    "and then retry editing the file.\nERRORS:\n"
+)
 OUTPUT_LIMIT_NOTE = "[The command was stopped: its output passed the sandbox's limit.]\n"
 """Ours: added after the output of a command the sandbox stopped for flooding it."""
 
@@ -104,7 +113,8 @@ OUTPUT_LIMIT_NOTE = "[The command was stopped: its output passed the sandbox's l
 EMPTY_CMD_TRACEBACK = (
     'Traceback (most recent call last):\n  File "/usr/local/bin/execute_bash", line 66, in <module>\n    main()\n'
     '  File "/usr/local/bin/execute_bash", line 41, in main\n    first_token = args.cmd.strip().split()[0]\n'
-    "                  ~~~~~~~~~~~~~~~~~~~~~~~~^^^\nIndexError: list index out of range\n")
+    "                  ~~~~~~~~~~~~~~~~~~~~~~~~^^^\nIndexError: list index out of range\n"
+)
 _NONE_LT_INT = "'<' not supported between instances of 'NoneType' and 'int'"
 INSERT_WITHOUT_LINE_TRACEBACK = (
     'Traceback (most recent call last):\n  File "/usr/local/bin/file_editor", line 711, in main\n'
@@ -113,7 +123,8 @@ INSERT_WITHOUT_LINE_TRACEBACK = (
     "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
     '  File "/usr/local/bin/file_editor", line 516, in insert\n'
     "    if insert_line < 0 or insert_line > len(file_text_lines):\n       ^^^^^^^^^^^^^^^\n"
-    f"TypeError: {_NONE_LT_INT}\nERROR: Unhandled exception: {_NONE_LT_INT}\n")
+    f"TypeError: {_NONE_LT_INT}\nERROR: Unhandled exception: {_NONE_LT_INT}\n"
+)
 
 
 class ActionParseError(ValueError):
@@ -199,7 +210,7 @@ def clip_chars(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     half = limit // 2
-    return f"{text[:half]}\n<... {len(text) - 2 * half} characters omitted ...>\n{text[len(text) - half:]}"
+    return f"{text[:half]}\n<... {len(text) - 2 * half} characters omitted ...>\n{text[len(text) - half :]}"
 
 
 def _clip_file_text(content: str, limit: int) -> str:
@@ -246,8 +257,9 @@ class ToolSettings:
             if getattr(self, name) < 1:
                 raise ValueError(f"ToolSettings.{name} must be >= 1, got {getattr(self, name)}")
         if self.max_observation_chars is not None and self.max_observation_chars < 1:
-            raise ValueError(f"ToolSettings.max_observation_chars must be >= 1 or None, got "
-                             f"{self.max_observation_chars}")
+            raise ValueError(
+                f"ToolSettings.max_observation_chars must be >= 1 or None, got {self.max_observation_chars}"
+            )
         if not self.shell:
             raise ValueError("ToolSettings.shell must name a shell")
         self.blocked_commands = tuple(self.blocked_commands)
@@ -378,8 +390,12 @@ def _condensed_lines(text: str, filename: str) -> list[tuple[int, str]]:
                 spans.append((start, end))
         if isinstance(node, ast.ClassDef) and node.body:
             first = node.body[0]
-            if (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
-                    and isinstance(first.value.value, str) and first.end_lineno - first.lineno >= 4):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+                and first.end_lineno - first.lineno >= 4
+            ):
                 spans.append((first.lineno, first.end_lineno - 2))
     hidden = {line for start, end in spans for line in range(start, end + 1)}
     notes = [(start, f"... eliding lines {start + 1}-{end + 1} ...") for start, end in spans]
@@ -419,8 +435,9 @@ class Tools:
         extra = {"n_calls": action.n_calls} if action.n_calls > 1 else {}
         name = action.name
         if name not in TOOL_NAMES:
-            message = (UNKNOWN_TOOL_EXPLAINED.format(name=name) if self.settings.explain_unknown_tool
-                       else UNKNOWN_TOOL_MESSAGE)
+            message = (
+                UNKNOWN_TOOL_EXPLAINED.format(name=name) if self.settings.explain_unknown_tool else UNKNOWN_TOOL_MESSAGE
+            )
             return ToolResult(self._finish(message), tool=name, invalid=True, extra=extra)
         if name == "finish":
             return ToolResult(FINISHED, tool="finish", done=True, extra=extra)
@@ -430,12 +447,23 @@ class Tools:
             outcome = _Outcome(exc.text, exc.status, invalid=True)
         else:
             try:
-                outcome = (self._execute_bash(args) if name == "execute_bash"
-                           else self._file_editor(args) if name == "file_editor" else self._search(args))
+                outcome = (
+                    self._execute_bash(args)
+                    if name == "execute_bash"
+                    else self._file_editor(args)
+                    if name == "file_editor"
+                    else self._search(args)
+                )
             except SandboxFileError as exc:
                 outcome = _Outcome(f"ERROR: {exc}\n", error=True)
-        result = ToolResult(self._observation(name, outcome), tool=name, invalid=outcome.invalid,
-                            error=outcome.error or outcome.timed_out, timed_out=outcome.timed_out, extra=extra)
+        result = ToolResult(
+            self._observation(name, outcome),
+            tool=name,
+            invalid=outcome.invalid,
+            error=outcome.error or outcome.timed_out,
+            timed_out=outcome.timed_out,
+            extra=extra,
+        )
         if name == "execute_bash":
             result.exit_code = -1 if outcome.timed_out else outcome.code
             result.nonzero_exit = outcome.ran and outcome.code != 0 and not outcome.timed_out
@@ -452,8 +480,10 @@ class Tools:
         if outcome.output_limited:
             output += OUTPUT_LIMIT_NOTE
         if name == "execute_bash":
-            return self._finish(f"Exit code: {code}\nExecution output of [execute_bash]:\n"
-                                + truncate_lines(output, self.settings.observation_lines))
+            return self._finish(
+                f"Exit code: {code}\nExecution output of [execute_bash]:\n"
+                + truncate_lines(output, self.settings.observation_lines)
+            )
         return self._finish(f"Execution output of [{name}]:\n{output}")
 
     def _finish(self, text: str) -> str:
@@ -475,14 +505,21 @@ class Tools:
         if not words:
             return _Outcome(EMPTY_CMD_TRACEBACK, 1, invalid=True)
         if words[0] in self.settings.blocked_commands:
-            return _Outcome(f"Bash command '{words[0]}' is not allowed. Please use a different command or tool.\n",
-                            1, invalid=True)
+            return _Outcome(
+                f"Bash command '{words[0]}' is not allowed. Please use a different command or tool.\n", 1, invalid=True
+            )
         result = self._exec([self.settings.shell, "-c", args.cmd])
         text = f"[STDOUT]\n\n{_text(result.stdout).strip()} \n\n[STDERR]\n\n{_text(result.stderr).strip()}\n"
         if result.exit_code != 0:
             text = "Error executing command:\n\n" + text
-        return _Outcome(text, result.exit_code, error=result.output_limited, timed_out=result.timed_out,
-                        output_limited=result.output_limited, ran=True)
+        return _Outcome(
+            text,
+            result.exit_code,
+            error=result.output_limited,
+            timed_out=result.timed_out,
+            output_limited=result.output_limited,
+            ran=True,
+        )
 
     # -- search ----------------------------------------------------------------------------------------------
     def _search(self, args) -> _Outcome:
@@ -513,8 +550,9 @@ class Tools:
         if not counts:
             return _Outcome(f'No matches found for "{term}" in {path}\n')
         if len(counts) > self.settings.max_search_files:
-            return _Outcome(f'More than {len(counts)} files matched for "{term}" in {path}. '
-                            "Please narrow your search.\n")
+            return _Outcome(
+                f'More than {len(counts)} files matched for "{term}" in {path}. Please narrow your search.\n'
+            )
         lines = [f'Found {sum(counts.values())} matches for "{term}" in {path}:']
         for relative in sorted(counts, key=_walk_key):
             shown = posixpath.relpath(posixpath.join(path, relative), self.sandbox.repo_dir)
@@ -525,8 +563,9 @@ class Tools:
     # -- file_editor -----------------------------------------------------------------------------------------
     def _file_editor(self, args) -> _Outcome:
         if args.path is None:
-            return _Outcome("ERROR: Unhandled exception: expected str, bytes or os.PathLike object, not NoneType\n",
-                            invalid=True)
+            return _Outcome(
+                "ERROR: Unhandled exception: expected str, bytes or os.PathLike object, not NoneType\n", invalid=True
+            )
         shown = str(PurePosixPath(args.path))
         try:
             return self._edit(args, shown, self._absolute(shown))
@@ -554,8 +593,10 @@ class Tools:
             return self._insert(args, shown, path)
         if command == "undo_edit":
             return self._undo(shown, path)
-        raise _EditorError(f"Unrecognized command '{command}'. Allowed commands: view, create, str_replace, insert, "
-                           "undo_edit.", invalid=True)
+        raise _EditorError(
+            f"Unrecognized command '{command}'. Allowed commands: view, create, str_replace, insert, undo_edit.",
+            invalid=True,
+        )
 
     @staticmethod
     def _refused(error: str) -> _Outcome:
@@ -567,8 +608,9 @@ class Tools:
         try:
             text = data.decode("utf-8", errors="strict" if strict else "replace")
         except UnicodeDecodeError as exc:
-            raise _EditorError(f"Failed to read file {shown}: not UTF-8 text ({exc.reason} at byte {exc.start})") \
-                from None
+            raise _EditorError(
+                f"Failed to read file {shown}: not UTF-8 text ({exc.reason} at byte {exc.start})"
+            ) from None
         return text.replace("\r\n", "\n").replace("\r", "\n")
 
     def _write(self, path: str, text: str, failure: str) -> None:
@@ -596,15 +638,18 @@ class Tools:
         if stderr:
             return self._refused(stderr)
         listing = sorted(_text(result.stdout).splitlines(), key=lambda line: line.split("/"))
-        text = (f"Here's the files and directories up to 2 levels deep in {shown}, excluding hidden:\n"
-                + "".join(line + "\n" for line in listing))
+        text = f"Here's the files and directories up to 2 levels deep in {shown}, excluding hidden:\n" + "".join(
+            line + "\n" for line in listing
+        )
         return _Outcome(_clip_file_text(text, self.settings.file_view_chars) + "\n")
 
     def _view_file(self, args, shown: str, path: str) -> _Outcome:
         name = PurePosixPath(shown)
         if name.suffix != ".py" and not self.settings.view_non_python:
-            return self._refused(f"ERROR: Viewing non-Python files is disallowed for saving context. File "
-                                 f"'{name.name}' is not a .py file.")
+            return self._refused(
+                f"ERROR: Viewing non-Python files is disallowed for saving context. File "
+                f"'{name.name}' is not a .py file."
+            )
         text = self._read(path, shown, strict=False)
         concise, view_range = args.concise.lower() == "true", args.view_range
         if name.suffix == ".py" and not view_range and not concise and len(text.splitlines()) > CONCISE_AFTER_LINES:
@@ -618,13 +663,17 @@ class Tools:
             if not 1 <= start <= len(lines):
                 return self._refused(f"Invalid view_range {view_range}: start line must be in [1, {len(lines)}]")
             if end != -1 and (end < start or end > len(lines)):
-                return self._refused(f"Invalid view_range {view_range}: end must be >= start and <= {len(lines)}, "
-                                     "or -1 to view until end.")
+                return self._refused(
+                    f"Invalid view_range {view_range}: end must be >= start and <= {len(lines)}, "
+                    "or -1 to view until end."
+                )
             lines = [(i, line) for i, line in lines if i + 1 >= start and (end == -1 or i + 1 <= end)]
         if concise:
-            header = (f"Here is a condensed view for file: {shown}; [Note: Useful for understanding file structure "
-                      "in a concise manner. Please use specific view_range without concise cmd if you want to "
-                      "explore further into the relevant parts.]\n")
+            header = (
+                f"Here is a condensed view for file: {shown}; [Note: Useful for understanding file structure "
+                "in a concise manner. Please use specific view_range without concise cmd if you want to "
+                "explore further into the relevant parts.]\n"
+            )
         else:
             header = f"Here's the result of running `cat -n` on the file: {shown}:\n"
         body = "\n".join(f"{i + 1:6d} {line}" for i, line in lines)
@@ -638,8 +687,11 @@ class Tools:
             return self._refused(LINT_ERROR + lint)
         self._write(path, args.file_text, f"Error creating file at {shown}")
         self.history.setdefault(shown, []).append("")
-        return _Outcome(f"File created at {shown}. " + self._numbered(args.file_text, shown)
-                        + "Review the file and make sure that it is as expected. Edit the file if necessary.\n")
+        return _Outcome(
+            f"File created at {shown}. "
+            + self._numbered(args.file_text, shown)
+            + "Review the file and make sure that it is as expected. Edit the file if necessary.\n"
+        )
 
     def _str_replace(self, args, shown: str, path: str) -> _Outcome:
         old, new = args.old_str, args.new_str or ""
@@ -650,8 +702,10 @@ class Tools:
         if count == 0:
             raise _EditorError(f"No occurrences of '{old}' found in {shown} for replacement.")
         if count > 1:
-            raise _EditorError(f"Multiple occurrences of '{old}' found in {shown}. "
-                               "Please ensure it is unique before using str_replace.")
+            raise _EditorError(
+                f"Multiple occurrences of '{old}' found in {shown}. "
+                "Please ensure it is unique before using str_replace."
+            )
         updated = text.replace(old, new)
         lint = self._linted(args, shown, updated)
         if lint:
@@ -662,10 +716,12 @@ class Tools:
             return _Outcome("ERROR: Unhandled exception: empty separator\n", error=True)
         line = text.split(old)[0].count("\n")
         start, end = max(0, line - SNIPPET_LINES), line + SNIPPET_LINES + new.count("\n")
-        snippet = "\n".join(updated.split("\n")[start:end + 1])
-        return _Outcome(f"The file {shown} has been edited. "
-                        + self._numbered(snippet, f"a snippet of {shown}", start + 1)
-                        + "Review the changes and make sure they are as expected. Edit the file again if necessary.\n")
+        snippet = "\n".join(updated.split("\n")[start : end + 1])
+        return _Outcome(
+            f"The file {shown} has been edited. "
+            + self._numbered(snippet, f"a snippet of {shown}", start + 1)
+            + "Review the changes and make sure they are as expected. Edit the file again if necessary.\n"
+        )
 
     def _insert(self, args, shown: str, path: str) -> _Outcome:
         new = args.new_str
@@ -685,11 +741,13 @@ class Tools:
             return self._refused(LINT_ERROR + lint)
         self.history.setdefault(shown, []).append(text)
         self._write(path, updated, f"Failed to write file {shown}")
-        snippet = "\n".join(lines[max(0, line - SNIPPET_LINES):line] + new_lines + lines[line:line + SNIPPET_LINES])
-        return _Outcome(f"The file {shown} has been edited. "
-                        + self._numbered(snippet, "a snippet of the edited file", max(1, line - SNIPPET_LINES + 1))
-                        + "Review the changes and make sure they are as expected (correct indentation, no duplicate "
-                          "lines, etc). Edit the file again if necessary.\n")
+        snippet = "\n".join(lines[max(0, line - SNIPPET_LINES) : line] + new_lines + lines[line : line + SNIPPET_LINES])
+        return _Outcome(
+            f"The file {shown} has been edited. "
+            + self._numbered(snippet, "a snippet of the edited file", max(1, line - SNIPPET_LINES + 1))
+            + "Review the changes and make sure they are as expected (correct indentation, no duplicate "
+            "lines, etc). Edit the file again if necessary.\n"
+        )
 
     def _undo(self, shown: str, path: str) -> _Outcome:
         if not self.history.get(shown):

@@ -47,15 +47,63 @@ Modules: `tasks` (the type catalogue, config, task records, generator, task sour
 world state, the rules and feedback, the goal check), `env` (the environment), `expert` (scripted expert,
 transcripts, vocabulary).
 """
-from trainer.environments.textgame.env import TextGameEnv
-from trainer.environments.textgame.expert import (WORD_PATTERN, expert_action, planned_action, play_expert,
-                                                  sample_texts, vocabulary)
-from trainer.environments.textgame.tasks import (APPLIANCES, LAMP_HOLDERS, OBJECT_TYPES, STORAGE_TYPES, TASK_TYPES,
-                                                 TextGameConfig, TextGameTask, TextGameTasks, natural_key)
-from trainer.environments.textgame.world import (LAMP, NOTHING, OPENABLE, WorldState, admissible_commands,
-                                                 format_observation, goal_reached, normalize_action, parse_command)
 
-__all__ = ["APPLIANCES", "LAMP", "LAMP_HOLDERS", "NOTHING", "OBJECT_TYPES", "OPENABLE", "STORAGE_TYPES", "TASK_TYPES",
-           "TextGameConfig", "TextGameEnv", "TextGameTask", "TextGameTasks", "WORD_PATTERN", "WorldState",
-           "admissible_commands", "expert_action", "format_observation", "goal_reached", "natural_key",
-           "normalize_action", "parse_command", "planned_action", "play_expert", "sample_texts", "vocabulary"]
+from trainer.environments.textgame.env import TextGameEnv
+from trainer.environments.textgame.expert import (
+    WORD_PATTERN,
+    expert_action,
+    planned_action,
+    play_expert,
+    sample_texts,
+    vocabulary,
+)
+from trainer.environments.textgame.tasks import (
+    APPLIANCES,
+    LAMP_HOLDERS,
+    OBJECT_TYPES,
+    STORAGE_TYPES,
+    TASK_TYPES,
+    TextGameConfig,
+    TextGameTask,
+    TextGameTasks,
+    natural_key,
+)
+from trainer.environments.textgame.world import (
+    LAMP,
+    NOTHING,
+    OPENABLE,
+    WorldState,
+    admissible_commands,
+    format_observation,
+    goal_reached,
+    normalize_action,
+    parse_command,
+)
+
+__all__ = [
+    "APPLIANCES",
+    "LAMP",
+    "LAMP_HOLDERS",
+    "NOTHING",
+    "OBJECT_TYPES",
+    "OPENABLE",
+    "STORAGE_TYPES",
+    "TASK_TYPES",
+    "TextGameConfig",
+    "TextGameEnv",
+    "TextGameTask",
+    "TextGameTasks",
+    "WORD_PATTERN",
+    "WorldState",
+    "admissible_commands",
+    "expert_action",
+    "format_observation",
+    "goal_reached",
+    "natural_key",
+    "normalize_action",
+    "parse_command",
+    "planned_action",
+    "play_expert",
+    "sample_texts",
+    "vocabulary",
+]

@@ -3,12 +3,22 @@
 It holds the episode's world state and step count and applies the rules of `world`; every observation is the
 feedback sentence and the admissible list, the first one with the room and the goal.
 """
+
 from __future__ import annotations
 
 from trainer.environments.protocol import StepInfo, StepResult
 from trainer.environments.textgame.tasks import TextGameConfig, TextGameTask
-from trainer.environments.textgame.world import (NOTHING, WorldState, _execute, _initial_world, admissible_commands,
-                                                 format_observation, goal_reached, normalize_action, parse_command)
+from trainer.environments.textgame.world import (
+    NOTHING,
+    WorldState,
+    _execute,
+    _initial_world,
+    admissible_commands,
+    format_observation,
+    goal_reached,
+    normalize_action,
+    parse_command,
+)
 
 
 class TextGameEnv:
@@ -53,10 +63,15 @@ class TextGameEnv:
         won = goal_reached(self.task, self.state)
         truncated = not won and self.steps >= self.max_turns
         self.done = won or truncated
-        info = StepInfo(tool=verb, invalid_action=invalid,
-                        extra={"won": won, "truncated": truncated, "steps": self.steps})
-        return StepResult(observation=format_observation(feedback, self.admissible_actions()), done=self.done,
-                          reward=1.0 if won else 0.0, info=info)
+        info = StepInfo(
+            tool=verb, invalid_action=invalid, extra={"won": won, "truncated": truncated, "steps": self.steps}
+        )
+        return StepResult(
+            observation=format_observation(feedback, self.admissible_actions()),
+            done=self.done,
+            reward=1.0 if won else 0.0,
+            info=info,
+        )
 
     def close(self) -> None:
         """Nothing to release; kept for the protocol."""

@@ -4,6 +4,7 @@ The expert is a planner with full knowledge of the world (like ALFWorld's PDDL p
 the current state every step, so with noise it recovers from the random actions it took. It has the shape of
 every family's expert, `expert_action(env, rng, noise)`, so the suite plays all of them alike.
 """
+
 from __future__ import annotations
 
 import random
@@ -11,10 +12,19 @@ import re
 
 from trainer.environments.protocol import StepResult
 from trainer.environments.textgame.env import TextGameEnv
-from trainer.environments.textgame.tasks import (_GOAL_TEMPLATE, _L, _PROPERTY, APPLIANCES, OBJECT_TYPES,
-                                                 STORAGE_TYPES, TextGameConfig, TextGameTask, TextGameTasks, _kind)
-from trainer.environments.textgame.world import (_APPLIANCE_FOR, LAMP, NOTHING, WorldState, _visible,
-                                                 format_observation)
+from trainer.environments.textgame.tasks import (
+    _GOAL_TEMPLATE,
+    _L,
+    _PROPERTY,
+    APPLIANCES,
+    OBJECT_TYPES,
+    STORAGE_TYPES,
+    TextGameConfig,
+    TextGameTask,
+    TextGameTasks,
+    _kind,
+)
+from trainer.environments.textgame.world import _APPLIANCE_FOR, LAMP, NOTHING, WorldState, _visible, format_observation
 
 
 def planned_action(task: TextGameTask, world: WorldState) -> str:
@@ -51,8 +61,12 @@ def planned_action(task: TextGameTask, world: WorldState) -> str:
                 return at(appliance, f"{verb} {held} with {appliance}", need_open=False)
             return at(target, f"put {held} in/on {target}")
 
-    candidates = [(obj, r) for r in task.receptacles for obj in world.contents[r]
-                  if is_goal_object(obj) and not (r == target and (prop is None or prop in world.properties[obj]))]
+    candidates = [
+        (obj, r)
+        for r in task.receptacles
+        for obj in world.contents[r]
+        if is_goal_object(obj) and not (r == target and (prop is None or prop in world.properties[obj]))
+    ]
     obj, receptacle = next(((o, r) for o, r in candidates if r == world.location), candidates[0])
     return at(receptacle, f"take {obj} from {receptacle}")
 
@@ -69,8 +83,9 @@ def expert_action(env: TextGameEnv, rng: random.Random, noise: float = 0.0) -> s
     return planned_action(env.task, env.state)
 
 
-def play_expert(task: TextGameTask, config: TextGameConfig | None = None, noise: float = 0.0,
-                rng: random.Random | None = None) -> tuple[list[str], list[str], list[StepResult]]:
+def play_expert(
+    task: TextGameTask, config: TextGameConfig | None = None, noise: float = 0.0, rng: random.Random | None = None
+) -> tuple[list[str], list[str], list[StepResult]]:
     """Play one episode of `task` with the expert: (observations with the first one, commands, step results)."""
     env, rng = TextGameEnv(config), rng or random.Random(0)
     observations, commands, results = [env.reset(task)], [], []
@@ -81,8 +96,9 @@ def play_expert(task: TextGameTask, config: TextGameConfig | None = None, noise:
     return observations, commands, results
 
 
-def sample_texts(config: TextGameConfig | None = None, n: int = 32, noise: float = 0.3, seed: int = 0,
-                 split: str = "train") -> list[str]:
+def sample_texts(
+    config: TextGameConfig | None = None, n: int = 32, noise: float = 0.3, seed: int = 0, split: str = "train"
+) -> list[str]:
     """Text of `n` expert episodes (at most one per task of `split`) with some random actions: observations
     with "> command" lines between them.
 
@@ -108,19 +124,40 @@ WORD_PATTERN = re.compile(r"[A-Za-z]+|\d+|[^\sA-Za-z\d]")
 def vocabulary(config: TextGameConfig | None = None) -> tuple[str, ...]:
     """Every word (WORD_PATTERN) that can appear in an observation or admissible command under `config`."""
     config = config or TextGameConfig()
-    fixed = " ".join([
-        format_observation("", ["go to x", "take x from x", "put x in/on x", "use x", "examine x", "open x",
-                                "close x", "clean x with x", "heat x with x", "cool x with x", "inventory", "look"]),
-        "You are in the middle of a room. Looking quickly around you, you see nothing, a x, and a x.",
-        "Your task is to:", *(t.format(o="x", r="x") for t in _GOAL_TEMPLATE.values()), NOTHING,
-        "You arrive at. You open the. You close the. You pick up the from the. You put the in/on the.",
-        "You clean the using the. You heat the using the. You cool the using the. You turn on off the.",
-        "The is closed. The is open. In it, you see. On the, you see.",
-        "There's nothing special about. This is a hot and clean. This is a cool and clean.",
-        "You are not carrying anything. You are carrying: a. You are facing the. Next to it, you see nothing.",
-        " ".join(STORAGE_TYPES), " ".join(APPLIANCES),
-        " ".join(OBJECT_TYPES), LAMP,
-    ])
+    fixed = " ".join(
+        [
+            format_observation(
+                "",
+                [
+                    "go to x",
+                    "take x from x",
+                    "put x in/on x",
+                    "use x",
+                    "examine x",
+                    "open x",
+                    "close x",
+                    "clean x with x",
+                    "heat x with x",
+                    "cool x with x",
+                    "inventory",
+                    "look",
+                ],
+            ),
+            "You are in the middle of a room. Looking quickly around you, you see nothing, a x, and a x.",
+            "Your task is to:",
+            *(t.format(o="x", r="x") for t in _GOAL_TEMPLATE.values()),
+            NOTHING,
+            "You arrive at. You open the. You close the. You pick up the from the. You put the in/on the.",
+            "You clean the using the. You heat the using the. You cool the using the. You turn on off the.",
+            "The is closed. The is open. In it, you see. On the, you see.",
+            "There's nothing special about. This is a hot and clean. This is a cool and clean.",
+            "You are not carrying anything. You are carrying: a. You are facing the. Next to it, you see nothing.",
+            " ".join(STORAGE_TYPES),
+            " ".join(APPLIANCES),
+            " ".join(OBJECT_TYPES),
+            LAMP,
+        ]
+    )
     words = set(WORD_PATTERN.findall(fixed)) - {"x"}
     top = max(config.n_receptacles, config.n_objects, config.n_distractors, 1)
     words |= {str(i) for i in range(1, top + 1)}

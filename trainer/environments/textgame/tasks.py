@@ -3,6 +3,7 @@ records and the seeded generator of the train and held-out splits.
 
 Everything random about a game is drawn here, when a task is generated; the other modules are deterministic.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -11,13 +12,25 @@ import re
 from dataclasses import dataclass
 
 TASK_TYPES: tuple[str, ...] = (
-    "pick_and_place", "pick_clean_then_place", "pick_heat_then_place", "pick_cool_then_place",
-    "look_at_obj_in_light", "pick_two_obj",
+    "pick_and_place",
+    "pick_clean_then_place",
+    "pick_heat_then_place",
+    "pick_cool_then_place",
+    "look_at_obj_in_light",
+    "pick_two_obj",
 )
 """ALFWorld's six task types (names shortened as in verl-agent's logs)."""
 
 STORAGE_TYPES: tuple[str, ...] = (
-    "cabinet", "coffeemachine", "countertop", "desk", "diningtable", "drawer", "dresser", "garbagecan", "shelf",
+    "cabinet",
+    "coffeemachine",
+    "countertop",
+    "desk",
+    "diningtable",
+    "drawer",
+    "dresser",
+    "garbagecan",
+    "shelf",
     "sidetable",
 )
 """Receptacles that hold objects and can be a goal's target."""
@@ -54,8 +67,12 @@ OBJECT_TYPES: dict[str, frozenset[str]] = {
 _PROPERTY = {_C: "clean", _H: "hot", _O: "cool"}
 """The state a goal object must be in, per task type."""
 _GOAL_TEMPLATE = {
-    _P: "put a {o} in {r}.", _C: "put a clean {o} in {r}.", _H: "put a hot {o} in {r}.",
-    _O: "put a cool {o} in {r}.", _T: "put two {o} in {r}.", _L: "look at {o} under the desklamp.",
+    _P: "put a {o} in {r}.",
+    _C: "put a clean {o} in {r}.",
+    _H: "put a hot {o} in {r}.",
+    _O: "put a cool {o} in {r}.",
+    _T: "put two {o} in {r}.",
+    _L: "look at {o} under the desklamp.",
 }
 _HELDOUT_BUCKETS = 5
 """A layout is held out when its digest is 0 modulo this (about one in five)."""
@@ -72,6 +89,7 @@ def natural_key(text: str) -> list:
 
 
 # --------------------------------------------------------------------------------------------- config
+
 
 @dataclass(frozen=True)
 class TextGameConfig:
@@ -96,30 +114,41 @@ class TextGameConfig:
 
     def __post_init__(self):
         if isinstance(self.task_types, (list, str)):  # YAML gives lists; a bare string is one type
-            object.__setattr__(self, "task_types",
-                               (self.task_types,) if isinstance(self.task_types, str) else tuple(self.task_types))
-        for name, low in (("n_receptacles", 1), ("n_objects", 1), ("n_distractors", 0), ("max_steps", 1),
-                          ("n_train_tasks", 0), ("n_heldout_tasks", 0)):
+            object.__setattr__(
+                self, "task_types", (self.task_types,) if isinstance(self.task_types, str) else tuple(self.task_types)
+            )
+        for name, low in (
+            ("n_receptacles", 1),
+            ("n_objects", 1),
+            ("n_distractors", 0),
+            ("max_steps", 1),
+            ("n_train_tasks", 0),
+            ("n_heldout_tasks", 0),
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"TextGameConfig.{name} must be an integer >= {low}, got {value!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"TextGameConfig.seed must be an integer, got {self.seed!r}")
         if not isinstance(self.task_types, tuple) or not self.task_types:
-            raise ValueError(f"TextGameConfig.task_types must be a non-empty tuple of {TASK_TYPES}, "
-                             f"got {self.task_types!r}")
+            raise ValueError(
+                f"TextGameConfig.task_types must be a non-empty tuple of {TASK_TYPES}, got {self.task_types!r}"
+            )
         for task_type in self.task_types:
             if task_type not in TASK_TYPES:
-                raise ValueError(f"TextGameConfig.task_types: unknown task type {task_type!r}; "
-                                 f"known: {', '.join(TASK_TYPES)}")
+                raise ValueError(
+                    f"TextGameConfig.task_types: unknown task type {task_type!r}; known: {', '.join(TASK_TYPES)}"
+                )
         if len(set(self.task_types)) != len(self.task_types):
             raise ValueError(f"TextGameConfig.task_types has duplicates: {self.task_types!r}")
         if _T in self.task_types and self.n_objects < 2:
-            raise ValueError(f"TextGameConfig.n_objects must be >= 2 when pick_two_obj is a task type, "
-                             f"got {self.n_objects}")
+            raise ValueError(
+                f"TextGameConfig.n_objects must be >= 2 when pick_two_obj is a task type, got {self.n_objects}"
+            )
 
 
 # --------------------------------------------------------------------------------------------- tasks
+
 
 @dataclass(frozen=True)
 class TextGameTask:
@@ -168,8 +197,11 @@ def _sample_layout(rng: random.Random, config: TextGameConfig) -> dict:
     return dict(
         task_type=task_type,
         goal=_GOAL_TEMPLATE[task_type].format(o=object_type, r=receptacle_type),
-        object_type=object_type, receptacle_type=receptacle_type, receptacles=receptacles,
-        placement=tuple(sorted(placement, key=lambda pair: natural_key(pair[0]))), lamp=lamp,
+        object_type=object_type,
+        receptacle_type=receptacle_type,
+        receptacles=receptacles,
+        placement=tuple(sorted(placement, key=lambda pair: natural_key(pair[0]))),
+        lamp=lamp,
     )
 
 
@@ -206,7 +238,8 @@ class TextGameTasks:
                         f"TextGameConfig admits too few distinct tasks: after {misses} draws without a new one, "
                         f"train has {len(lists['train'])}/{wanted['train']} and heldout "
                         f"{len(lists['heldout'])}/{wanted['heldout']}; raise n_receptacles, n_objects, "
-                        f"n_distractors or the task types, or ask for fewer tasks")
+                        f"n_distractors or the task types, or ask for fewer tasks"
+                    )
                 continue
             misses = 0
             seen.add(digest)
@@ -224,6 +257,8 @@ class TextGameTasks:
         if n is None:
             return list(tasks)
         if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= len(tasks):
-            raise ValueError(f"n must be an integer in [0, {len(tasks)}] for split {split!r} "
-                             f"(n_{split}_tasks={len(tasks)}), got {n!r}")
+            raise ValueError(
+                f"n must be an integer in [0, {len(tasks)}] for split {split!r} "
+                f"(n_{split}_tasks={len(tasks)}), got {n!r}"
+            )
         return tasks[:n]

@@ -4,6 +4,7 @@ sentence, and the goal check.
 Pure functions of a task and a world state, shared by the environment (which applies them) and the expert
 (which plans with them), so both read one set of rules.
 """
+
 from __future__ import annotations
 
 import re
@@ -43,20 +44,23 @@ def normalize_action(action: str) -> str:
     return text[:-1].rstrip() if text.endswith(".") else text
 
 
-_GRAMMAR: tuple[tuple[str, re.Pattern], ...] = tuple((verb, re.compile(pattern)) for verb, pattern in (
-    ("go", r"go to (?P<r>[a-z]+ \d+)"),
-    ("open", r"open (?P<r>[a-z]+ \d+)"),
-    ("close", r"close (?P<r>[a-z]+ \d+)"),
-    ("take", r"take (?P<o>[a-z]+ \d+) from (?P<r>[a-z]+ \d+)"),
-    ("put", r"put (?P<o>[a-z]+ \d+) in/on (?P<r>[a-z]+ \d+)"),
-    ("clean", r"clean (?P<o>[a-z]+ \d+) with (?P<r>[a-z]+ \d+)"),
-    ("heat", r"heat (?P<o>[a-z]+ \d+) with (?P<r>[a-z]+ \d+)"),
-    ("cool", r"cool (?P<o>[a-z]+ \d+) with (?P<r>[a-z]+ \d+)"),
-    ("use", r"use (?P<o>[a-z]+ \d+)"),
-    ("examine", r"examine (?P<x>[a-z]+ \d+)"),
-    ("inventory", r"inventory"),
-    ("look", r"look"),
-))
+_GRAMMAR: tuple[tuple[str, re.Pattern], ...] = tuple(
+    (verb, re.compile(pattern))
+    for verb, pattern in (
+        ("go", r"go to (?P<r>[a-z]+ \d+)"),
+        ("open", r"open (?P<r>[a-z]+ \d+)"),
+        ("close", r"close (?P<r>[a-z]+ \d+)"),
+        ("take", r"take (?P<o>[a-z]+ \d+) from (?P<r>[a-z]+ \d+)"),
+        ("put", r"put (?P<o>[a-z]+ \d+) in/on (?P<r>[a-z]+ \d+)"),
+        ("clean", r"clean (?P<o>[a-z]+ \d+) with (?P<r>[a-z]+ \d+)"),
+        ("heat", r"heat (?P<o>[a-z]+ \d+) with (?P<r>[a-z]+ \d+)"),
+        ("cool", r"cool (?P<o>[a-z]+ \d+) with (?P<r>[a-z]+ \d+)"),
+        ("use", r"use (?P<o>[a-z]+ \d+)"),
+        ("examine", r"examine (?P<x>[a-z]+ \d+)"),
+        ("inventory", r"inventory"),
+        ("look", r"look"),
+    )
+)
 """Command shapes; the verb is StepInfo.tool. A command that fits none of them has tool ""."""
 
 
@@ -70,6 +74,7 @@ def parse_command(action: str) -> tuple[str, dict[str, str]]:
 
 
 # --------------------------------------------------------------------------------------------- world
+
 
 @dataclass
 class WorldState:
@@ -95,8 +100,9 @@ def _initial_world(task: TextGameTask) -> WorldState:
     contents[task.lamp].append(LAMP)
     for receptacle in contents:
         contents[receptacle].sort(key=natural_key)
-    return WorldState(location=None, holding=None, contents=contents,
-                      properties={obj: set() for obj, _ in task.placement})
+    return WorldState(
+        location=None, holding=None, contents=contents, properties={obj: set() for obj, _ in task.placement}
+    )
 
 
 def _visible(world: WorldState, receptacle: str) -> bool:
@@ -189,8 +195,10 @@ def _execute(world: WorldState, verb: str, args: dict[str, str]) -> str:
         return f"You are carrying: a {world.holding}."
     if verb == "look":
         if world.location is None:
-            return ("You are in the middle of a room. Looking quickly around you, you see "
-                    f"{_listing(sorted(world.contents, key=natural_key))}.")
+            return (
+                "You are in the middle of a room. Looking quickly around you, you see "
+                f"{_listing(sorted(world.contents, key=natural_key))}."
+            )
         return f"You are facing the {world.location}. Next to it, you see nothing."
     raise AssertionError(f"unhandled verb {verb!r}")  # admissible commands only reach here
 
