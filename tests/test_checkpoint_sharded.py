@@ -12,15 +12,15 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.config import ConfigError, config_from_dict
-from trainer.logs.checkpoint import (
+from trainer.checkpoints.sharded import load_sharded_checkpoint, load_sharded_weights, save_sharded_checkpoint
+from trainer.checkpoints.store import (
     SHARDED_EXTRA,
     list_checkpoints,
     load_latest_checkpoint,
     read_checkpoint,
     save_checkpoint,
 )
-from trainer.logs.sharded_checkpoint import load_sharded_checkpoint, load_sharded_weights, save_sharded_checkpoint
+from trainer.config import ConfigError, config_from_dict
 from trainer.optim.hybrid import build_muon_adamw
 
 torch.set_num_threads(1)

@@ -228,8 +228,8 @@ def test_sharded_checkpoints_resume_after_sigkill_on_any_process_count_and_expor
     import pandas as pd
     import torch
 
+    from trainer.checkpoints import read_checkpoint
     from trainer.config import load_config
-    from trainer.logs.checkpoint import read_checkpoint
     from trainer.policy.load import load_policy
 
     _, ref, _ = two_process_run

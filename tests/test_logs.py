@@ -33,14 +33,14 @@ from hypothesis import strategies as st
 from torch import nn
 
 import trainer.logs.provenance as provenance_module
-from trainer.logs import EPISODE_COLUMNS, METRIC_COLUMNS, MetricsLog, collect_provenance, read_log
-from trainer.logs.checkpoint import (
+from trainer.checkpoints import (
     capture_rng_state,
     list_checkpoints,
     load_latest_checkpoint,
     restore_rng_state,
     save_checkpoint,
 )
+from trainer.logs import EPISODE_COLUMNS, METRIC_COLUMNS, MetricsLog, collect_provenance, read_log
 from trainer.logs.parquet_log import CONFIG_KEY
 
 torch.set_num_threads(1)
@@ -410,12 +410,12 @@ def test_read_log_refuses_a_file_without_provenance(tmp_path):
 
 def test_logs_and_analysis_import_without_torch():
     """The analysis environment reads logs without torch: `trainer.logs` (its Parquet tables) and `trainer.analysis`
-    must import with torch blocked (checkpoints live in trainer.logs.checkpoint, imported only where used)."""
+    must import with torch blocked (checkpoints, which need torch, live in trainer.checkpoints)."""
     code = (
         "import sys\nsys.modules['torch'] = None\n"
         "import trainer.logs, trainer.logs.parquet_log, trainer.logs.provenance, trainer.analysis\n"
         "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
-        "try:\n    import trainer.logs.checkpoint\nexcept ImportError:\n    print('blocked')\n"
+        "try:\n    import trainer.checkpoints\nexcept ImportError:\n    print('blocked')\n"
     )
     r = subprocess.run(
         [sys.executable, "-c", code],

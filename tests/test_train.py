@@ -389,8 +389,8 @@ def test_eval_reproduces_the_held_out_success_the_trainer_logged(tmp_path):
 
 def test_resume_refuses_a_checkpoint_of_another_state_format(tmp_path):
     """A checkpoint whose trainer state has another layout (an earlier trainer's) is refused by name, not misread."""
+    from trainer.checkpoints import save_checkpoint
     from trainer.config import config_from_dict
-    from trainer.logs.checkpoint import save_checkpoint
     from trainer.train import Trainer
 
     cfg = config_from_dict({**CELL, "run": {**CELL["run"], "updates": 1}})
@@ -412,8 +412,8 @@ def test_resume_refuses_a_checkpoint_of_another_state_format(tmp_path):
 def test_resume_reads_the_checkpoints_config_with_todays_defaults(tmp_path):
     """A knob added after a checkpoint was written counts as its default (the run resumes); a changed value is a
     different config (refused by name)."""
+    from trainer.checkpoints import save_checkpoint
     from trainer.config import config_from_dict
-    from trainer.logs.checkpoint import save_checkpoint
     from trainer.train import Trainer
 
     cfg = config_from_dict({**CELL, "run": {**CELL["run"], "updates": 1}})

@@ -106,9 +106,9 @@ def export_checkpoint(checkpoint: str, out: str) -> dict:
     one is read by DCP without a process group, whatever number of processes wrote it)."""
     import torch
 
+    from trainer.checkpoints import read_checkpoint
     from trainer.config import config_from_dict
     from trainer.environments.suite import make_suite
-    from trainer.logs.checkpoint import read_checkpoint
     from trainer.policy.load import save_policy
     from trainer.train import build_policy
 
@@ -120,7 +120,7 @@ def export_checkpoint(checkpoint: str, out: str) -> dict:
     torch.set_num_threads(cfg.run.threads)
     model, fmt = build_policy(cfg, make_suite(cfg.env) if cfg.model.path is None else None, device="cpu")
     if ckpt["sharded"]:
-        from trainer.logs.sharded_checkpoint import load_sharded_weights
+        from trainer.checkpoints.sharded import load_sharded_weights
 
         load_sharded_weights(ckpt["path"], model)
     else:

@@ -30,6 +30,13 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from trainer.checkpoints import (
+    capture_rng_state,
+    list_checkpoints,
+    load_latest_checkpoint,
+    restore_rng_state,
+    save_checkpoint,
+)
 from trainer.config import ConfigError, TrainConfig, config_from_dict, config_to_dict
 from trainer.distributed import (
     enable_activation_checkpointing,
@@ -41,13 +48,6 @@ from trainer.distributed import (
     shard_model,
 )
 from trainer.environments.suite import make_suite
-from trainer.logs.checkpoint import (
-    capture_rng_state,
-    list_checkpoints,
-    load_latest_checkpoint,
-    restore_rng_state,
-    save_checkpoint,
-)
 from trainer.logs.parquet_log import EPISODE_COLUMNS, METRIC_COLUMNS, MetricsLog
 from trainer.logs.provenance import collect_provenance
 from trainer.logs.rows import episode_row, update_row
@@ -289,7 +289,7 @@ class Trainer:
         (a 4B model's ~48 GB would otherwise pass through rank 0), rank 0 adding the rest of the state."""
         directory, keep = self.out / CHECKPOINT_DIR, self.cfg.run.keep_checkpoints
         if self.cfg.run.checkpoint_format == "sharded":
-            from trainer.logs.sharded_checkpoint import save_sharded_checkpoint  # imports DCP (~1 s)
+            from trainer.checkpoints.sharded import save_sharded_checkpoint  # imports DCP (~1 s)
 
             extra = self.state_dict(optimizer=False) if self.dist.is_main else None
             if self.dist.is_main:
@@ -327,7 +327,7 @@ class Trainer:
                 "resume with the same config or start in a fresh --out directory"
             )
         if ckpt["sharded"]:
-            from trainer.logs.sharded_checkpoint import load_sharded_checkpoint
+            from trainer.checkpoints.sharded import load_sharded_checkpoint
 
             load_sharded_checkpoint(ckpt["path"], self.model, self.optimizer, with_optimizer=ckpt["optimizer"])
         self.load_state_dict(ckpt["extra"], ckpt["model_state"])

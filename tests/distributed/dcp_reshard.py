@@ -7,9 +7,9 @@ import sys
 
 import torch
 
+from trainer.checkpoints import read_checkpoint
 from trainer.config import load_config
 from trainer.distributed import full_optimizer_state, full_weights
-from trainer.logs.checkpoint import read_checkpoint
 from trainer.train import Trainer
 
 

@@ -33,7 +33,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from trainer.analysis.summary import bootstrap_interval
-from trainer.logs.atomic import atomic_path
+from trainer.atomic import atomic_path
 from trainer.logs.parquet_log import PROVENANCE_KEY
 
 COMPARED = ("window_success", "gain", "eval_success", "eval_first", "collapsed")

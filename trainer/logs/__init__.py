@@ -1,9 +1,9 @@
-"""Logs, checkpoints and provenance: Parquet metrics tables that carry their own origin (`parquet_log`), the rows
-the trainer writes into them (`rows`), atomic checkpoints with RNG state for `--resume` (`checkpoint`), and the
-provenance record the tables embed (`provenance`).
+"""Logs and provenance: Parquet metrics tables that carry their own origin (`parquet_log`), the rows the trainer
+writes into them (`rows`), and the provenance record the tables embed (`provenance`). Checkpoints are
+`trainer.checkpoints`.
 
 The package exports only what reading and writing logs needs, which imports no torch, so the analysis side can
-read logs without it; import checkpoints and rows from their modules (`from trainer.logs.checkpoint import ...`).
+read logs without it; import rows from its module (`from trainer.logs.rows import ...`).
 """
 
 from trainer.logs.parquet_log import EPISODE_COLUMNS, METRIC_COLUMNS, MetricsLog, read_log

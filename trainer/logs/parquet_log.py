@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from trainer.logs.atomic import atomic_path, stale_temps
+from trainer.atomic import atomic_path, stale_temps
 from trainer.logs.provenance import to_json
 
 if TYPE_CHECKING:

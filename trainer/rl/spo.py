@@ -116,7 +116,7 @@ def write_offline_stats(path, stats: Mapping[str, tuple[int, int]]) -> None:
     """Write {task_id: [samples, successes]} as JSON, atomically."""
     import json
 
-    from trainer.logs.atomic import atomic_path
+    from trainer.atomic import atomic_path
 
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps({k: [int(n), int(s)] for k, (n, s) in sorted(stats.items())}, indent=0))

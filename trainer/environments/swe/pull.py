@@ -32,9 +32,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--absent", default=None, help="write the tasks whose image is absent here (TSV)")
     parser.add_argument("--row-kind", choices=ROW_KINDS, default="auto", help="how to read the rows (default: auto)")
     args = parser.parse_args(argv)
+    from trainer.atomic import atomic_path
     from trainer.environments.swe.containers import docker_client
     from trainer.environments.swe.sandbox import SandboxError
-    from trainer.logs.atomic import atomic_path
 
     try:
         tasks = load_tasks(args.tasks, args.row_kind)

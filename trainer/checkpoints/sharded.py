@@ -3,7 +3,7 @@
 Why: a full checkpoint gathers every weight and optimizer state on rank 0 (~48 GB for a 4B model with Muon/AdamW
 state); DCP has each rank write what it holds (FSDP2's DTensor shards) and reads them back into any layout, so a
 checkpoint written by 8 processes resumes on 8, 3 or 1. The layout, the atomicity and the pruning rules are
-`trainer.logs.checkpoint`'s (see its docstring); this module adds the collective save and load.
+`trainer.checkpoints.store`'s (see its docstring); this module adds the collective save and load.
 
 Every function that takes a model is collective when a process group is up (every rank calls it, same order), and
 works without one (a single process: DCP then reads and writes alone).
@@ -28,16 +28,16 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from trainer.logs.atomic import TMP_SUFFIX, _fsync_dir, atomic_path
-from trainer.logs.checkpoint import (
+from trainer.atomic import TMP_SUFFIX, atomic_path, fsync_dir
+from trainer.checkpoints.store import (
     SHARDED_EXTRA,
     SHARDED_FORMAT,
-    _check_plain,
-    _check_step_and_keep,
-    _remove,
+    check_plain,
+    check_step_and_keep,
     checkpoint_path,
     prune_checkpoints,
     remove_partial_saves,
+    remove_path,
 )
 
 
@@ -81,13 +81,13 @@ def save_sharded_checkpoint(
 
     An optimizer that has not stepped yet is left out: DCP's state-dict helper would otherwise initialise it with
     a zero-lr step (AdamW's step count would then be one ahead of an uninterrupted run's)."""
-    _check_step_and_keep(step, keep)
+    check_step_and_keep(step, keep)
     directory, final = Path(directory), checkpoint_path(directory, step, sharded=True)
     main = _rank() == 0
     payload, box = None, [None]
     if main:
         payload = {"format": SHARDED_FORMAT, "step": step, "optimizer": bool(optimizer.state), "extra": extra}
-        _check_plain(payload, "checkpoint")  # before any rank writes: a bad entry fails the save, not the resume
+        check_plain(payload, "checkpoint")  # before any rank writes: a bad entry fails the save, not the resume
         directory.mkdir(parents=True, exist_ok=True)
         remove_partial_saves(directory)
         while True:  # like atomic_path, for a directory
@@ -109,11 +109,11 @@ def save_sharded_checkpoint(
     if main:
         with atomic_path(tmp / SHARDED_EXTRA) as f:
             torch.save(payload, f)
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if final.exists():
-            _remove(final)  # an unreadable checkpoint of this step (resuming skipped it)
+            remove_path(final)  # an unreadable checkpoint of this step (resuming skipped it)
         os.replace(tmp, final)
-        _fsync_dir(directory)
+        fsync_dir(directory)
         prune_checkpoints(directory, step, keep)
     return final
 

@@ -21,7 +21,7 @@ from pathlib import Path
 TMP_SUFFIX = ".tmp"
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     try:
         fd = os.open(directory, os.O_RDONLY)
     except OSError:  # Windows cannot open a directory; its os.replace is durable enough for us
@@ -55,7 +55,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def stale_temps(directory: str | os.PathLike, name_glob: str) -> list[Path]:

@@ -1,14 +1,14 @@
-"""Checkpoints and RNG state: what `--resume` needs to continue a run as if it had never stopped.
+"""Checkpoint files: what `--resume` needs to continue a run as if it had never stopped (RNG state: `rng`).
 
 A checkpoint comes in one of two formats, side by side in one directory; `step` is the last *completed* update, so
 a resumed run starts at step + 1. The trainer puts the advantage estimator's state (SPO trackers),
-`capture_rng_state(...)` and anything else it needs into `extra`.
+`rng.capture_rng_state(...)` and anything else it needs into `extra`.
 
 * "full": one file, `ckpt-<step:08d>.pt`, holding {"format", "step", "model_state", "optimizer_state", "extra"}
   (`save_checkpoint`).
 * "sharded": a directory, `ckpt-<step:08d>/`, holding torch's DCP checkpoint of the model and optimizer, one
   `__<rank>_0.distcp` file per rank that saved it plus DCP's `.metadata`, and `extra.pt` ({"format", "step",
-  "optimizer", "extra"}), written by rank 0 (`trainer.logs.sharded_checkpoint`). No rank gathers the whole model,
+  "optimizer", "extra"}), written by rank 0 (`trainer.checkpoints.sharded`). No rank gathers the whole model,
   and DCP reshards on load, so it resumes on any number of processes. Unlike the rest, DCP's `.metadata` and its
   non-tensor entries are pickles: load only checkpoints you wrote.
 
@@ -26,20 +26,16 @@ Choices and why:
   and warns about each one it cannot read (truncated by a disk failure, written by something else, wrong step
   inside; a sharded one without its metadata or with a shard file shorter than the metadata says), returning the
   newest good one, or None. A sharded checkpoint's shards are read afterwards, by
-  `sharded_checkpoint.load_sharded_checkpoint` into the live model, which needs the model.
+  `sharded.load_sharded_checkpoint` into the live model, which needs the model.
 * **Keep the last `keep`.** After a save, checkpoints with a *higher* step than the one just written are deleted:
   they belong to the timeline abandoned by resuming from an older checkpoint (which happens only when those
   were unreadable). Then all but the `keep` highest steps are deleted, so the new one is always kept.
   A trainer starting a fresh run must not point at a directory that already holds checkpoints.
-* **RNG: global and named.** Python `random`, numpy's global generator, torch CPU and every CUDA device, plus
-  generators the caller names (torch.Generator, numpy Generator or random.Random). Restoring requires exactly
-  the same names: a generator silently left unrestored would break determinism without a trace.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import re
 import shutil
 import warnings
@@ -48,10 +44,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from trainer.logs.atomic import atomic_path, stale_temps
+from trainer.atomic import atomic_path, stale_temps
 
 FORMAT = "harness.checkpoint/1"
 SHARDED_FORMAT = "harness.sharded-checkpoint/1"
@@ -60,8 +55,6 @@ SHARDED_EXTRA = "extra.pt"
 _NAME = re.compile(r"ckpt-(\d{8,})(\.pt)?")
 _LEAVES = (bool, int, float, complex, str, bytes, type(None), torch.dtype, torch.device)
 """Exact types (np.float64 subclasses float, an IntEnum int, but neither loads with weights_only=True)."""
-
-Generator = torch.Generator | np.random.Generator | random.Random
 
 
 def checkpoint_path(directory: str | os.PathLike, step: int, sharded: bool = False) -> Path:
@@ -78,14 +71,14 @@ def list_checkpoints(directory: str | os.PathLike) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _remove(path: Path) -> None:
+def remove_path(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
 
 
-def _check_step_and_keep(step: int, keep: int) -> None:
+def check_step_and_keep(step: int, keep: int) -> None:
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be an int >= 0, got {step!r}")
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
@@ -95,7 +88,7 @@ def _check_step_and_keep(step: int, keep: int) -> None:
 def remove_partial_saves(directory: str | os.PathLike) -> None:
     """Delete what killed saves left (temp files and directories of either format): one writer per directory."""
     for leftover in stale_temps(directory, "ckpt-*"):
-        _remove(leftover)
+        remove_path(leftover)
 
 
 def prune_checkpoints(directory: str | os.PathLike, step: int, keep: int) -> None:
@@ -104,10 +97,10 @@ def prune_checkpoints(directory: str | os.PathLike, step: int, keep: int) -> Non
     others = [(s, p) for s, p in list_checkpoints(directory) if s != step]
     doomed = [p for s, p in others if s > step] + [p for s, p in others if s < step][: -(keep - 1) or None]
     for p in doomed:
-        _remove(p)
+        remove_path(p)
 
 
-def _check_plain(value: Any, where: str) -> None:
+def check_plain(value: Any, where: str) -> None:
     """Raise TypeError naming the first entry `torch.load(weights_only=True)` could not read back."""
     if type(value) in _LEAVES or isinstance(value, torch.Tensor):
         return
@@ -115,11 +108,11 @@ def _check_plain(value: Any, where: str) -> None:
         for key, item in value.items():
             if type(key) not in (str, int):
                 raise TypeError(f"{where}: key {key!r} is a {type(key).__name__}; use str or int keys")
-            _check_plain(item, f"{where}[{key!r}]")
+            check_plain(item, f"{where}[{key!r}]")
         return
     if type(value) in (list, tuple, torch.Size):  # a namedtuple would not load
         for i, item in enumerate(value):
-            _check_plain(item, f"{where}[{i}]")
+            check_plain(item, f"{where}[{i}]")
         return
     raise TypeError(
         f"{where}: {type(value).__name__} is not plain data (tensors, Python numbers, str, dtypes, "
@@ -137,7 +130,7 @@ def save_checkpoint(
     keep: int = 3,
 ) -> Path:
     """Write `ckpt-<step>.pt` atomically, then keep only the `keep` newest checkpoints; return its path."""
-    _check_step_and_keep(step, keep)
+    check_step_and_keep(step, keep)
     payload = {
         "format": FORMAT,
         "step": step,
@@ -145,7 +138,7 @@ def save_checkpoint(
         "optimizer_state": optimizer_state,
         "extra": extra,
     }
-    _check_plain(payload, "checkpoint")
+    check_plain(payload, "checkpoint")
     remove_partial_saves(directory)
     path = checkpoint_path(directory, step)
     with atomic_path(path) as tmp:
@@ -182,7 +175,7 @@ def _read_sharded(path: Path, step: int, map_location: Any) -> dict:
 
 def read_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
     """One checkpoint of either format as {"step", "model_state", "optimizer_state", "extra", "path", "sharded"};
-    a sharded one has None states (its shards need a model to load into: `sharded_checkpoint`) and says in
+    a sharded one has None states (its shards need a model to load into: `trainer.checkpoints.sharded`) and says in
     "optimizer" whether it holds the optimizer's state. ValueError (or the reader's error) if it is unreadable."""
     path = Path(path)
     match = _NAME.fullmatch(path.name)
@@ -224,82 +217,3 @@ def load_latest_checkpoint(directory: str | os.PathLike, map_location: Any = "cp
         except Exception as exc:  # any failure to read means "not a usable checkpoint": say so, try the previous
             warnings.warn(f"ignoring unreadable checkpoint {path}: {type(exc).__name__}: {exc}", stacklevel=2)
     return None
-
-
-# -- RNG state -------------------------------------------------------------------------------------------------
-
-
-def _lists(value: Any) -> Any:
-    """numpy arrays inside a bit-generator state as lists (so the state is plain data)."""
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, dict):
-        return {k: _lists(v) for k, v in value.items()}
-    return value
-
-
-def _generator_state(name: str, gen: Generator) -> dict:
-    if isinstance(gen, torch.Generator):
-        return {"kind": "torch", "state": gen.get_state()}
-    if isinstance(gen, np.random.Generator):
-        return {"kind": "numpy", "state": _lists(gen.bit_generator.state)}
-    if isinstance(gen, random.Random):
-        return {"kind": "python", "state": gen.getstate()}
-    raise TypeError(
-        f"generator {name!r}: {type(gen).__name__} is not a torch.Generator, numpy Generator or random.Random"
-    )
-
-
-def _python_state(state: Any) -> tuple:
-    version, internal, gauss = state
-    return version, tuple(internal), gauss
-
-
-def capture_rng_state(generators: Mapping[str, Generator] | None = None) -> dict:
-    """Python, numpy (global), torch CPU and CUDA RNG states, and those of the named generators; plain data."""
-    numpy_state = np.random.get_state(legacy=False)
-    return {
-        "python": random.getstate(),
-        "numpy": _lists(numpy_state),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "generators": {name: _generator_state(name, gen) for name, gen in (generators or {}).items()},
-    }
-
-
-def restore_rng_state(state: Mapping, generators: Mapping[str, Generator] | None = None) -> None:
-    """Set every RNG to `state` (from `capture_rng_state`); `generators` must have exactly the saved names."""
-    generators = dict(generators or {})
-    saved = state["generators"]
-    if set(saved) != set(generators):
-        raise ValueError(f"generator names differ: saved {sorted(saved)}, given {sorted(generators)}")
-    for name, gen in generators.items():
-        entry = saved[name]
-        if _generator_state(name, gen)["kind"] != entry["kind"]:
-            raise ValueError(f"generator {name!r}: saved a {entry['kind']} generator, given {type(gen).__name__}")
-    python_state = _python_state(state["python"])
-    numpy_state = dict(state["numpy"])
-    numpy_state["state"] = {**numpy_state["state"], "key": np.asarray(numpy_state["state"]["key"], dtype=np.uint32)}
-    random.setstate(python_state)
-    np.random.set_state(numpy_state)
-    torch.set_rng_state(state["torch"].cpu())
-    if state["cuda"]:
-        if not torch.cuda.is_available():
-            warnings.warn(
-                "the checkpoint has CUDA RNG states but CUDA is not available; they are not restored", stacklevel=2
-            )
-        elif len(state["cuda"]) != torch.cuda.device_count():
-            raise ValueError(
-                f"the checkpoint has {len(state['cuda'])} CUDA RNG states, "
-                f"this machine has {torch.cuda.device_count()} devices"
-            )
-        else:
-            torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
-    for name, gen in generators.items():
-        entry = saved[name]
-        if entry["kind"] == "torch":
-            gen.set_state(entry["state"].cpu())
-        elif entry["kind"] == "numpy":
-            gen.bit_generator.state = entry["state"]
-        else:
-            gen.setstate(_python_state(entry["state"]))
