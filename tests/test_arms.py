@@ -1,5 +1,5 @@
 """Studies of arms: a grid block's own trainer keys (trainer/study.py), the arm key of the logs
-(trainer/analysis/logs.py) and the arms analysis (trainer/analysis/arms.py), on hand-built configs and synthetic
+(trainer/analysis/cell_logs.py) and the arms analysis (trainer/analysis/arms.py), on hand-built configs and synthetic
 logs whose verdicts and medians are worked out here."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from trainer.analysis.arms import (
     predictor_table,
     summarize_arms,
 )
-from trainer.analysis.logs import check_no_axes, load_metrics
+from trainer.analysis.cell_logs import check_no_axes, load_metrics
 from trainer.analysis.synthetic import cell_path, synthetic_metrics, write_metrics
 from trainer.config import config_from_dict
 

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from trainer.analysis import load_metrics, summarize, summarize_companion
+from trainer.analysis.cell_logs import LR_RUN_KEYS, RUN_KEYS
 from trainer.analysis.horizon import (
     figure_horizon,
     horizon_run_table,
@@ -25,7 +26,6 @@ from trainer.analysis.horizon import (
     plot_horizon,
     summarize_horizon,
 )
-from trainer.analysis.logs import LR_RUN_KEYS, RUN_KEYS
 from trainer.analysis.stability import (
     STABILITY_COLUMNS,
     figure_stability,

@@ -148,7 +148,7 @@ def test_a_short_empty_or_missing_log_fails_the_summary_check(tmp_path, referenc
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from trainer.analysis.logs import check_cell_logs
+    from trainer.analysis.cell_logs import check_cell_logs
 
     cell = tmp_path / "cell"
     shutil.copytree(reference_run, cell)

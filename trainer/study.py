@@ -35,7 +35,7 @@ and Snakemake only writes their results to disk. Design choices:
   labels) are checked by `check_study`, which raises `StudyError` naming the key before any job starts.
 - **Tables derived, not copied**: each recipe's optimizer, the optimizer names and the group recipes come from
   `trainer.config` (`RECIPES`, `OptimConfig`), the presets from `trainer.policy.tiny`, the lr folder label from
-  `trainer.analysis.logs`. This module and those import no torch: building the DAG needs the trainer package but
+  `trainer.analysis.cell_logs`. This module and those import no torch: building the DAG needs the trainer package but
   not torch.
 """
 

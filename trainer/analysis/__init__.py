@@ -1,7 +1,7 @@
 """From the cells' Parquet logs to the papers' figures and a table beside the papers' numbers.
 
 kinds.py     one record per kind of study (main, companion, stability, horizon, arms): its functions and files
-logs.py      read many cells' metrics.parquet (pyarrow.dataset over an explicit list, Hive keys as columns)
+cell_logs.py read many cells' metrics.parquet (pyarrow.dataset over an explicit list, Hive keys as columns)
 collapse.py  the EMA and a documented, configurable collapse rule applied to every run
 summary.py   per-run window means and verdicts; model x recipe x optimizer table with bootstrap intervals
 plotting.py  the house style and the drawing and file helpers every figure shares
@@ -23,7 +23,7 @@ from typing import Any
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "kinds": ("DEFAULT_MODELS", "STUDY_KINDS", "StudyKind"),
-    "logs": ("NONFINITE_COLUMNS", "RUN_KEYS", "check_no_axes", "load_metrics", "paper_model"),
+    "cell_logs": ("NONFINITE_COLUMNS", "RUN_KEYS", "check_no_axes", "load_metrics", "paper_model"),
     "collapse": ("CollapseCriterion", "CollapseVerdict", "detect_collapse", "ema", "first_sustained"),
     "summary": (
         "SUMMARY_COLUMNS",

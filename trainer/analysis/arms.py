@@ -39,9 +39,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from trainer.analysis.cell_logs import ARM_RUN_KEYS, NONFINITE_COLUMNS, load_metrics
 from trainer.analysis.collapse import CollapseCriterion, ema
 from trainer.analysis.kinds import ARMS
-from trainer.analysis.logs import ARM_RUN_KEYS, NONFINITE_COLUMNS, load_metrics
 from trainer.analysis.plotting import (
     COLLAPSE,
     COLLAPSE_HANDLE,

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from trainer.analysis.logs import NONFINITE_COLUMNS, RUN_KEYS
+from trainer.analysis.cell_logs import NONFINITE_COLUMNS, RUN_KEYS
 
 
 def ema(values: pd.Series | np.ndarray | list[float], span: int) -> np.ndarray:

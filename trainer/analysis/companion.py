@@ -71,10 +71,10 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from trainer.analysis.cell_logs import RUN_KEYS, check_no_axes, load_metrics
 from trainer.analysis.collapse import CollapseCriterion
 from trainer.analysis.figures import DIAGNOSTICS
 from trainer.analysis.kinds import COMPANION, COMPANION_MODELS, COMPANION_NUMBERS
-from trainer.analysis.logs import RUN_KEYS, check_no_axes, load_metrics
 from trainer.analysis.plotting import (
     COLLAPSE_HANDLE,
     COLLAPSED_SEED_HANDLE,

@@ -41,9 +41,9 @@ from matplotlib.patches import Patch
 from matplotlib.textpath import TextPath
 
 from trainer.analysis import plotting
+from trainer.analysis.cell_logs import RUN_KEYS, check_no_axes, load_metrics, paper_model
 from trainer.analysis.collapse import ema_by_run
 from trainer.analysis.kinds import MAIN, PAPER_NUMBERS
-from trainer.analysis.logs import RUN_KEYS, check_no_axes, load_metrics, paper_model
 from trainer.analysis.plotting import (
     ADAM,
     COLLAPSE_HANDLE,

@@ -34,9 +34,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
+from trainer.analysis.cell_logs import RUN_KEYS, check_no_axes, load_metrics, paper_model
 from trainer.analysis.collapse import CollapseCriterion
 from trainer.analysis.kinds import HORIZON
-from trainer.analysis.logs import RUN_KEYS, check_no_axes, load_metrics, paper_model
 from trainer.analysis.plotting import (
     MUTED,
     SELECTED_COLORS,

@@ -23,7 +23,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
 
-from trainer.analysis.logs import paper_model
+from trainer.analysis.cell_logs import paper_model
 
 MUON, ADAM, HIGH_LR, FULL, COLLAPSE, MUTED = "#2f6eba", "#e08a1e", "#8e4fb5", "#2e9a4f", "#d62728", "#555555"
 OPTIMIZER_COLORS = {"adam": ADAM, "muon": MUON, "adam_high_lr": HIGH_LR}

@@ -44,9 +44,9 @@ import yaml
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from trainer.analysis.cell_logs import NONFINITE_COLUMNS, load_metrics, paper_model, run_keys
 from trainer.analysis.collapse import CollapseCriterion
 from trainer.analysis.kinds import STABILITY
-from trainer.analysis.logs import NONFINITE_COLUMNS, load_metrics, paper_model, run_keys
 from trainer.analysis.plotting import (
     COLLAPSE,
     LINE_STYLES,

@@ -38,9 +38,9 @@ import numpy as np
 import pandas as pd
 
 from trainer.analysis import calibration
+from trainer.analysis.cell_logs import NONFINITE_COLUMNS, RUN_KEYS, check_no_axes, load_metrics, paper_model, run_keys
 from trainer.analysis.collapse import CollapseCriterion, ema_by_run, judge, nonfinite_flags
 from trainer.analysis.kinds import MAIN, PAPER_NUMBERS
-from trainer.analysis.logs import NONFINITE_COLUMNS, RUN_KEYS, check_no_axes, load_metrics, paper_model, run_keys
 from trainer.config import FIGURE2_RECIPES, RECIPES
 
 WINDOW_FRACTION = 0.1

@@ -14,8 +14,8 @@ import traceback
 from pathlib import Path
 
 import trainer.analysis
+from trainer.analysis.cell_logs import check_cell_logs
 from trainer.analysis.kinds import STUDY_KINDS
-from trainer.analysis.logs import check_cell_logs
 from trainer.analysis.summary import write_collapse_note
 
 
