@@ -64,7 +64,7 @@ def main() -> int:
 
     from trainer.policy.chat_format import TinyFormat, build_tokenizer
     from trainer.policy.load import save_policy
-    from trainer.rollout.server import ServerEngine, launch_server
+    from trainer.rollout.server_client import ServerEngine, launch_server
 
     torch.manual_seed(0)
     kwargs = dict(QWEN25_05B)

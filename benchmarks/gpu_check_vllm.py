@@ -243,7 +243,7 @@ def run(args) -> dict:
         metrics["build_s"] = round(time.perf_counter() - t0, 2)
         t1 = time.perf_counter()
         if args.server:  # the same checks through the rollout server, weights broadcast to it
-            from trainer.rollout.server import ServerEngine, launch_server, server_device
+            from trainer.rollout.server_client import ServerEngine, launch_server, server_device
 
             gpus = 0 if on_cpu else torch.cuda.device_count()
             client = launch_server(

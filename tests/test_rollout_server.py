@@ -30,7 +30,7 @@ from trainer.policy.load import save_policy
 from trainer.policy.tiny import TinyModelSpec, build_tiny_model
 from trainer.rollout.reference_llm import reference_engine
 from trainer.rollout.sampling import SamplingParams
-from trainer.rollout.server import ServerEngine, launch_server
+from trainer.rollout.server_client import ServerEngine, launch_server
 
 ROOT = Path(__file__).resolve().parents[1]
 GREEDY = SamplingParams(temperature=0, max_turn_tokens=8, max_episode_tokens=400)
@@ -112,7 +112,7 @@ def test_the_server_exits_when_its_trainer_is_killed(tmp_path, served):
     save_policy(model, fmt, tmp_path / "policy")
     trainer = textwrap.dedent(f"""
         import sys, time
-        from trainer.rollout.server import launch_server
+        from trainer.rollout.server_client import launch_server
         client = launch_server({str(tmp_path / "policy")!r}, backend="reference", log_path={str(tmp_path / "log")!r},
                                dtype="float32", seed=0)
         print(client.info["pid"], flush=True)

@@ -234,7 +234,7 @@ def test_a_model_whose_vllm_class_needs_torchvision_is_refused_before_vllm_start
 def server(served, tmp_path_factory):
     """The engine in a rollout server of its own (python -m trainer.rollout.server --backend vllm), weights pushed
     over a gloo group of two."""
-    from trainer.rollout.server import ServerEngine, launch_server
+    from trainer.rollout.server_client import ServerEngine, launch_server
 
     model, fmt, _ = served
     tmp = tmp_path_factory.mktemp("server")
@@ -286,7 +286,7 @@ def test_weights_pushed_to_the_server_are_played_and_a_bad_push_keeps_it_in_step
 
 def _own_server(served, tmp_path):
     """(client, engine) of a vLLM rollout server of the test's own, for tests that break it."""
-    from trainer.rollout.server import ServerEngine, launch_server
+    from trainer.rollout.server_client import ServerEngine, launch_server
 
     model, fmt, _ = served
     save_policy(model, fmt, tmp_path / "policy")

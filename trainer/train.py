@@ -218,7 +218,7 @@ class Trainer:
         cfg, r = self.cfg, self.cfg.rollout
         unsharded = self.model if self.rollout_model is None else self.rollout_model
         if r.server:
-            from trainer.rollout.server import start_cell_server
+            from trainer.rollout.server_client import start_cell_server
 
             return start_cell_server(cfg, self.fmt, unsharded, self.out)
         if r.engine == "vllm":
