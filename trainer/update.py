@@ -358,152 +358,215 @@ def policy_update(
     on `embed_head_matrices` (the embedding and head, AdamW-trained under either optimizer: "embed_head_update_rms",
     "embed_head_update_spectral_norm"): the RMS over all entries and the largest top singular value of one step,
     averaged / maximised over the steps.
+
+    Three parts: the old log-probs (`_old_logprobs`), one optimizer step per mini-batch (`_minibatch_step`), and
+    the diagnostics they feed (`_UpdateMeter`).
     """
     B = batch.input_ids.shape[0]
     if ctx.enabled and grad_parts:
         raise ValueError("gradient SNR (grad_parts) needs the unsharded update")
-    temperature = loss_cfg.temperature if loss_cfg.temperature > 0 else 1.0
     if advantages.shape != batch.loss_mask.shape:
         raise ValueError(f"advantages {tuple(advantages.shape)} vs loss mask {tuple(batch.loss_mask.shape)}")
     device = next(model.parameters()).device
     batch, advantages = batch.to(device), advantages.to(device)
     model.train()
-    # old log-probs from the trainer's weights before this update, micro-batched like the update itself. The first
-    # optimizer step that runs starts from exactly those weights, so its own forward passes give the old log-probs
-    # of its rows (detached) and the no-grad pass scores only the other rows: with one step, none (a third of the
-    # update's compute saved), with `minibatches` steps, a 1/minibatches share of the pass.
-    old_logp = torch.zeros_like(batch.rollout_logp)
+    temperature = loss_cfg.temperature if loss_cfg.temperature > 0 else 1.0
+    step = _StepInputs(batch, advantages, loss_cfg, temperature, micro_batch_tokens, autocast_dtype, forward, ctx)
     splits = [list(range(B))[i::minibatches] for i in range(minibatches)] if minibatches > 1 else [list(range(B))]
     steps_rows = [rows for _ in range(epochs) for rows in splits if rows]
 
     def signal(rows: list[int]) -> bool:
         return bool((advantages[rows] * batch.loss_mask[rows]).any())
 
-    def no_signal(rows: list[int]) -> bool:
-        return skip_no_signal and not signal(rows)
-
-    # Sharded with several steps, the pass scores every row (each row is filled by one rank, then summed).
-    first = next((rows for rows in steps_rows if not no_signal(rows)), [])
+    # The first optimizer step that runs starts from exactly the weights the old log-probs are taken with, so its
+    # own forward passes give the old log-probs of its rows (detached) and the no-grad pass scores only the other
+    # rows: with one step, none (a third of the update's compute saved), with `minibatches` steps, a
+    # 1/minibatches share of the pass. Sharded with several steps, the pass scores every row.
+    first = next((rows for rows in steps_rows if not (skip_no_signal and not signal(rows))), [])
     reuse_forward = set(first) if not ctx.enabled or len(steps_rows) == 1 else set()
-    rest = [r for r in range(B) if r not in reuse_forward]
-    if rest:
-        with torch.no_grad():
-            for rows, weight in rank_micro_batches(batch, rest, micro_batch_tokens, ctx):
-                mb = slice_batch(batch, rows)
-                logp = token_logprobs(model, mb, temperature, autocast_dtype=autocast_dtype, forward=forward)
-                if weight:
-                    old_logp[rows, : mb.width] = logp
-        if ctx.enabled:  # each row was filled by one rank
-            torch.distributed.all_reduce(old_logp)
+    old_logp = _old_logprobs(model, step, [r for r in range(B) if r not in reuse_forward])
 
-    sums: dict[str, float] = {}
-    weight_total = 0.0
-    losses, grad_norms, skipped, steps = [], [], 0, 0
-    step_sizes = {"update": _StepSizes(stat_matrices or []), "embed_head_update": _StepSizes(embed_head_matrices or [])}
-    snrs: list[float] = []
+    meter = _UpdateMeter(stat_matrices or [], embed_head_matrices or [])
     filling = bool(reuse_forward)  # the first step that runs fills its rows' old log-probs
-    without_signal = 0
     for rows_mb in steps_rows:
-        sub = slice_batch(batch, rows_mb)
         has_signal = signal(rows_mb)
-        without_signal += not has_signal
+        meter.without_signal += not has_signal
         if skip_no_signal and not has_signal:
-            skipped += 1
+            meter.skipped += 1
             continue
-        totals = {"tokens": float(sub.loss_mask.sum()), "nonempty_rows": float((sub.loss_mask.sum(1) > 0).sum())}
-        global_width = float(sub.width)
-        optimizer.zero_grad(set_to_none=True)
-        step_loss = 0.0
         in_step = set(rows_mb)
         parts = (
             [kept for part in grad_parts if (kept := [r for r in part if r in in_step])]
             if grad_parts and stat_matrices
             else [rows_mb]
         )
-        part_grads = []
-        for part in parts:
-            if len(parts) > 1:
-                grads_before = [
-                    m.grad.detach().clone() if m.grad is not None else torch.zeros_like(m) for m in stat_matrices
-                ]
-            for rows, weight in rank_micro_batches(batch, part, micro_batch_tokens, ctx):
-                mb = slice_batch(batch, rows)
-                w = mb.width
-                logp, entropy = token_logprobs(
-                    model, mb, temperature, with_entropy=True, autocast_dtype=autocast_dtype, forward=forward
-                )
-                if filling and weight:
-                    old_logp[rows, :w] = logp.detach()
-                loss, metrics = policy_loss(
-                    logp,
-                    (old_logp[rows, :w] if not filling or weight else logp.detach()),
-                    mb.rollout_logp if loss_cfg.tis_cap is not None else None,
-                    advantages[rows, :w],
-                    mb.loss_mask,
-                    clip_low=loss_cfg.clip_low,
-                    clip_high=loss_cfg.clip_high,
-                    tis_cap=loss_cfg.tis_cap,
-                    agg=loss_cfg.agg,
-                    dual_clip=loss_cfg.dual_clip,
-                    loss_scale_factor=global_width if loss_cfg.agg == "seq-mean-token-sum-norm" else None,
-                )
-                scaled = loss * (_agg_weight(loss_cfg.agg, mb, totals) * weight)
-                # FSDP2 averages gradients over the ranks: N times each rank's share sums them
-                (scaled * ctx.world_size if ctx.enabled else scaled).backward()
-                step_loss += float(scaled.detach())
-                n_tok = float(mb.loss_mask.sum()) * weight  # a stand-in adds its metric names, not its values
-                weight_total += n_tok
-                metrics["entropy"] = (entropy * mb.loss_mask).sum() / max(n_tok, 1.0)
-                for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + float(v) * n_tok
-            if len(parts) > 1:
-                share = _part_share(loss_cfg.agg, slice_batch(batch, part), totals)
-                part_grads.append(
-                    torch.cat([(m.grad.detach() - b).flatten() for m, b in zip(stat_matrices, grads_before)])
-                    / max(share, 1e-12)
-                )
+        _minibatch_step(model, optimizer, step, old_logp, rows_mb, parts, filling, grad_clip, meter)
         filling = False
-        if part_grads:
-            snrs.append(gradient_snr(part_grads))
-        params = [p for p in model.parameters() if p.grad is not None]
-        norm = _full(torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else float("inf")))
-        step_loss = ctx.all_sum([step_loss])[0]
-        grad_norms.append(float(norm))
-        losses.append(step_loss)
-        if not (math.isfinite(step_loss) and math.isfinite(float(norm))):
-            skipped += 1
-            optimizer.zero_grad(set_to_none=True)
-            continue
-        for sizes in step_sizes.values():
-            sizes.before_step()
-        optimizer.step()
-        steps += 1
-        for sizes in step_sizes.values():
-            sizes.after_step()
-    if ctx.enabled:  # metrics were token-weighted on each rank's rows
-        names = sorted(sums)
-        totals_all = ctx.all_sum([sums[k] for k in names] + [weight_total])
-        sums, weight_total = dict(zip(names, totals_all[:-1])), totals_all[-1]
-        if reuse_forward:
-            torch.distributed.all_reduce(old_logp)
-    out: dict = {k: v / max(weight_total, 1.0) for k, v in sums.items()}
+    if ctx.enabled and reuse_forward:  # each row was filled by one rank
+        torch.distributed.all_reduce(old_logp)
+    out = meter.result(ctx)
     if return_old_logp:
         lengths = batch.attention_mask.sum(1).tolist()
         out["old_logp_rows"] = [old_logp[i, : n - 1].tolist() for i, n in enumerate(lengths)]
-    # None (logged as null: not measured) where no step was computed, so a batch without signal is not mistaken
-    # for a diverged one (NaN), which the collapse rule flags
-    out.update(
-        loss=sum(losses) / len(losses) if losses else None,
-        grad_norm=sum(grad_norms) / len(grad_norms) if grad_norms else None,
-        steps=steps,
-        skipped_steps=skipped,
-        no_signal_steps=without_signal,
-    )
-    for prefix, sizes in step_sizes.items():
-        out[f"{prefix}_rms"], out[f"{prefix}_spectral_norm"] = sizes.result()
-    if snrs:
-        out["grad_snr"] = sum(snrs) / len(snrs)
     return out
+
+
+@dataclass(frozen=True)
+class _StepInputs:
+    """What every forward pass of one update shares."""
+
+    batch: PaddedBatch
+    advantages: torch.Tensor
+    loss_cfg: LossSettings
+    temperature: float
+    micro_batch_tokens: int
+    autocast_dtype: torch.dtype | None
+    forward: ForwardSettings | None
+    ctx: DistContext
+
+
+def _old_logprobs(model: nn.Module, step: _StepInputs, rows: list[int]) -> torch.Tensor:
+    """The trainer's log-probs of `rows` before the update, micro-batched like the update itself (no gradients);
+    the other rows stay 0 for the first optimizer step to fill."""
+    batch, ctx = step.batch, step.ctx
+    old_logp = torch.zeros_like(batch.rollout_logp)
+    if not rows:
+        return old_logp
+    with torch.no_grad():
+        for mb_rows, weight in rank_micro_batches(batch, rows, step.micro_batch_tokens, ctx):
+            mb = slice_batch(batch, mb_rows)
+            logp = token_logprobs(model, mb, step.temperature, autocast_dtype=step.autocast_dtype, forward=step.forward)
+            if weight:
+                old_logp[mb_rows, : mb.width] = logp
+    if ctx.enabled:  # each row was filled by one rank
+        torch.distributed.all_reduce(old_logp)
+    return old_logp
+
+
+def _minibatch_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    step: _StepInputs,
+    old_logp: torch.Tensor,
+    rows_mb: list[int],
+    parts: list[list[int]],
+    filling: bool,
+    grad_clip: float | None,
+    meter: _UpdateMeter,
+) -> None:
+    """One optimizer step over the mini-batch `rows_mb`: its micro-batches' losses back-propagated (each part of
+    `parts` on its own when the gradient SNR is measured), the gradient clipped, the step taken unless the loss or
+    the gradient is not finite. With `filling`, its forward passes also fill `old_logp` for its rows."""
+    batch, cfg, ctx = step.batch, step.loss_cfg, step.ctx
+    sub = slice_batch(batch, rows_mb)
+    totals = {"tokens": float(sub.loss_mask.sum()), "nonempty_rows": float((sub.loss_mask.sum(1) > 0).sum())}
+    global_width = float(sub.width)
+    optimizer.zero_grad(set_to_none=True)
+    step_loss = 0.0
+    stat_matrices = meter.step_sizes["update"].matrices
+    part_grads = []
+    for part in parts:
+        if len(parts) > 1:
+            grads_before = [
+                m.grad.detach().clone() if m.grad is not None else torch.zeros_like(m) for m in stat_matrices
+            ]
+        for rows, weight in rank_micro_batches(batch, part, step.micro_batch_tokens, ctx):
+            mb = slice_batch(batch, rows)
+            w = mb.width
+            logp, entropy = token_logprobs(
+                model,
+                mb,
+                step.temperature,
+                with_entropy=True,
+                autocast_dtype=step.autocast_dtype,
+                forward=step.forward,
+            )
+            if filling and weight:
+                old_logp[rows, :w] = logp.detach()
+            loss, metrics = policy_loss(
+                logp,
+                (old_logp[rows, :w] if not filling or weight else logp.detach()),
+                mb.rollout_logp if cfg.tis_cap is not None else None,
+                step.advantages[rows, :w],
+                mb.loss_mask,
+                clip_low=cfg.clip_low,
+                clip_high=cfg.clip_high,
+                tis_cap=cfg.tis_cap,
+                agg=cfg.agg,
+                dual_clip=cfg.dual_clip,
+                loss_scale_factor=global_width if cfg.agg == "seq-mean-token-sum-norm" else None,
+            )
+            scaled = loss * (_agg_weight(cfg.agg, mb, totals) * weight)
+            # FSDP2 averages gradients over the ranks: N times each rank's share sums them
+            (scaled * ctx.world_size if ctx.enabled else scaled).backward()
+            step_loss += float(scaled.detach())
+            n_tok = float(mb.loss_mask.sum()) * weight  # a stand-in adds its metric names, not its values
+            metrics["entropy"] = (entropy * mb.loss_mask).sum() / max(n_tok, 1.0)
+            meter.add_tokens(metrics, n_tok)
+        if len(parts) > 1:
+            share = _part_share(cfg.agg, slice_batch(batch, part), totals)
+            part_grads.append(
+                torch.cat([(m.grad.detach() - b).flatten() for m, b in zip(stat_matrices, grads_before)])
+                / max(share, 1e-12)
+            )
+    if part_grads:
+        meter.snrs.append(gradient_snr(part_grads))
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = _full(torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else float("inf")))
+    step_loss = ctx.all_sum([step_loss])[0]
+    meter.grad_norms.append(float(norm))
+    meter.losses.append(step_loss)
+    if not (math.isfinite(step_loss) and math.isfinite(float(norm))):
+        meter.skipped += 1
+        optimizer.zero_grad(set_to_none=True)
+        return
+    for sizes in meter.step_sizes.values():
+        sizes.before_step()
+    optimizer.step()
+    meter.steps += 1
+    for sizes in meter.step_sizes.values():
+        sizes.after_step()
+
+
+class _UpdateMeter:
+    """What one update measures: token-weighted loss metrics, the steps' losses, gradient norms and sizes, the
+    gradient SNR, and the counts of steps taken, skipped and without signal."""
+
+    def __init__(self, stat_matrices: list[torch.Tensor], embed_head_matrices: list[torch.Tensor]):
+        self.sums: dict[str, float] = {}
+        self.weight_total = 0.0
+        self.losses: list[float] = []
+        self.grad_norms: list[float] = []
+        self.skipped = self.steps = self.without_signal = 0
+        self.step_sizes = {"update": _StepSizes(stat_matrices), "embed_head_update": _StepSizes(embed_head_matrices)}
+        self.snrs: list[float] = []
+
+    def add_tokens(self, metrics: dict, n_tok: float) -> None:
+        self.weight_total += n_tok
+        for k, v in metrics.items():
+            self.sums[k] = self.sums.get(k, 0.0) + float(v) * n_tok
+
+    def result(self, ctx: DistContext) -> dict:
+        sums, weight_total = self.sums, self.weight_total
+        if ctx.enabled:  # metrics were token-weighted on each rank's rows
+            names = sorted(sums)
+            totals_all = ctx.all_sum([sums[k] for k in names] + [weight_total])
+            sums, weight_total = dict(zip(names, totals_all[:-1])), totals_all[-1]
+        out: dict = {k: v / max(weight_total, 1.0) for k, v in sums.items()}
+        # None (logged as null: not measured) where no step was computed, so a batch without signal is not
+        # mistaken for a diverged one (NaN), which the collapse rule flags
+        out.update(
+            loss=sum(self.losses) / len(self.losses) if self.losses else None,
+            grad_norm=sum(self.grad_norms) / len(self.grad_norms) if self.grad_norms else None,
+            steps=self.steps,
+            skipped_steps=self.skipped,
+            no_signal_steps=self.without_signal,
+        )
+        for prefix, sizes in self.step_sizes.items():
+            out[f"{prefix}_rms"], out[f"{prefix}_spectral_norm"] = sizes.result()
+        if self.snrs:
+            out["grad_snr"] = sum(self.snrs) / len(self.snrs)
+        return out
 
 
 class _StepSizes:
