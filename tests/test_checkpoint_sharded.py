@@ -189,13 +189,13 @@ def test_a_one_process_cell_resumes_from_sharded_checkpoints_and_exports_its_pol
     """`run.checkpoint_format: sharded` in one process (DCP without a process group): a run resumed from its
     update-2 checkpoint, past a leftover temp directory, logs the uninterrupted run's metrics; a fresh run refuses
     the directory; `export` writes the checkpoint's weights as a policy directory."""
-    from test_train import CELL, _metrics  # pytest puts tests/ on sys.path
+    from builders import MINIREPO_CELL, metrics_of
 
     from trainer.__main__ import export_checkpoint
     from trainer.policy.load import load_policy, policy_meta
     from trainer.train import Trainer
 
-    cfg = config_from_dict({**CELL, "run": {**CELL["run"], "checkpoint_format": "sharded"}})
+    cfg = config_from_dict({**MINIREPO_CELL, "run": {**MINIREPO_CELL["run"], "checkpoint_format": "sharded"}})
     whole = tmp_path / "whole"
     trainer = Trainer(cfg, whole)
     trainer.run(progress=False)
@@ -210,7 +210,7 @@ def test_a_one_process_cell_resumes_from_sharded_checkpoints_and_exports_its_pol
         Trainer(cfg, resumed).run(progress=False)
     with pytest.warns(UserWarning, match="ignoring partial checkpoint"):
         Trainer(cfg, resumed).run(resume=True, progress=False)
-    pd.testing.assert_frame_equal(_metrics(resumed), _metrics(whole))
+    pd.testing.assert_frame_equal(metrics_of(resumed), metrics_of(whole))
     assert visible(resumed / "checkpoints") == ["ckpt-00000002", "ckpt-00000003"]
 
     assert export_checkpoint(str(ckpts / "ckpt-00000003"), str(tmp_path / "policy")) == {

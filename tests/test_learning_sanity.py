@@ -34,9 +34,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from builders import GAME, word_policy
 
 from trainer.config import ESTIMATORS, config_from_dict
-from trainer.environments.recall import RecallConfig, vocabulary
+from trainer.environments.recall import RecallConfig
 from trainer.logs.parquet_log import read_log
 from trainer.train import Trainer
 
@@ -44,31 +45,9 @@ OPTIMIZERS = ("adam", "muon")
 RECIPE = {"spo": "spo_adam", "spo++": "no_penalties", "grpo": "grpo", "gigpo": "gigpo", "graphgpo": "graphgpo"}
 """The project's recipe of each estimator with the shaping penalties off (the recall game has no length to
 penalise); `optim.name` is set per case."""
-GAME = {"n_keys": 2, "n_train_tasks": 16, "n_heldout_tasks": 8}
 LR, UPDATES, BATCH, GROUP = 1e-3, 30, 128, 4
 START_MAX, END_MIN, WINDOW = 0.30, 0.90, 3
 """Mean training success over the first WINDOW updates must be <= START_MAX, over the last WINDOW >= END_MIN."""
-PRESET = "minicpm-tiny"
-
-
-def word_policy(directory, seed: int = 0, preset: str = PRESET, n_keys: int = GAME["n_keys"]):
-    """A freshly initialised tiny `preset` model with a word-level tokenizer over the game's vocabulary, written
-    where `model.path` can load it (a tiny policy directory, as the warm start writes)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    from trainer.policy.chat_format import SPECIAL_TOKENS, TinyFormat
-    from trainer.policy.load import save_policy
-    from trainer.policy.tiny import TinyModelSpec, build_tiny_model
-
-    words = ["[UNK]", *vocabulary(RecallConfig(n_keys=n_keys))]
-    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.add_special_tokens(list(SPECIAL_TOKENS))  # after the words: "<eot>" in a text is then [UNK]
-    model = build_tiny_model(
-        TinyModelSpec(preset, vocab_size=tokenizer.get_vocab_size(), max_position_embeddings=128), seed=seed
-    )
-    save_policy(model, TinyFormat(tokenizer), directory)
-    return directory
 
 
 def cell(policy_dir, estimator: str, optimizer: str, seed: int = 0) -> dict:

@@ -20,11 +20,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-import yaml
-from test_learning_sanity import word_policy
-from test_vllm_engine import TASKS, TEXTS, TallyEnv
+from builders import TASKS, TEXTS, TallyEnv, cell_logs, recall_cell, train_cli, word_policy
 
-from trainer.logs.parquet_log import read_log
 from trainer.policy.chat_format import TinyFormat, build_tokenizer
 from trainer.policy.load import save_policy
 from trainer.policy.tiny import TinyModelSpec, build_tiny_model
@@ -199,46 +196,6 @@ def test_a_server_that_cannot_start_says_why(tmp_path):
 # ------------------------------------------------------------------------------------------- cells
 
 
-RECALL = {"n_keys": 2, "n_train_tasks": 16, "n_heldout_tasks": 8}
-
-
-def _cell(policy, **rollout):
-    return {
-        "recipe": "spo_muon",
-        "model": {"path": str(policy)},
-        "env": {"name": "recall", "options": RECALL, "eval_tasks": 8},
-        "optim": {"name": "muon", "lr": 1e-3},
-        "rollout": {"engine": "reference", "batch_size": 64, "max_turn_tokens": 1, "max_episode_tokens": 32, **rollout},
-        "run": {"updates": 6, "seed": 0, "minibatches": 2, "eval_every": 3, "checkpoint_every": 0},
-    }
-
-
-def _train(tmp_path, cell, name, nproc=1):
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cell))
-    launcher = (
-        [sys.executable]
-        if nproc == 1
-        else [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
-    )
-    run = subprocess.run(
-        [*launcher, "-m", "trainer", "train", "--config", str(path), "--out", str(tmp_path / name), "--no-progress"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
-    assert run.returncode == 0, run.stderr[-4000:]
-    return run
-
-
-def _logs(out):
-    metrics = read_log(out / "metrics.parquet")[0].drop(columns=["rollout_s", "train_s", "wall_s"])
-    episodes = read_log(out / "episodes.parquet")[0]
-    return metrics, episodes.drop(columns=[c for c in episodes.columns if c.endswith("_s")])
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_a_served_cell_equals_the_in_process_cell_bit_for_bit(tmp_path, nproc):
@@ -246,10 +203,10 @@ def test_a_served_cell_equals_the_in_process_cell_bit_for_bit(tmp_path, nproc):
     in a server fed by weight pushes, for a one-process trainer and a sharded two-process one. The policy learns
     meanwhile (its success moves), so every push carried new weights."""
     policy = word_policy(tmp_path / "policy")
-    here = _train(tmp_path, _cell(policy, mode="lagged"), "here", nproc)
-    served = _train(tmp_path, _cell(policy, mode="lagged", server=True), "served", nproc)
+    here = train_cli(tmp_path, recall_cell(policy, mode="lagged"), "here", nproc)
+    served = train_cli(tmp_path, recall_cell(policy, mode="lagged", server=True), "served", nproc)
     assert "rollout server pid" in served.stderr and "rollout server" not in here.stderr
-    (m_here, e_here), (m_served, e_served) = _logs(tmp_path / "here"), _logs(tmp_path / "served")
+    (m_here, e_here), (m_served, e_served) = cell_logs(tmp_path / "here"), cell_logs(tmp_path / "served")
     pd.testing.assert_frame_equal(m_served, m_here)
     pd.testing.assert_frame_equal(e_served, e_here)
     assert m_here["success_rate"].nunique() > 1 and (m_here["loss"] != 0).any()
@@ -265,11 +222,11 @@ def test_an_asynchronous_served_cell_learns_with_bounded_staleness(tmp_path):
     all-success batches (0.80, recovered to 0.98; see test_learning_sanity.py), 0.95 over the last ten updates.
     The end bound (0.85 over the last ten, not the last three) was set after seeing that run."""
     policy = word_policy(tmp_path / "policy")
-    cell = _cell(policy, mode="async", max_staleness=2, server=True)
+    cell = recall_cell(policy, mode="async", max_staleness=2, server=True)
     cell["rollout"]["batch_size"] = 128
     cell["run"].update(updates=30, eval_every=30)
-    _train(tmp_path, cell, "async")
-    metrics, episodes = _logs(tmp_path / "async")
+    train_cli(tmp_path, cell, "async")
+    metrics, episodes = cell_logs(tmp_path / "async")
     train = episodes[episodes["split"] == "train"]
     assert (train["staleness"] <= 2).all() and train["policy_version"].max() >= 25
     assert train["staleness"].max() >= 1  # generation really ran ahead of the update

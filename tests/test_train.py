@@ -15,28 +15,9 @@ import pandas as pd
 import pytest
 import torch
 import yaml
+from builders import MINIREPO_CELL, metrics_of
 
 from trainer.logs.parquet_log import METRIC_COLUMNS, read_log
-
-TIMING = ["rollout_s", "train_s", "wall_s"]
-
-CELL = {
-    "recipe": "full",
-    "env": {"name": "minirepo", "options": {"max_depth": 1, "max_turns": 6}, "eval_tasks": 4, "probe_tasks": 2},
-    "rl": {"length_threshold": 12},
-    "rollout": {"mode": "lagged", "lag": 1, "batch_size": 4, "max_turn_tokens": 12, "max_episode_tokens": 256},
-    "run": {
-        "updates": 4,
-        "eval_every": 2,
-        "checkpoint_every": 1,
-        "seed": 3,
-        "minibatches": 2,
-        "epochs": 2,
-        # an untrained model's episodes all fail alike, so no batch carries signal; take the steps anyway, so
-        # that every metric of a real step is written and resumed
-        "skip_no_signal": False,
-    },
-}
 
 
 def _write(tmp_path: Path, cell: dict, name="cell.yaml") -> Path:
@@ -49,16 +30,11 @@ def _cli(*args, **kw):
     return subprocess.run([sys.executable, "-m", "trainer", *args], capture_output=True, text=True, timeout=600, **kw)
 
 
-def _metrics(out: Path) -> pd.DataFrame:
-    df, _ = read_log(out / "metrics.parquet")
-    return df.drop(columns=TIMING)
-
-
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ref")
     out = tmp / "out"
-    r = _cli("train", "--config", str(_write(tmp, CELL)), "--out", str(out), "--no-progress")
+    r = _cli("train", "--config", str(_write(tmp, MINIREPO_CELL)), "--out", str(out), "--no-progress")
     assert r.returncode == 0, r.stderr
     return out
 
@@ -103,7 +79,7 @@ def test_the_cheating_probe_reports_a_gamed_grader(tmp_path, monkeypatch):
         return dataclasses.replace(result, reward=1.0) if result.done else result
 
     monkeypatch.setattr(MiniRepoEnv, "step", gamed)
-    cell = {**CELL, "run": {**CELL["run"], "updates": 1, "checkpoint_every": 0}}
+    cell = {**MINIREPO_CELL, "run": {**MINIREPO_CELL["run"], "updates": 1, "checkpoint_every": 0}}
     train(config_from_dict(cell), tmp_path / "gamed", progress=False)
     df, _ = read_log(tmp_path / "gamed" / "metrics.parquet")
     assert df["cheat_rate"].tolist() == [1.0]
@@ -112,15 +88,15 @@ def test_the_cheating_probe_reports_a_gamed_grader(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_same_seed_reruns_bit_identically(tmp_path, reference_run):
     out = tmp_path / "again"
-    r = _cli("train", "--config", str(_write(tmp_path, CELL)), "--out", str(out), "--no-progress")
+    r = _cli("train", "--config", str(_write(tmp_path, MINIREPO_CELL)), "--out", str(out), "--no-progress")
     assert r.returncode == 0, r.stderr
-    pd.testing.assert_frame_equal(_metrics(out), _metrics(reference_run))
+    pd.testing.assert_frame_equal(metrics_of(out), metrics_of(reference_run))
 
 
 @pytest.mark.slow
 def test_sigkill_then_resume_ends_with_the_same_metrics(tmp_path, reference_run):
     out = tmp_path / "killed"
-    cfg = _write(tmp_path, CELL)
+    cfg = _write(tmp_path, MINIREPO_CELL)
     proc = subprocess.Popen(
         [sys.executable, "-m", "trainer", "train", "--config", str(cfg), "--out", str(out), "--no-progress"],
         stdout=subprocess.DEVNULL,
@@ -137,7 +113,7 @@ def test_sigkill_then_resume_ends_with_the_same_metrics(tmp_path, reference_run)
     assert proc.returncode == -signal.SIGKILL
     r = _cli("train", "--config", str(cfg), "--out", str(out), "--no-progress", "--resume")
     assert r.returncode == 0, r.stderr
-    pd.testing.assert_frame_equal(_metrics(out), _metrics(reference_run))
+    pd.testing.assert_frame_equal(metrics_of(out), metrics_of(reference_run))
 
 
 @pytest.mark.slow
@@ -163,7 +139,7 @@ def test_a_short_empty_or_missing_log_fails_the_summary_check(tmp_path, referenc
         with pytest.raises(ValueError, match=rf"metrics.parquet' {message}"):
             check_cell_logs([metrics])
     pq.write_table(whole, metrics)
-    (cell / "cell.yaml").write_text(yaml.safe_dump({**CELL, "run": {**CELL["run"], "updates": 5}}))
+    (cell / "cell.yaml").write_text(yaml.safe_dump({**MINIREPO_CELL, "run": {**MINIREPO_CELL["run"], "updates": 5}}))
     with pytest.raises(ValueError, match=r"but its cell ran 5 update"):
         check_cell_logs([metrics])  # the cell.yaml beside the log is the cell's config
     (cell / "cell.yaml").unlink()
@@ -218,7 +194,7 @@ def test_fresh_run_refuses_a_directory_with_checkpoints(tmp_path, reference_run)
     shutil.copytree(reference_run, out)
     (out / "checkpoints").mkdir(exist_ok=True)
     (out / "checkpoints" / "ckpt-00000001.pt").write_bytes(b"x")
-    r = _cli("train", "--config", str(_write(tmp_path, CELL)), "--out", str(out), "--no-progress")
+    r = _cli("train", "--config", str(_write(tmp_path, MINIREPO_CELL)), "--out", str(out), "--no-progress")
     assert r.returncode != 0 and "--resume" in r.stderr
 
 
@@ -228,7 +204,7 @@ def test_fresh_run_refuses_a_directory_with_checkpoints(tmp_path, reference_run)
 )
 def test_bad_config_fails_before_work_with_the_key_named(tmp_path, bad, named):
     out = tmp_path / "never"
-    r = _cli("train", "--config", str(_write(tmp_path, {**CELL, **bad})), "--out", str(out))
+    r = _cli("train", "--config", str(_write(tmp_path, {**MINIREPO_CELL, **bad})), "--out", str(out))
     assert r.returncode == 2 and named in r.stderr
     assert not out.exists()
 
@@ -236,9 +212,9 @@ def test_bad_config_fails_before_work_with_the_key_named(tmp_path, bad, named):
 @pytest.mark.slow
 def test_async_mode_bounds_staleness(tmp_path):
     cell = {
-        **CELL,
-        "rollout": {**CELL["rollout"], "mode": "async", "max_staleness": 1},
-        "run": {**CELL["run"], "updates": 3, "checkpoint_every": 0},
+        **MINIREPO_CELL,
+        "rollout": {**MINIREPO_CELL["rollout"], "mode": "async", "max_staleness": 1},
+        "run": {**MINIREPO_CELL["run"], "updates": 3, "checkpoint_every": 0},
     }
     out = tmp_path / "async"
     r = _cli("train", "--config", str(_write(tmp_path, cell)), "--out", str(out), "--no-progress")
@@ -325,7 +301,11 @@ def test_the_trainer_warns_about_bf16_weights(tmp_path):
     from trainer.config import config_from_dict
     from trainer.train import Trainer
 
-    cell = {**CELL, "model": {"dtype": "bfloat16"}, "run": {**CELL["run"], "compute_dtype": "bfloat16"}}
+    cell = {
+        **MINIREPO_CELL,
+        "model": {"dtype": "bfloat16"},
+        "run": {**MINIREPO_CELL["run"], "compute_dtype": "bfloat16"},
+    }
     with pytest.warns(UserWarning, match="model.dtype is bfloat16"):
         Trainer(config_from_dict(cell), tmp_path / "bf16")
     with warnings.catch_warnings():
@@ -354,7 +334,7 @@ def test_eval_reproduces_the_held_out_success_the_trainer_logged(tmp_path):
     the same held-out tasks, sampling and evaluation generator (seeded by run seed and update). The evaluation
     samples (eval_temperature 1) a policy that answers the recall game now and then, so the number depends on the
     seeding: the generator of another update gives another number."""
-    from test_learning_sanity import word_policy
+    from builders import word_policy
 
     cell = {
         "recipe": "spo_adam",
@@ -393,7 +373,7 @@ def test_resume_refuses_a_checkpoint_of_another_state_format(tmp_path):
     from trainer.config import config_from_dict
     from trainer.train import Trainer
 
-    cfg = config_from_dict({**CELL, "run": {**CELL["run"], "updates": 1}})
+    cfg = config_from_dict({**MINIREPO_CELL, "run": {**MINIREPO_CELL["run"], "updates": 1}})
     trainer = Trainer(cfg, tmp_path / "out")
     trainer.t_start = time.perf_counter()
     state = trainer.state_dict()
@@ -416,7 +396,7 @@ def test_resume_reads_the_checkpoints_config_with_todays_defaults(tmp_path):
     from trainer.config import config_from_dict
     from trainer.train import Trainer
 
-    cfg = config_from_dict({**CELL, "run": {**CELL["run"], "updates": 1}})
+    cfg = config_from_dict({**MINIREPO_CELL, "run": {**MINIREPO_CELL["run"], "updates": 1}})
     trainer = Trainer(cfg, tmp_path / "out")
     trainer.t_start = time.perf_counter()
     state = trainer.state_dict()
@@ -451,13 +431,13 @@ def test_bf16_rollout_weights_put_the_rollouts_a_rounding_away_from_the_trainer(
     for bit, so every TIS weight is exactly 1; with weights rounded to bf16 they are not."""
     tis = {}
     for dtype in ("float32", "bfloat16"):
-        cell = copy.deepcopy(CELL)
+        cell = copy.deepcopy(MINIREPO_CELL)
         cell["rollout"].update(lag=0, weight_dtype=dtype)
         cell["run"].update(updates=2, eval_every=0, checkpoint_every=0)
         out = tmp_path / dtype
         r = _cli("train", "--config", str(_write(tmp_path, cell, f"{dtype}.yaml")), "--out", str(out), "--no-progress")
         assert r.returncode == 0, r.stderr
-        tis[dtype] = _metrics(out)["tis_weight_mean"].tolist()
+        tis[dtype] = metrics_of(out)["tis_weight_mean"].tolist()
     assert tis["float32"] == [1.0, 1.0]
     assert all(abs(w - 1.0) > 1e-7 for w in tis["bfloat16"]), tis
 

@@ -32,6 +32,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from builders import TASKS, TEXTS, TallyEnv
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -378,36 +379,6 @@ def test_request_seeds_follow_the_generator(n, seed):
 
 
 # ------------------------------------------------------------------------------------------- against HFEngine
-
-TEXTS = [f"tally {i}: apples and pears, turn {i % 4} saw {i} chars" for i in range(40)]
-TASKS = list(range(6))
-
-
-class TallyEnv:
-    """2-4 turns by task; observations of task- and turn-dependent length; flags on some turns; reward on even
-    tasks. Keeps the actions it received."""
-
-    max_turns = 4
-
-    def reset(self, task):
-        self.task, self.k, self.received = task, 0, []
-        return f"tally {task}:" + " apples" * (task % 4)
-
-    def step(self, action):
-        self.k += 1
-        self.received.append(action)
-        done = self.k >= 2 + self.task % 3
-        info = StepInfo(
-            tool="tally",
-            invalid_action=self.k == 1 and self.task % 2 == 1,
-            exec_error=self.k == 2 and self.task % 4 == 0,
-            timed_out=self.k == 2 and self.task % 4 == 2,
-        )
-        obs = f"turn {self.k} saw {len(action)}" + " pears" * ((self.task + 2 * self.k) % 5)
-        return StepResult(observation=obs, done=done, reward=float(done and self.task % 2 == 0), info=info)
-
-    def close(self):
-        pass
 
 
 @pytest.fixture(scope="module")

@@ -337,9 +337,9 @@ def test_a_stalled_vllm_server_is_a_clear_error_within_the_deadline(served, tmp_
 
 def _recall_cell(policy, engine="vllm", **rollout):
     """tests/test_rollout_server.py's recall cell (learns in ~25 updates), 30 updates of 128 episodes."""
-    from test_rollout_server import _cell
+    from builders import recall_cell
 
-    cell = _cell(policy, engine=engine, **rollout)
+    cell = recall_cell(policy, engine=engine, **rollout)
     if engine == "vllm":
         cell["rollout"]["vllm_enforce_eager"] = True
     cell["rollout"]["batch_size"] = 128
@@ -349,12 +349,11 @@ def _recall_cell(policy, engine="vllm", **rollout):
 
 def _success(tmp_path, cell, nproc=1):
     """(the run's stderr, its training success per update, its training episodes)."""
-    from test_learning_sanity import word_policy
-    from test_rollout_server import _logs, _train
+    from builders import cell_logs, train_cli, word_policy
 
     policy = word_policy(tmp_path / "policy", preset="qwen2.5-tiny")
-    run = _train(tmp_path, cell(policy), "cell", nproc)
-    metrics, episodes = _logs(tmp_path / "cell")
+    run = train_cli(tmp_path, cell(policy), "cell", nproc)
+    metrics, episodes = cell_logs(tmp_path / "cell")
     return run.stderr, metrics["success_rate"].to_numpy(), episodes[episodes["split"] == "train"]
 
 
@@ -403,7 +402,7 @@ def test_a_vllm_cell_learns_the_recall_game_as_the_hf_cell_does(tmp_path, hf_suc
 def test_vllm_in_a_sharded_trainer_is_refused_up_front(tmp_path):
     """In the trainer's rank 0 vLLM would build its process groups on the trainer's, which the other ranks never
     join: the cell hung (measured) until this was refused."""
-    from test_learning_sanity import word_policy
+    from builders import word_policy
 
     policy = word_policy(tmp_path / "policy", preset="qwen2.5-tiny")
     (tmp_path / "cell.yaml").write_text(yaml.safe_dump(_recall_cell(policy, mode="lagged")))
