@@ -514,3 +514,16 @@ def test_flash_requirement_is_checked_per_model_not_imposed_process_wide(model, 
     checked = token_logprobs(model, batch, forward=update.ForwardSettings(require_flash=True))
     assert torch.equal(plain, checked)
     assert (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()) == before
+
+
+def test_a_sharded_updates_compute_dtype_is_what_the_flash_check_asks_about(model, monkeypatch):
+    """Sharded, FSDP2 computes in bf16 while the parameters stay fp32 and no autocast is set: the check must ask
+    about bf16 (`ForwardSettings.attention_dtype`), not the fp32 parameters, or it refuses every sharded GPU cell."""
+    import trainer.update as update
+
+    seen = []
+    monkeypatch.setattr(update, "_require_flash", lambda m, device, dtype: seen.append(dtype))
+    batch = pad_episodes(_episodes(2), pad_id=0)
+    token_logprobs(model, batch, forward=update.ForwardSettings(require_flash=True, attention_dtype=torch.bfloat16))
+    token_logprobs(model, batch, forward=update.ForwardSettings(require_flash=True))
+    assert seen == [torch.bfloat16, None]  # None: _require_flash falls back to the parameters' dtype

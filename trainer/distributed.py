@@ -78,7 +78,9 @@ def init_distributed(device: str) -> DistContext:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         # rank 0 plays a whole batch of rollouts while the others wait in the broadcast of its episodes: the
         # default collective timeout (10 min under NCCL) would end a cell whose rollouts take longer
-        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", timeout=timedelta(hours=6))
+        # on GPUs, NCCL for CUDA tensors and gloo for the CPU ones (`all_sum`'s scalars, pickled broadcasts)
+        backend = "cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo"
+        dist.init_process_group(backend, timeout=timedelta(hours=6))
     return DistContext(rank=dist.get_rank(), world_size=dist.get_world_size())
 
 

@@ -177,6 +177,7 @@ class Trainer:
             autocast_dtype=self.autocast,
             chunk_tokens=cfg.run.logprob_chunk_tokens,
             require_flash=cfg.run.require_flash_attention,
+            attention_dtype=compute,
         )
 
         self.engine = self._rollout_engine() if self.dist.is_main else None

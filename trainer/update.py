@@ -103,6 +103,9 @@ class ForwardSettings:
     """`run.logprob_chunk_tokens`: the LM head this many positions at a time (None: all at once)."""
     require_flash: bool = False
     """`run.require_flash_attention` (CUDA only)."""
+    attention_dtype: torch.dtype | None = None
+    """The dtype attention computes in when no autocast says it: a sharded update's bf16 (FSDP2's mixed precision,
+    whose parameters stay fp32 outside the forward). None: the autocast dtype, else the parameters'."""
 
 
 @functools.cache
@@ -201,7 +204,7 @@ def token_logprobs(
     # Scoring without gradients takes the lean forward where it serves the model (the same logits, fewer ops)
     lean = lean_decoder(model) if chunk is None and autocast_dtype is None and not torch.is_grad_enabled() else None
     if forward is not None and forward.require_flash:
-        _require_flash(model, batch.input_ids.device, autocast_dtype)
+        _require_flash(model, batch.input_ids.device, autocast_dtype or forward.attention_dtype)
     with ctx:
         if lean is not None:
             logits = lean.logits(batch.input_ids)[:, :-1]
