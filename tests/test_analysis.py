@@ -607,3 +607,16 @@ def test_library_defaults_are_the_workflows():
     assert analysis["bootstrap_seed"]["default"] == BOOTSTRAP_SEED
     assert analysis["ema_span"]["default"] == EMA_SPAN
     assert CollapseCriterion.from_dict(analysis["collapse"]["default"]) == CollapseCriterion()
+
+
+def test_the_summary_csv_keeps_small_numbers(tmp_path):
+    """A 3e-5 learning rate must not print as 0.0000 (the stability study's lrs and the step sizes are that small)."""
+    import pandas as pd
+
+    from trainer.analysis.summary import write_tables
+
+    table = pd.DataFrame({"lr": [3e-5, 1e-4], "final_pct_mean": [38.75, 42.5], "update_rms": [6.7e-05, 4.3e-05]})
+    write_tables(table, "", table, tmp_path / "s.csv", tmp_path / "s.md", tmp_path / "r.parquet")
+    back = pd.read_csv(tmp_path / "s.csv")
+    assert back["lr"].tolist() == [3e-5, 1e-4] and back["update_rms"].tolist() == [6.7e-05, 4.3e-05]
+    assert back["final_pct_mean"].tolist() == [38.75, 42.5]

@@ -436,7 +436,7 @@ def write_tables(
     """The summary rule's three outputs: the table as CSV and Markdown, and the per-run table as Parquet."""
     for path in (csv, md, runs_path):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-    summary.to_csv(csv, index=False, float_format="%.4f")
+    summary.to_csv(csv, index=False, float_format="%.6g")
     Path(md).write_text(markdown)
     runs.to_parquet(runs_path, index=False)
 
