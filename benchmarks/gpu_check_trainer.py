@@ -396,7 +396,7 @@ def long_episode_probe(
     from trainer.distributed import enable_activation_checkpointing
     from trainer.optim.hybrid import build_muon_adamw
     from trainer.plan import model_counts, plan_memory
-    from trainer.update import ForwardSettings, token_logprobs
+    from trainer.update import ForwardSettings, check_flash_attention, token_logprobs
 
     model_type, dims = PROBE_SHAPES[shape]
     if DEVICE == "cpu":  # the script's logic only
@@ -418,7 +418,8 @@ def long_episode_probe(
     model.train()
     enable_activation_checkpointing(model)
     opt = build_muon_adamw(model, muon_lr=1e-6, adamw_lr=1e-6, adjust_lr_fn="match_rms_adamw")
-    forward = ForwardSettings(autocast_dtype=torch.bfloat16, chunk_tokens=chunk, require_flash=DEVICE == "cuda")
+    check_flash_attention(model, torch.device(DEVICE), torch.bfloat16)  # the paper configuration's requirement
+    forward = ForwardSettings(autocast_dtype=torch.bfloat16, chunk_tokens=chunk)
     sizes, ok = {}, True
     for n in token_counts:
         plan = plan_memory(counts, n, 1, checkpointing=True, head_chunk_tokens=chunk)

@@ -502,28 +502,28 @@ def test_flash_requirement_is_checked_per_model_not_imposed_process_wide(model, 
     monkeypatch.setattr(update, "flash_attention_refusal", refusal)
     c = model.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    update._require_flash(model, torch.device("cpu"), torch.bfloat16)
+    before = torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()
+    update.check_flash_attention(model, torch.device("cpu"), torch.bfloat16)
     assert asked == []
-    update._require_flash(model, torch.device("cuda"), torch.bfloat16)
+    update.check_flash_attention(model, torch.device("cuda"), torch.bfloat16)
     assert asked == [("cuda", torch.bfloat16, c.num_attention_heads, c.num_key_value_heads, head_dim)]
     with pytest.raises(RuntimeError, match=r"run\.require_flash_attention.*head dimension not supported"):
-        update._require_flash(model, torch.device("cuda"), None)  # no autocast: the parameters' fp32
-    before = torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()
-    batch = pad_episodes(_episodes(2), pad_id=0)
-    plain = token_logprobs(model, batch)
-    checked = token_logprobs(model, batch, forward=update.ForwardSettings(require_flash=True))
-    assert torch.equal(plain, checked)
+        update.check_flash_attention(model, torch.device("cuda"), None)  # no compute dtype: the parameters' fp32
     assert (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()) == before
 
 
-def test_a_sharded_updates_compute_dtype_is_what_the_flash_check_asks_about(model, monkeypatch):
-    """Sharded, FSDP2 computes in bf16 while the parameters stay fp32 and no autocast is set: the check must ask
-    about bf16 (`ForwardSettings.attention_dtype`), not the fp32 parameters, or it refuses every sharded GPU cell."""
-    import trainer.update as update
+def test_the_trainer_checks_flash_attention_once_in_its_compute_dtype(tmp_path, monkeypatch):
+    """The trainer asks once, at the start, about the dtype attention computes in (`run.compute_dtype`), not the
+    parameters' fp32: sharded, FSDP2 computes in bf16 with fp32 parameters and no autocast, and asking about the
+    parameters refused every sharded GPU cell. `run.require_flash_attention: false` asks nothing."""
+    from builders import MINIREPO_CELL
+
+    import trainer.train as train
+    from trainer.config import config_from_dict
 
     seen = []
-    monkeypatch.setattr(update, "_require_flash", lambda m, device, dtype: seen.append(dtype))
-    batch = pad_episodes(_episodes(2), pad_id=0)
-    token_logprobs(model, batch, forward=update.ForwardSettings(require_flash=True, attention_dtype=torch.bfloat16))
-    token_logprobs(model, batch, forward=update.ForwardSettings(require_flash=True))
-    assert seen == [torch.bfloat16, None]  # None: _require_flash falls back to the parameters' dtype
+    monkeypatch.setattr(train, "check_flash_attention", lambda m, device, dtype: seen.append(dtype))
+    run = {**MINIREPO_CELL["run"], "compute_dtype": "bfloat16"}
+    train.Trainer(config_from_dict({**MINIREPO_CELL, "run": run}), tmp_path / "a")
+    train.Trainer(config_from_dict({**MINIREPO_CELL, "run": {**run, "require_flash_attention": False}}), tmp_path / "b")
+    assert seen == [torch.bfloat16]

@@ -300,7 +300,7 @@ class RunConfig:
     they alone take ~100 GB). None: the whole micro-batch at once (the numbers differ from chunked ones only by
     rounding)."""
     require_flash_attention: bool = True
-    """On CUDA, refuse before the update's forward a model and compute dtype that the flash kernel cannot take
+    """On CUDA, refuse when the trainer starts a model and compute dtype that the flash kernel cannot take
     (causal attention without a mask, as the update runs it), instead of falling back to the math kernel, whose
     T x T scores take ~69 GB per layer at 32k tokens. A check, not a kernel restriction: torch's restriction is
     process-wide and would bar the async rollout thread's masked attention too. Ignored on the CPU."""

@@ -59,7 +59,14 @@ from trainer.rollout.driver import DriverConfig, RolloutDriver, TaskSampler
 from trainer.rollout.evaluation import eval_generator, evaluate
 from trainer.rollout.hf_engine import HFEngine
 from trainer.rollout.sampling import SamplingParams
-from trainer.update import ForwardSettings, LossSettings, pad_episodes, policy_update, score_sequences
+from trainer.update import (
+    ForwardSettings,
+    LossSettings,
+    check_flash_attention,
+    pad_episodes,
+    policy_update,
+    score_sequences,
+)
 
 METRICS_FILE, EPISODES_FILE, CHECKPOINT_DIR = "metrics.parquet", "episodes.parquet", "checkpoints"
 STATE_FORMAT = "trainer.state/2"
@@ -176,9 +183,9 @@ class Trainer:
         self.forward = ForwardSettings(
             autocast_dtype=self.autocast,
             chunk_tokens=cfg.run.logprob_chunk_tokens,
-            require_flash=cfg.run.require_flash_attention,
-            attention_dtype=compute,
         )
+        if cfg.run.require_flash_attention:
+            check_flash_attention(self.model, torch.device(self.device), compute)
 
         self.engine = self._rollout_engine() if self.dist.is_main else None
         self.sampling = SamplingParams.for_rollouts(r)

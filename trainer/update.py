@@ -23,7 +23,6 @@ Why it is shaped this way:
 from __future__ import annotations
 
 import contextlib
-import functools
 import math
 import warnings
 from dataclasses import dataclass
@@ -101,14 +100,8 @@ class ForwardSettings:
     autocast_dtype: torch.dtype | None = None
     chunk_tokens: int | None = None
     """`run.logprob_chunk_tokens`: the LM head this many positions at a time (None: all at once)."""
-    require_flash: bool = False
-    """`run.require_flash_attention` (CUDA only)."""
-    attention_dtype: torch.dtype | None = None
-    """The dtype attention computes in when no autocast says it: a sharded update's bf16 (FSDP2's mixed precision,
-    whose parameters stay fp32 outside the forward). None: the autocast dtype, else the parameters'."""
 
 
-@functools.cache
 def flash_attention_refusal(
     device: torch.device, dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int
 ) -> str | None:
@@ -127,14 +120,16 @@ def flash_attention_refusal(
     return None if ok else ("; ".join(str(w.message) for w in caught) or "the kernel's conditions are not met")
 
 
-def _require_flash(model: nn.Module, device: torch.device, autocast_dtype: torch.dtype | None) -> None:
-    """Raise before the forward if the flash kernel cannot take the model's attention (`run.require_flash_attention`)."""
+def check_flash_attention(model: nn.Module, device: torch.device, compute_dtype: torch.dtype | None) -> None:
+    """Raise if the flash kernel cannot take the update's attention (`run.require_flash_attention`): once, when the
+    trainer starts, since the model's heads and the dtype attention computes in (`compute_dtype`: autocast's, or a
+    sharded update's FSDP2 mixed precision, whose parameters stay fp32; None: the parameters') do not change."""
     if device.type != "cuda":
         return
     config = model.config.get_text_config()
     heads = config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    dtype = autocast_dtype or next(model.parameters()).dtype
+    dtype = compute_dtype or next(model.parameters()).dtype
     why = flash_attention_refusal(device, dtype, heads, getattr(config, "num_key_value_heads", None) or heads, head_dim)
     if why is not None:
         raise RuntimeError(
@@ -203,8 +198,6 @@ def token_logprobs(
     targets = batch.input_ids[:, 1:]
     # Scoring without gradients takes the lean forward where it serves the model (the same logits, fewer ops)
     lean = lean_decoder(model) if chunk is None and autocast_dtype is None and not torch.is_grad_enabled() else None
-    if forward is not None and forward.require_flash:
-        _require_flash(model, batch.input_ids.device, autocast_dtype or forward.attention_dtype)
     with ctx:
         if lean is not None:
             logits = lean.logits(batch.input_ids)[:, :-1]
