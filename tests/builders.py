@@ -25,6 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 GAME = {"n_keys": 2, "n_train_tasks": 16, "n_heldout_tasks": 8}
 """The recall game of the learning-sanity tests: two keys, 16 training and 8 held-out tasks."""
 PRESET = "minicpm-tiny"
+TIMING = ["rollout_s", "train_s", "wall_s"]
+"""The metrics columns that time a cell: the only ones a rerun does not reproduce."""
 
 
 def turns(
@@ -152,9 +154,8 @@ def train_cli(tmp_path, cell, name, nproc=1):
 
 def cell_logs(out):
     """A finished cell's metrics and episodes without their timing columns (the parts a rerun reproduces)."""
-    metrics = read_log(out / "metrics.parquet")[0].drop(columns=["rollout_s", "train_s", "wall_s"])
     episodes = read_log(out / "episodes.parquet")[0]
-    return metrics, episodes.drop(columns=[c for c in episodes.columns if c.endswith("_s")])
+    return metrics_of(out), episodes.drop(columns=[c for c in episodes.columns if c.endswith("_s")])
 
 
 MINIREPO_CELL = {
@@ -180,4 +181,4 @@ MINIREPO_CELL = {
 def metrics_of(out: Path):
     """A finished cell's metrics without their timing columns."""
     df, _ = read_log(out / "metrics.parquet")
-    return df.drop(columns=["rollout_s", "train_s", "wall_s"])
+    return df.drop(columns=TIMING)

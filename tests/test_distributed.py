@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from builders import TIMING
 
 pytestmark = pytest.mark.slow  # process groups take seconds to start
 
@@ -68,7 +69,6 @@ CELL = {
     },
 }
 """Five episodes a batch over two ranks (three and two, in micro-batches of unequal count)."""
-TIMING = ["rollout_s", "train_s", "wall_s"]
 
 
 def _train_command(cell, out, nproc, *extra):

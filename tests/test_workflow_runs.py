@@ -19,6 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from builders import TIMING
 from workflow_runner import copy_repo, job_counts, read_study, require_snakemake, snakemake
 
 import trainer
@@ -26,7 +27,6 @@ import trainer.study as cc
 
 SMOKE = ["--configfile", "configs/smoke.yaml"]
 SMOKE_DIR = Path("studies/smoke")  # configs/smoke.yaml's workdir: targets and outputs are relative to it
-TIMING = ["rollout_s", "train_s", "wall_s"]
 
 
 @pytest.mark.slow
