@@ -21,7 +21,7 @@ from pathlib import Path
 from trainer.analysis import FIGURES, SUMMARY_COLUMNS, load_metrics, plot, summarize
 from trainer.analysis.figures import FORMATS
 from trainer.analysis.synthetic import synthetic_grid
-from trainer.config import FIGURE2_RECIPES
+from trainer.recipes import FIGURE2_RECIPES
 
 TARGET_S = 15.0
 

@@ -161,7 +161,7 @@ def cell_logs(out):
 MINIREPO_CELL = {
     "recipe": "full",
     "env": {"name": "minirepo", "options": {"max_depth": 1, "max_turns": 6}, "eval_tasks": 4, "probe_tasks": 2},
-    "rl": {"length_threshold": 12},
+    "shaping": {"length_threshold": 12},
     "rollout": {"mode": "lagged", "lag": 1, "batch_size": 4, "max_turn_tokens": 12, "max_episode_tokens": 256},
     "run": {
         "updates": 4,

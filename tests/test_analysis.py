@@ -43,8 +43,8 @@ from trainer.analysis.figures import EMA_SPAN
 from trainer.analysis.kinds import PAPER_NUMBERS, STUDY_KINDS
 from trainer.analysis.summary import BOOTSTRAP_SEED, WINDOW_FRACTION, native_optimizer
 from trainer.analysis.synthetic import cell_path, synthetic_metrics, write_metrics
-from trainer.config import FIGURE2_RECIPES, RECIPES
 from trainer.logs.parquet_log import METRIC_COLUMNS, MetricsLog
+from trainer.recipes import FIGURE2_RECIPES, RECIPES
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -3,12 +3,13 @@
 import pytest
 import yaml
 
-from trainer.config import RECIPES, ConfigError, config_from_dict, load_config
+from trainer.config import ConfigError, config_from_dict, load_config
+from trainer.recipes import RECIPES
 
 
 def test_defaults_are_the_full_recipe_on_muon():
     cfg = config_from_dict({})
-    assert (cfg.optim.name, cfg.rl.estimator, cfg.rl.tis_cap, cfg.rl.agg) == ("muon", "spo++", 2.0, "token-mean")
+    assert (cfg.optim.name, cfg.rl.estimator, cfg.loss.tis_cap, cfg.loss.agg) == ("muon", "spo++", 2.0, "token-mean")
 
 
 @pytest.mark.parametrize("recipe", list(RECIPES))
@@ -18,8 +19,9 @@ def test_every_recipe_expands_and_runs_with_any_optimizer(recipe):
         optim = {"name": opt, **({"muon_lr": 1e-3} if opt == "adam_high_lr" else {})}
         cfg = config_from_dict({"recipe": recipe, "optim": optim, **groups})
         assert cfg.optim.name == opt and cfg.recipe == recipe
-        for k, v in RECIPES[recipe]["rl"].items():
-            assert getattr(cfg.rl, k) == v
+        for section, keys in RECIPES[recipe].items():
+            for k, v in keys.items() if section != "optim" else ():  # the optimizer is the cell's
+                assert getattr(getattr(cfg, section), k) == v
 
 
 def test_recipe_table_matches_design():
@@ -28,10 +30,10 @@ def test_recipe_table_matches_design():
     assert (
         cfg.optim.name,
         cfg.rl.estimator,
-        cfg.rl.length_penalty,
-        cfg.rl.tool_penalty,
-        cfg.rl.agg,
-        cfg.rl.tis_cap,
+        cfg.shaping.length_penalty,
+        cfg.shaping.tool_penalty,
+        cfg.loss.agg,
+        cfg.loss.tis_cap,
     ) == ("muon", "spo++", False, True, "seq-mean-token-mean", None)
     assert config_from_dict({"recipe": "spo_adam"}).optim.name == "adam"
 
@@ -39,14 +41,19 @@ def test_recipe_table_matches_design():
 @pytest.mark.parametrize(
     "data, named",
     [
-        ({"rl": {"clip_hihg": 0.3}}, "rl.clip_hihg"),
+        ({"loss": {"clip_hihg": 0.3}}, "loss.clip_hihg"),
+        ({"rl": {"clip_high": 0.3}}, "rl.clip_high"),
+        ({"loss": {"clip_low": 1.0}}, "loss.clip_low: must be < 1"),
+        ({"loss": {"dual_clip": 1.0}}, "loss.dual_clip: must be > 1"),
+        ({"loss": {"tis_cap": float("inf")}}, "loss.tis_cap: expected a finite number"),
+        ({"shaping": {"length_threshold": -1}}, "shaping.length_threshold: must be >= 0"),
         ({"recipe": "fulll"}, "fulll"),
         ({"run": {"seed": -1}}, "run.seed"),
         ({"run": {"epochs": 0}}, "run.epochs"),
         ({"run": {"minibatches": 17}, "rollout": {"batch_size": 16}}, "run.minibatches"),
         ({"optim": {"name": "adam_high_lr"}}, "optim.muon_lr"),
         ({"env": {"train_tasks": 0}}, "env.train_tasks"),
-        ({"rl": {"offline_stats": "no/such/file.json"}}, "rl.offline_stats"),
+        ({"rl": {"spo": {"offline_stats": "no/such/file.json"}}}, "rl.spo.offline_stats"),
         ({"optim": {"lr": "fast"}}, "optim.lr"),
         ({"rollout": {"mode": "eventually"}}, "rollout.mode"),
         ({"model": {"path": "/no/such/checkpoint"}}, "model.path"),
@@ -59,9 +66,12 @@ def test_recipe_table_matches_design():
         ({"rollout": {"max_turn_tokens": 2**21}}, "rollout.max_turn_tokens: 2,097,152 is above 1,048,576"),
         ({"env": {"eval_tasks": 10**7}}, "env.eval_tasks"),
         ({"run": {"epochs": 1000}}, "run.epochs"),
-        ({"rl": {"gigpo_penalty": "verl-agent"}}, "rl.gigpo_penalty"),
-        ({"rl": {"gigpo_mode": "std"}}, "rl.gigpo_mode"),
-        ({"rl": {"rho_timing": "during"}}, "rl.rho_timing"),
+        ({"rl": {"gigpo": {"penalty": "verl-agent"}}}, "rl.gigpo.penalty"),
+        ({"rl": {"gigpo": {"mode": "std"}}}, "rl.gigpo.mode"),
+        ({"rl": {"spo": {"rho_timing": "during"}}}, "rl.spo.rho_timing"),
+        ({"rl": {"spo": {"rho_min": 0.97}}}, "rl.spo.rho_min: 0.97 is above rho_max 0.96"),
+        ({"rl": {"spo": {"rho_max": 1.5}}}, "rl.spo.rho_max: must be <= 1"),
+        ({"rl": {"graphgpo": {"decay": 0.0}}, "recipe": "graphgpo"}, "rl.graphgpo.decay: must be > 0"),
     ],
 )
 def test_bad_values_are_named(data, named):
@@ -73,7 +83,7 @@ def test_load_from_yaml_with_overrides(tmp_path):
     path = tmp_path / "cell.yaml"
     path.write_text(yaml.safe_dump({"recipe": "no_tool", "run": {"updates": 7}}))
     cfg = load_config(path, overrides={"run": {"seed": 3}})
-    assert (cfg.run.updates, cfg.run.seed, cfg.rl.tool_penalty) == (7, 3, False)
+    assert (cfg.run.updates, cfg.run.seed, cfg.shaping.tool_penalty) == (7, 3, False)
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "missing.yaml")
     (tmp_path / "bad.yaml").write_text("- a list\n")
@@ -103,38 +113,52 @@ def test_unreadable_config_files_are_named(tmp_path, content, message):
 def test_the_estimator_lists_are_the_config_type():
     import typing
 
-    from trainer.config import ESTIMATORS, GROUP_ESTIMATORS, SPO_ESTIMATORS, RLConfig
+    from trainer.rl.config import ESTIMATOR_SECTIONS, ESTIMATORS, GROUP_ESTIMATORS, SPO_ESTIMATORS, RLConfig
 
-    assert typing.get_args(typing.get_type_hints(RLConfig)["estimator"]) == ESTIMATORS
+    assert typing.get_args(typing.get_type_hints(RLConfig)["estimator"]) == ESTIMATORS == tuple(ESTIMATOR_SECTIONS)
+    assert set(SPO_ESTIMATORS) | set(GROUP_ESTIMATORS) == set(ESTIMATORS)
     assert not set(SPO_ESTIMATORS) & set(GROUP_ESTIMATORS)
 
 
+@pytest.mark.parametrize(
+    "recipe, foreign",
+    [("gigpo", "spo"), ("grpo", "gigpo"), ("spo_muon", "spo_plus_plus"), ("full", "graphgpo"), ("graphgpo", "grpo")],
+)
+def test_a_cell_carries_only_its_estimators_sections(recipe, foreign):
+    """The estimator is a discriminated choice: a section of another estimator is refused, naming it and what
+    the cell's estimator reads; the cell's own sections, left out, take their defaults, the others stay None."""
+    group = {"group_size": 2} if recipe in ("gigpo", "grpo", "graphgpo") else {}
+    with pytest.raises(ConfigError, match=rf"rl\.{foreign}: settings of another estimator"):
+        config_from_dict({"recipe": recipe, "rl": {**group, foreign: {}}})
+    rl = config_from_dict({"recipe": recipe, "rl": group}).rl
+    own = {"gigpo": {"gigpo"}, "grpo": {"grpo"}, "graphgpo": {"graphgpo"}, "spo_muon": {"spo"}}.get(
+        recipe, {"spo", "spo_plus_plus"}
+    )
+    for section in ("spo", "spo_plus_plus", "grpo", "gigpo", "graphgpo"):
+        assert (getattr(rl, section) is not None) == (section in own), section
+
+
 def test_the_references_readings_are_cell_keys_with_the_references_defaults(tmp_path):
-    """Each reading of a reference is one `rl` key a cell YAML may set; the defaults are the references' own:
-    verl-agent's GiGPO (own-turn penalty, mean_norm) and SPO's verl recipe (rho measured after the update)."""
-    import typing
+    """Each reading of a reference is one key of its estimator's section a cell YAML may set; the defaults are the
+    references' own: verl-agent's GiGPO (own-turn penalty, mean_norm) and SPO's verl recipe (rho measured after the
+    update)."""
+    from trainer.rl.estimators import make_estimator
 
-    from trainer.config import RhoTiming, RLConfig
-    from trainer.rl.estimators import advantage_config, make_estimator
-    from trainer.rl.group_advantages import MODES, STEP_PENALTIES
-
-    hints = typing.get_type_hints(RLConfig)
-    assert typing.get_args(hints["gigpo_penalty"]) == STEP_PENALTIES
-    assert typing.get_args(hints["gigpo_mode"]) == MODES
-    assert hints["rho_timing"] is RhoTiming
     default = config_from_dict({"recipe": "gigpo", "rl": {"group_size": 2}})
-    gigpo = advantage_config(default.rl).gigpo
-    assert (gigpo.penalty, gigpo.mode) == ("own_turn", "mean_norm") and default.rl.rho_timing == "after_update"
+    assert (default.rl.gigpo.penalty, default.rl.gigpo.mode) == ("own_turn", "mean_norm")
+    assert config_from_dict({}).rl.spo.rho_timing == "after_update"
 
     path = tmp_path / "cell.yaml"
     path.write_text(
         yaml.safe_dump(
-            {"recipe": "gigpo", "rl": {"group_size": 2, "gigpo_penalty": "discounted", "gigpo_mode": "mean_std_norm"}}
+            {"recipe": "gigpo", "rl": {"group_size": 2, "gigpo": {"penalty": "discounted", "mode": "mean_std_norm"}}}
         )
     )
-    gigpo = advantage_config(load_config(path).rl).gigpo
-    assert (gigpo.penalty, gigpo.mode) == ("discounted", "mean_std_norm")
-    path.write_text(yaml.safe_dump({"recipe": "full", "rl": {"rho_timing": "before_update"}}))
-    spo = make_estimator(load_config(path).rl)
+    cfg = load_config(path)
+    assert (make_estimator(cfg.rl, cfg.shaping).cfg.gigpo.penalty, cfg.rl.gigpo.mode) == ("discounted", "mean_std_norm")
+    path.write_text(yaml.safe_dump({"recipe": "full", "rl": {"spo": {"rho_timing": "before_update"}}}))
+    cfg = load_config(path)
+    spo = make_estimator(cfg.rl, cfg.shaping)
     assert spo.rho_timing == "before_update" and spo.needs_old_logp
-    assert not make_estimator(config_from_dict({"recipe": "full"}).rl).needs_old_logp
+    full = config_from_dict({"recipe": "full"})
+    assert not make_estimator(full.rl, full.shaping).needs_old_logp

@@ -54,7 +54,7 @@ def test_sharded_gradients_equal_one_process(nproc):
 CELL = {
     "recipe": "full",
     "env": {"name": "minirepo", "options": {"max_depth": 1, "max_turns": 6}, "eval_tasks": 4},
-    "rl": {"length_threshold": 12},
+    "shaping": {"length_threshold": 12},
     "rollout": {"mode": "lagged", "lag": 1, "batch_size": 5, "max_turn_tokens": 12, "max_episode_tokens": 256},
     "run": {
         "updates": 4,

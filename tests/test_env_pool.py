@@ -265,7 +265,7 @@ def test_a_cell_with_env_workers_trains_and_logs_what_width_one_logs(tmp_path):
             "probe_tasks": 0,
             "train_tasks": 8,
         },
-        "rl": {"length_threshold": 12},
+        "shaping": {"length_threshold": 12},
         "rollout": {"mode": "lagged", "lag": 1, "batch_size": 4, "max_turn_tokens": 10, "max_episode_tokens": 200},
         "run": {"updates": 1, "eval_every": 1, "checkpoint_every": 0, "seed": 1, "skip_no_signal": False},
     }

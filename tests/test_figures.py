@@ -33,7 +33,7 @@ from trainer.analysis.figures import FIGURES, FULL_BAR, figure_bars, figure_fami
 from trainer.analysis.kinds import PAPER_NUMBERS, STUDY_KINDS
 from trainer.analysis.plotting import recipe_label
 from trainer.analysis.synthetic import cell_path, synthetic_grid, synthetic_metrics, write_metrics
-from trainer.config import FIGURE2_RECIPES as RECIPES  # the main figures draw these
+from trainer.recipes import FIGURE2_RECIPES as RECIPES  # the main figures draw these
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = {"minicpm-tiny": "MiniCPM5-2B", "qwen-tiny": "Qwen3.5-4B"}

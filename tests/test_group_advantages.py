@@ -15,12 +15,9 @@ from builders import trajectory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trainer.rl.config import STEP_PENALTIES, GiGPOConfig, GraphGPOConfig, GRPOConfig
 from trainer.rl.group_advantages import (
-    STEP_PENALTIES,
     SUCCESS,
-    GiGPOConfig,
-    GraphGPOConfig,
-    GRPOConfig,
     discounted_returns,
     distances_to_success,
     episode_return,
@@ -487,7 +484,7 @@ def test_empty_batch_gives_empty_list(estimator):
     ],
 )
 def test_bad_config_names_the_field(make_cfg, field):
-    with pytest.raises(ValueError, match=rf"\.{field} "):
+    with pytest.raises(ValueError, match=rf"\.{field}: "):
         make_cfg()
 
 

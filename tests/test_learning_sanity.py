@@ -36,9 +36,10 @@ import pytest
 import torch
 from builders import GAME, word_policy
 
-from trainer.config import ESTIMATORS, config_from_dict
+from trainer.config import config_from_dict
 from trainer.environments.recall import RecallConfig
 from trainer.logs.parquet_log import read_log
+from trainer.rl.config import ESTIMATORS
 from trainer.train import Trainer
 
 OPTIMIZERS = ("adam", "muon")

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from trainer.rl.config import LossConfig
 from trainer.rl.loss import (
     AGGREGATIONS,
     aggregate_loss,
@@ -51,7 +52,14 @@ ADV = [[1.0, 1.0, -1.0, 2.0, -2.0, -1.0]]
 def clip_example(dual_clip=None):
     logp = logs(RATIOS).requires_grad_(True)
     old = t([[-1.0] * 6])
-    loss, metrics = policy_loss(logp, old, None, t(ADV), torch.ones(1, 6), tis_cap=None, dual_clip=dual_clip)
+    loss, metrics = policy_loss(
+        logp,
+        old,
+        None,
+        t(ADV),
+        torch.ones(1, 6),
+        LossConfig(tis_cap=None, dual_clip=dual_clip),
+    )
     loss.backward()
     return loss, metrics, logp.grad
 
@@ -77,7 +85,14 @@ def test_approx_kl_is_verls_ppo_kl_on_the_log_ratio_clamped_at_20():
     # verl: ppo_kl = mean(-clamp(d, -20, 20)) = -(20 - 20 + 0.5)/3 = -0.5/3; unclamped: -(25 - 30 + 0.5)/3 = +1.5
     logp = t([[-1.0, -31.0, -0.5, 99.0]])
     old = t([[-26.0, -1.0, -1.0, -1.0]])
-    _, metrics = policy_loss(logp, old, None, t([[1.0, 1.0, 1.0, 1.0]]), t([[1, 1, 1, 0]]), tis_cap=None)
+    _, metrics = policy_loss(
+        logp,
+        old,
+        None,
+        t([[1.0, 1.0, 1.0, 1.0]]),
+        t([[1, 1, 1, 0]]),
+        LossConfig(tis_cap=None),
+    )
     assert metrics["approx_kl"].item() == pytest.approx(-0.5 / 3, abs=1e-12)
     # k3 uses the same clamped d: (e^20 - 1 - 20) + (e^-20 - 1 + 20) + (e^0.5 - 1 - 0.5), over 3
     k3 = (math.expm1(20) - 20 + math.expm1(-20) + 20 + math.expm1(0.5) - 0.5) / 3
@@ -104,7 +119,14 @@ def test_tis_hand_example():
     logp = old.clone().requires_grad_(True)
     adv = t([[2.0, -1.0, 1.0, -3.0, 1e30]])
     mask = t([[1, 1, 1, 1, 0]])
-    loss, metrics = policy_loss(logp, old, rollout, adv, mask, tis_cap=2.0)
+    loss, metrics = policy_loss(
+        logp,
+        old,
+        rollout,
+        adv,
+        mask,
+        LossConfig(tis_cap=2.0),
+    )
     loss.backward()
     assert loss.item() == pytest.approx(1.125, abs=1e-12)
     assert logp.grad[0].tolist() == pytest.approx([-1 / 4, 1.5 / 4, -2 / 4, 6 / 4, 0.0], abs=1e-12)
@@ -127,7 +149,14 @@ def grad_example(agg):
     rollout = old - logs([[0.5, 3.0, 1.0], [1.5, 1.0, 4.0]], base=0.0)
     adv = t([[1.0, 1.0, -1.0], [2.0, 5.0, -1.0]])
     mask = torch.tensor([[True, True, True], [True, False, True]])
-    loss, metrics = policy_loss(logp, old, rollout, adv, mask, agg=agg)
+    loss, metrics = policy_loss(
+        logp,
+        old,
+        rollout,
+        adv,
+        mask,
+        LossConfig(agg=agg),
+    )
     loss.backward()
     return loss.item(), logp.grad
 
@@ -171,7 +200,7 @@ def test_aggregations_hand_example(agg, kwargs, expected):
     adv = t([[1, 2, 3, 1e30, -1e30], [4, 1e30, 1e30, 1e30, 1e30], [9, 9, 9, 9, 9]])
     logp = torch.where(mask.bool(), t(-0.7), t(-1e30))
     old = torch.where(mask.bool(), t(-0.7), t(1e30))
-    loss, _ = policy_loss(logp, old, old, adv, mask, agg=agg, **kwargs)
+    loss, _ = policy_loss(logp, old, old, adv, mask, LossConfig(agg=agg), **kwargs)
     assert loss.item() == pytest.approx(expected, abs=1e-12)
 
 
@@ -184,8 +213,7 @@ def test_empty_mask_gives_zero_loss_zero_grads_zero_metrics(agg):
         logp.detach() - 5,
         t([[1.0, -1.0], [2.0, 3.0]]),
         torch.zeros(2, 2),
-        agg=agg,
-        dual_clip=3.0,
+        LossConfig(agg=agg, dual_clip=3.0),
     )
     assert loss.item() == 0.0 and loss.requires_grad
     loss.backward()
@@ -205,7 +233,14 @@ def test_empty_mask_gives_zero_loss_zero_grads_zero_metrics(agg):
 def test_zero_size_batch_is_finite():
     logp = torch.zeros(0, 3, dtype=D, requires_grad=True)
     for agg in AGGREGATIONS:
-        loss, metrics = policy_loss(logp, logp.detach(), logp.detach(), logp.detach(), torch.zeros(0, 3), agg=agg)
+        loss, metrics = policy_loss(
+            logp,
+            logp.detach(),
+            logp.detach(),
+            logp.detach(),
+            torch.zeros(0, 3),
+            LossConfig(agg=agg),
+        )
         assert loss.item() == 0.0
         assert all(math.isfinite(v.item()) for v in metrics.values())
 
@@ -233,25 +268,60 @@ def test_bad_input_errors():
     x = torch.zeros(2, 3, dtype=D)
     ones = torch.ones(2, 3)
     with pytest.raises(ValueError, match="seq-mean.*token-mean|token-mean.*seq-mean"):
-        policy_loss(x, x, x, x, ones, agg="sequence-mean")
+        policy_loss(
+            x,
+            x,
+            x,
+            x,
+            ones,
+            LossConfig(agg="sequence-mean"),
+        )
     with pytest.raises(ValueError, match=r"\(2, 4\)"):
         policy_loss(x, x, torch.zeros(2, 4), x, ones)
     with pytest.raises(ValueError, match="batch, time"):
         policy_loss(x[0], x[0], x[0], x[0], ones[0])
     with pytest.raises(ValueError, match="dual_clip"):
-        policy_loss(x, x, x, x, ones, dual_clip=1.0)
+        policy_loss(
+            x,
+            x,
+            x,
+            x,
+            ones,
+            LossConfig(dual_clip=1.0),
+        )
     with pytest.raises(ValueError, match="tis_cap"):
-        policy_loss(x, x, x, x, ones, tis_cap=0.0)
+        policy_loss(
+            x,
+            x,
+            x,
+            x,
+            ones,
+            LossConfig(tis_cap=0.0),
+        )
     with pytest.raises(ValueError, match="clip_low"):
-        policy_loss(x, x, x, x, ones, clip_low=1.0)
+        policy_loss(
+            x,
+            x,
+            x,
+            x,
+            ones,
+            LossConfig(clip_low=1.0),
+        )
     with pytest.raises(ValueError, match="clip_high"):
-        policy_loss(x, x, x, x, ones, clip_high=-0.1)
+        policy_loss(
+            x,
+            x,
+            x,
+            x,
+            ones,
+            LossConfig(clip_high=-0.1),
+        )
     with pytest.raises(ValueError, match="rollout_logp is None"):
         policy_loss(x, x, None, x, ones)
     with pytest.raises(ValueError, match="loss_scale_factor"):
         policy_loss(x, x, x, x, ones, loss_scale_factor=4.0)
     with pytest.raises(ValueError, match="loss_scale_factor"):
-        policy_loss(x, x, x, x, ones, agg="seq-mean-token-sum-norm", loss_scale_factor=0.0)
+        policy_loss(x, x, x, x, ones, LossConfig(agg="seq-mean-token-sum-norm"), loss_scale_factor=0.0)
     with pytest.raises(ValueError, match="mask"):
         policy_loss(x, x, x, x, ones * 0.5)
     nan_mask = ones.clone()
@@ -277,7 +347,14 @@ def test_inf_and_nan_off_the_mask_do_not_leak():
     old = t([[-1.2, float("inf"), -1.9]])
     rollout = t([[-1.0, float("-inf"), -2.5]])
     adv = t([[1.0, float("nan"), -0.5]])
-    loss, metrics = policy_loss(logp, old, rollout, adv, mask, dual_clip=3.0)
+    loss, metrics = policy_loss(
+        logp,
+        old,
+        rollout,
+        adv,
+        mask,
+        LossConfig(dual_clip=3.0),
+    )
     loss.backward()
     assert math.isfinite(loss.item()) and torch.isfinite(logp.grad).all() and logp.grad[0, 1] == 0
     assert all(math.isfinite(v.item()) for v in metrics.values())
@@ -345,11 +422,7 @@ def test_matches_scalar_reference(batch, agg, cap, dual_clip, clip_low, clip_hig
         t(rollout),
         t(adv),
         torch.from_numpy(mask),
-        agg=agg,
-        tis_cap=cap,
-        dual_clip=dual_clip,
-        clip_low=clip_low,
-        clip_high=clip_high,
+        LossConfig(agg=agg, tis_cap=cap, dual_clip=dual_clip, clip_low=clip_low, clip_high=clip_high),
     )
     expected = reference(
         logp.tolist(),
@@ -397,8 +470,14 @@ def test_tis_weights_are_between_zero_and_cap(old, rollout, cap):
 def test_token_mean_equals_seq_mean_token_mean_when_counts_are_equal(batch):
     logp, old, rollout, adv, mask = batch
     args = (t(logp), t(old), t(rollout), t(adv), torch.from_numpy(mask))
-    a, _ = policy_loss(*args, agg="token-mean")
-    b, _ = policy_loss(*args, agg="seq-mean-token-mean")
+    a, _ = policy_loss(
+        *args,
+        LossConfig(agg="token-mean"),
+    )
+    b, _ = policy_loss(
+        *args,
+        LossConfig(agg="seq-mean-token-mean"),
+    )
     assert a.item() == pytest.approx(b.item(), rel=1e-12, abs=1e-12)
 
 
@@ -407,8 +486,14 @@ def test_token_mean_equals_seq_mean_token_mean_when_counts_are_equal(batch):
 def test_tis_off_equals_huge_cap_when_rollout_matches_old(batch, agg):
     logp, old, _, adv, mask = batch
     args = (t(logp), t(old), t(old), t(adv), torch.from_numpy(mask))
-    off, m_off = policy_loss(*args, agg=agg, tis_cap=None)
-    huge, m_huge = policy_loss(*args, agg=agg, tis_cap=1e30)
+    off, m_off = policy_loss(
+        *args,
+        LossConfig(agg=agg, tis_cap=None),
+    )
+    huge, m_huge = policy_loss(
+        *args,
+        LossConfig(agg=agg, tis_cap=1e30),
+    )
     assert torch.equal(off, huge)
     assert torch.equal(m_off["tis_weight_mean"], m_huge["tis_weight_mean"])
 
@@ -429,7 +514,11 @@ def test_masked_positions_never_influence_loss_or_grad(batch, agg, data):
                 x[~mask] = data.draw(arrays(np.float64, int((~mask).sum()), elements=GARBAGE))
             tensors.append(t(x))
         tensors[0].requires_grad_(True)
-        loss, metrics = policy_loss(*tensors, torch.from_numpy(mask), agg=agg, dual_clip=3.0)
+        loss, metrics = policy_loss(
+            *tensors,
+            torch.from_numpy(mask),
+            LossConfig(agg=agg, dual_clip=3.0),
+        )
         loss.backward()
         return loss, metrics, tensors[0].grad
 

@@ -16,10 +16,9 @@ from builders import trajectory
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from trainer.rl.config import RLConfig, ShapingConfig, SPOConfig, SPOPlusPlusConfig
 from trainer.rl.spo import (
     BetaTracker,
-    SPOPlusPlusConfig,
-    TrackerConfig,
     logprob_divergence,
     rho_from_divergence,
     spo_advantages,
@@ -81,7 +80,7 @@ def test_tracker_rho_modes():
     assert adaptive.rho(None) == 0.96  # first visit: D = 0 -> 0.96
     assert adaptive.rho(0.006) == pytest.approx(2**-0.1)
     assert adaptive.rho(1.0) == 0.875  # 2**(-16.7) clipped up
-    constant = BetaTracker(TrackerConfig(rho_mode="constant"))
+    constant = BetaTracker(SPOConfig(rho_mode="constant"))
     assert constant.rho(None) == 0.875 and constant.rho(0.0) == 0.875 and constant.rho(5.0) == 0.875
 
 
@@ -117,12 +116,12 @@ def test_offline_init_with_recipe_numbers():
     tracker.init_task("u", 0, 0)
     assert tracker.alpha_beta("u") == (0.5, 0.5)
     # rho_min = 0.75 -> N_init = 4; n0 = 1, s = 1: alpha0 = 4 * 1.5 / 2 = 3, beta0 = 4 * 0.5 / 2 = 1
-    other = BetaTracker.from_offline({"v": (1, 1)}, TrackerConfig(rho_min=0.75))
+    other = BetaTracker.from_offline({"v": (1, 1)}, SPOConfig(rho_min=0.75))
     assert other.alpha_beta("v") == pytest.approx((3.0, 1.0))
 
 
 def test_unseen_task_reads_configurable_prior_without_inserting():
-    tracker = BetaTracker(TrackerConfig(prior_alpha=1.0, prior_beta=3.0))
+    tracker = BetaTracker(SPOConfig(prior_alpha=1.0, prior_beta=3.0))
     assert tracker.baseline("never") == 0.25  # 1 / (1 + 3)
     assert "never" not in tracker and len(tracker) == 0 and tracker.visits("never") == 0
 
@@ -155,11 +154,11 @@ def test_update_rejects_bad_rho(rho):
 
 def test_bad_config_and_init_are_rejected():
     with pytest.raises(ValueError, match="prior_alpha"):
-        TrackerConfig(prior_alpha=0.0)
+        SPOConfig(prior_alpha=0.0)
     with pytest.raises(ValueError, match="rho_mode"):
-        TrackerConfig(rho_mode="kl")
+        SPOConfig(rho_mode="kl")
     with pytest.raises(ValueError, match="rho_min"):
-        TrackerConfig(rho_min=1.0, rho_max=1.0)  # N_init would be infinite
+        SPOConfig(rho_min=1.0, rho_max=1.0)  # N_init would be infinite
     with pytest.raises(ValueError, match="n_successes"):
         BetaTracker().init_task("t", 3, 4)
     with pytest.raises(TypeError, match="task_id"):
@@ -234,7 +233,7 @@ def test_sampling_rejects_bad_requests():
 
 
 def test_state_dict_round_trips_exactly_through_json():
-    cfg = TrackerConfig(prior_alpha=0.7, rho_mode="constant", rho_constant=0.9, sampling_eps=0.01)
+    cfg = SPOConfig(prior_alpha=0.7, rho_mode="constant", rho_constant=0.9, sampling_eps=0.01)
     tracker = BetaTracker.from_offline({"a": (8, 3), "b": (5, 5)}, cfg)
     for i, task in enumerate(["a", "c", "a", "b"]):
         tracker.update(task, i % 2, 0.875 + 0.01 * i)
@@ -548,11 +547,10 @@ def _no_scoring(sequences):
 
 
 def test_kl_adaptive_rho_before_the_update_from_the_policy_shift_since_the_last_visit_by_hand():
-    from trainer.rl.advantages import AdvantageConfig
     from trainer.rl.estimators import SPOEstimator
 
     # recipe: d_half 0.06, rho in [0.875, 0.96]; D measured before the update, against the update's old log-probs
-    est = SPOEstimator(AdvantageConfig("spo++"), BetaTracker(), rho_timing="before_update")
+    est = SPOEstimator(RLConfig("spo++"), ShapingConfig(), BetaTracker(SPOConfig(rho_timing="before_update")))
     assert est.needs_old_logp
     a = _episode("a", [10, 11, 12, 13, 14], [0, 1, 1, 0, 1], 1.0)
     b = _episode("b", [20, 21, 22], [0, 1, 1], 0.0)
@@ -591,7 +589,7 @@ def test_kl_adaptive_rho_before_the_update_from_the_policy_shift_since_the_last_
     assert est.last_visit["a"] == ([10, 15, 16], [0, 1, 1], [-0.3, -0.4])
 
     # the state (tracker and last visits) round-trips: a restored estimator re-scores and forgets identically
-    restored = SPOEstimator(AdvantageConfig("spo++"), BetaTracker(), rho_timing="before_update")
+    restored = SPOEstimator(RLConfig("spo++"), ShapingConfig(), BetaTracker(SPOConfig(rho_timing="before_update")))
     restored.load_state_dict(copy.deepcopy(est.state_dict()))
     assert restored.state_dict() == est.state_dict()
 
@@ -600,10 +598,9 @@ def test_kl_adaptive_rho_after_the_update_by_hand():
     """The recipe's timing (the default): after the update, the updated policy re-scores the previous responses
     and the batch's own in one call; D compares the former with the log-probs recorded after the previous visit's
     update. Same numbers as the before-update case above, so the same tracker values."""
-    from trainer.rl.advantages import AdvantageConfig
     from trainer.rl.estimators import SPOEstimator
 
-    est = SPOEstimator(AdvantageConfig("spo++"), BetaTracker())
+    est = SPOEstimator(RLConfig("spo++"), ShapingConfig(), BetaTracker())
     assert est.rho_timing == "after_update" and not est.needs_old_logp
     a = _episode("a", [10, 11, 12, 13, 14], [0, 1, 1, 0, 1], 1.0)
     b = _episode("b", [20, 21, 22], [0, 1, 1], 0.0)
@@ -677,10 +674,12 @@ def test_the_two_rho_timings_measure_windows_one_update_apart(timing, rho):
     """Task a is visited at updates 0 and 2; only update 0 moves the policy (by 0.125 per token). After the update
     (the recipe) the window is updates 1-2: D = 0, rho = 0.96. Before it, updates 0-1: D = 0.125,
     2**(-0.125/0.06) = 0.236, clipped to 0.875."""
-    from trainer.rl.advantages import AdvantageConfig
     from trainer.rl.estimators import SPOEstimator
 
-    est, policy = SPOEstimator(AdvantageConfig("spo"), BetaTracker(), rho_timing=timing), _ShiftingPolicy()
+    est, policy = (
+        SPOEstimator(RLConfig("spo"), ShapingConfig(), BetaTracker(SPOConfig(rho_timing=timing))),
+        _ShiftingPolicy(),
+    )
     for task, reward, shift in [("a", 1.0, 0.125), ("b", 0.0, 0.0), ("a", 0.0, 0.0)]:
         episodes = [_episode(task, [1, 2, 3], [0, 1, 1], reward)]
         est.before_update(episodes, policy.score)
@@ -692,18 +691,16 @@ def test_the_two_rho_timings_measure_windows_one_update_apart(timing, rho):
 
 
 def test_rho_timing_is_checked():
-    from trainer.rl.advantages import AdvantageConfig
     from trainer.rl.estimators import SPOEstimator
 
     with pytest.raises(ValueError, match="rho_timing"):
-        SPOEstimator(AdvantageConfig("spo"), BetaTracker(), rho_timing="during")
+        SPOEstimator(RLConfig("spo"), ShapingConfig(), BetaTracker(SPOConfig(rho_timing="during")))
 
 
 def test_constant_rho_re_scores_nothing_and_keeps_no_responses():
-    from trainer.rl.advantages import AdvantageConfig
     from trainer.rl.estimators import SPOEstimator
 
-    est = SPOEstimator(AdvantageConfig("spo"), BetaTracker(TrackerConfig(rho_mode="constant")))
+    est = SPOEstimator(RLConfig("spo"), ShapingConfig(), BetaTracker(SPOConfig(rho_mode="constant")))
     assert not est.needs_old_logp
     for reward in (1.0, 0.0):
         episodes = [_episode("a", [1, 2], [0, 1], reward)]

@@ -86,7 +86,7 @@ def test_cell_config_is_the_shared_block_plus_the_cell_keys():
             "model": {"dtype": "float32"},
             "env": {"name": "minirepo", "options": {"max_depth": 1}},
             "optim": {"lr": 0.5},
-            "rl": {"length_threshold": 7},
+            "shaping": {"length_threshold": 7},
             "run": {"updates": 3},
         },
     }
@@ -96,7 +96,7 @@ def test_cell_config_is_the_shared_block_plus_the_cell_keys():
         "model": {"dtype": "float32", "path": "results/policies/m"},
         "optim": {"lr": 0.5, "name": "adam"},
         "env": {"name": "minirepo", "options": {"max_depth": 1}},
-        "rl": {"length_threshold": 7},
+        "shaping": {"length_threshold": 7},
         "run": {"updates": 3, "seed": 2, "threads": 4},
     }
     got["env"]["options"]["max_depth"] = 9  # a deep copy: the study is not modified through the cell
@@ -215,8 +215,8 @@ def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_pat
             lambda s: s.update(cell={"run": {"seed": 3}}), r"cell.run.seed: each cell sets it", id="cell-seed"
         ),
         pytest.param(
-            lambda s: s.update(cell={"rl": {"agg": "token-mean"}}),
-            r"cell.rl.agg: each cell sets it",
+            lambda s: s.update(cell={"loss": {"agg": "token-mean"}}),
+            r"cell.loss.agg: each cell sets it",
             id="cell-recipe-key",
         ),
         pytest.param(
@@ -485,7 +485,7 @@ def test_models_can_share_a_warm_started_policy():
     assert cc.warm_started_models(study, grid) == ["base"] and cc.policy_model(study, "h2") == "base"
     cell = cc.cell_config(study, "h2", "full", "muon", 0, "results/policies/base", 1)
     assert cell["env"]["options"] == {"max_depth": 0, "min_bugs": 2, "max_bugs": 2}
-    assert "offline_stats" not in cell.get("rl", {})
+    assert "offline_stats" not in cell.get("rl", {}).get("spo", {})
     assert cc.warm_start_config(study, "base", threads=1)["env"]["options"]["max_bugs"] == 2
 
 
@@ -514,7 +514,8 @@ def test_offline_stats_path_in_the_cells_of_warm_started_models(tmp_path):
     study = _tiny(warm_start={"offline_samples": 2})
     study["models"]["c"] = {"path": str(tmp_path / "ckpt")}
     cell = cc.cell_config(study, "a", "spo_muon", "muon", 0, "results/policies/a", 1)
-    assert cell["rl"] == {"offline_stats": "results/policies/a/offline_stats.json"}  # relative as model.path is
+    assert cell["rl"] == {"spo": {"offline_stats": "results/policies/a/offline_stats.json"}}  # relative as model.path
+    assert "rl" not in cc.cell_config(study, "a", "grpo", "adam", 0, "results/policies/a", 1)  # no SPO tracker
     assert "rl" not in cc.cell_config(study, "c", "spo_muon", "muon", 0, str(tmp_path / "ckpt"), 1)  # a checkpoint
     assert "rl" not in cc.cell_config(_tiny(), "a", "spo_muon", "muon", 0, "results/policies/a", 1)
     # before any policy exists, the cells pass the trainer's checks (its file check would fail on ".")

@@ -57,5 +57,9 @@ def test_alfworld_without_its_package_says_how_to_get_it(monkeypatch):
 
 
 def test_unknown_family_is_named():
+    from trainer.environments.suite import family_config
+
+    with pytest.raises(ValueError, match="EnvConfig.name: 'webshop' is not one of"):
+        EnvConfig(name="webshop")  # the cell's config refuses it when built
     with pytest.raises(ValueError, match="env.name 'webshop'"):
-        make_suite(EnvConfig(name="webshop"))
+        family_config("webshop", {})  # and so does the suite, for a study's raw block

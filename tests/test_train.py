@@ -245,7 +245,7 @@ COMPANION_CELL = {
     },
     # an untrained model fails every episode alike; the discounted reading of GiGPO's invalid-action penalty still
     # gives turns unequal advantages, so each update has a gradient whose SNR can be measured
-    "rl": {"group_size": 2, "gigpo_penalty": "discounted"},
+    "rl": {"group_size": 2, "gigpo": {"penalty": "discounted"}},
     "rollout": {"mode": "sync", "batch_size": 4, "max_turn_tokens": 6, "max_episode_tokens": 256},
     "run": {"updates": 2, "eval_every": 1, "checkpoint_every": 0, "seed": 0, "grad_snr": True},
 }
@@ -409,7 +409,7 @@ def test_resume_reads_the_checkpoints_config_with_todays_defaults(tmp_path):
         extra=state,
     )
     assert Trainer(cfg, tmp_path / "out").resume()
-    state["config"]["rl"]["length_threshold"] += 1
+    state["config"]["shaping"]["length_threshold"] += 1
     save_checkpoint(
         tmp_path / "out" / "checkpoints",
         step=2,
@@ -420,7 +420,7 @@ def test_resume_reads_the_checkpoints_config_with_todays_defaults(tmp_path):
     with pytest.raises(
         ValueError,
         match=r"ckpt-00000002.pt: the checkpoint was written with a different config "
-        r"\(rl.length_threshold: 13 then, 12 now\)",
+        r"\(shaping.length_threshold: 13 then, 12 now\)",
     ):
         Trainer(cfg, tmp_path / "out").resume()
 

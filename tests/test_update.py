@@ -10,10 +10,10 @@ import torch
 from trainer.optim.hybrid import build_muon_adamw, route_parameters
 from trainer.policy.lean import lean_decoder
 from trainer.policy.tiny import TinyModelSpec, build_tiny_model
+from trainer.rl.config import LossConfig
 from trainer.rl.loss import AGGREGATIONS, policy_loss
 from trainer.rollout.episode import Episode
 from trainer.update import (
-    LossSettings,
     gradient_snr,
     micro_batches,
     pad_episodes,
@@ -96,12 +96,19 @@ def test_micro_batching_gives_the_full_batch_gradient(model, agg):
     b = pad_episodes(eps, pad_id=0)
     assert b.loss_mask[2].sum() == 0
     adv = torch.randn(b.loss_mask.shape, generator=torch.Generator().manual_seed(2)) * b.loss_mask
-    cfg = LossSettings(agg=agg, tis_cap=2.0)
+    cfg = LossConfig(agg=agg, tis_cap=2.0)
 
     m_ref = copy.deepcopy(model)
     with torch.no_grad():
         old = token_logprobs(m_ref, b)
-    loss, _ = policy_loss(token_logprobs(m_ref, b), old, b.rollout_logp, adv, b.loss_mask, tis_cap=2.0, agg=agg)
+    loss, _ = policy_loss(
+        token_logprobs(m_ref, b),
+        old,
+        b.rollout_logp,
+        adv,
+        b.loss_mask,
+        LossConfig(tis_cap=2.0, agg=agg),
+    )
     loss.backward()
     ref_grads = [p.grad.clone() for p in m_ref.parameters()]
 
@@ -128,7 +135,7 @@ def test_update_moves_the_policy_towards_positive_advantages(model):
         before = token_logprobs(m, b)
     names = [n for n, _ in route_parameters(m).muon]
     params = dict(m.named_parameters())
-    out = policy_update(m, opt, b, adv, LossSettings(), minibatches=2, stat_matrices=[params[n] for n in names])
+    out = policy_update(m, opt, b, adv, LossConfig(), minibatches=2, stat_matrices=[params[n] for n in names])
     with torch.no_grad():
         after = token_logprobs(m, b)
     gain = ((after - before) * b.loss_mask).sum(1)
@@ -159,7 +166,7 @@ def test_one_minibatch_reuses_the_forward_pass_as_old_logprobs(model):
         torch.optim.SGD(m.parameters(), lr=0.1),
         b,
         adv,
-        LossSettings(tis_cap=None),
+        LossConfig(tis_cap=None),
         micro_batch_tokens=20,
         return_old_logp=True,
     )
@@ -196,7 +203,7 @@ def test_grad_parts_keep_the_step_and_measure_the_parts_gradients(model, agg):
     eps = _episodes(6, seed=6)
     b = pad_episodes(eps, pad_id=0)
     adv = torch.randn(b.loss_mask.shape, generator=torch.Generator().manual_seed(7)) * b.loss_mask
-    cfg = LossSettings(agg=agg, tis_cap=None)
+    cfg = LossConfig(agg=agg, tis_cap=None)
     parts = [[0, 3], [1, 4, 5], [2]]
     names = [n for n, _ in route_parameters(model).muon]
 
@@ -207,7 +214,12 @@ def test_grad_parts_keep_the_step_and_measure_the_parts_gradients(model, agg):
         with torch.no_grad():
             old = token_logprobs(m_ref, sub)
         loss, _ = policy_loss(
-            token_logprobs(m_ref, sub), old, None, adv[part, : sub.width], sub.loss_mask, agg=agg, tis_cap=None
+            token_logprobs(m_ref, sub),
+            old,
+            None,
+            adv[part, : sub.width],
+            sub.loss_mask,
+            LossConfig(agg=agg, tis_cap=None),
         )
         loss.backward()
         params = dict(m_ref.named_parameters())
@@ -260,7 +272,7 @@ def test_bf16_weights_round_an_rl_learning_rate_step_away_fp32_master_weights_ke
             torch.optim.AdamW(m.parameters(), lr=1e-6, weight_decay=0.0),
             b,
             adv,
-            LossSettings(),
+            LossConfig(),
             autocast_dtype=torch.bfloat16,
         )
         changed = sum(int((p.detach() != q).sum()) for p, q in zip(m.parameters(), before))
@@ -293,7 +305,7 @@ def test_the_first_step_of_several_gives_its_rows_old_logprobs_exactly(model, sk
         torch.optim.AdamW(m.parameters(), lr=1e-2),
         b,
         adv,
-        LossSettings(),
+        LossConfig(),
         minibatches=4,
         micro_batch_tokens=1,
         return_old_logp=True,
@@ -342,7 +354,7 @@ def test_epochs_and_minibatches_take_that_many_steps_and_the_clip_binds(model):
         original = opt.step
         opt.step = lambda *a, **k: (calls.append(1), original(*a, **k))[1]
         calls.clear()
-        out = policy_update(m, opt, b, adv, LossSettings(), minibatches=minibatches, epochs=epochs)
+        out = policy_update(m, opt, b, adv, LossConfig(), minibatches=minibatches, epochs=epochs)
         return out, len(calls)
 
     out, steps = run(1, 1)
@@ -360,14 +372,14 @@ def test_a_minibatch_without_signal_skips_its_step(model):
     signal = torch.ones_like(b.loss_mask) * b.loss_mask
     m = copy.deepcopy(model)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
-    policy_update(m, opt, b, signal, LossSettings())  # momentum from a real step
+    policy_update(m, opt, b, signal, LossConfig())  # momentum from a real step
     before = [p.detach().clone() for p in m.parameters()]
     zero = torch.zeros_like(b.loss_mask)
-    out = policy_update(m, opt, b, zero, LossSettings(), minibatches=2, skip_no_signal=True)
+    out = policy_update(m, opt, b, zero, LossConfig(), minibatches=2, skip_no_signal=True)
     assert out["steps"] == 0 and out["skipped_steps"] == 2 and out["no_signal_steps"] == 2
     assert out["loss"] is None and out["grad_norm"] is None and out["update_rms"] is None
     assert all(torch.equal(p, q) for p, q in zip(m.parameters(), before))
-    out = policy_update(m, opt, b, zero, LossSettings(), minibatches=2, skip_no_signal=False)
+    out = policy_update(m, opt, b, zero, LossConfig(), minibatches=2, skip_no_signal=False)
     assert (
         out["steps"] == 2
         and out["no_signal_steps"] == 2
@@ -375,9 +387,9 @@ def test_a_minibatch_without_signal_skips_its_step(model):
     )
     # only the half without signal is skipped
     half = torch.where(torch.arange(4).unsqueeze(1) % 2 == 0, 1.0, 0.0).expand_as(b.loss_mask) * b.loss_mask
-    out = policy_update(m, opt, b, half, LossSettings(), minibatches=2, skip_no_signal=True)
+    out = policy_update(m, opt, b, half, LossConfig(), minibatches=2, skip_no_signal=True)
     assert out["steps"] == 1 and out["skipped_steps"] == 1 and out["no_signal_steps"] == 1
-    out = policy_update(m, opt, b, half, LossSettings(), minibatches=2, skip_no_signal=False)
+    out = policy_update(m, opt, b, half, LossConfig(), minibatches=2, skip_no_signal=False)
     assert out["steps"] == 2 and out["skipped_steps"] == 0 and out["no_signal_steps"] == 1
 
 
@@ -436,7 +448,7 @@ def test_update_diagnostics_are_the_rms_and_top_singular_value_of_the_applied_up
     hidden = [params[n] for n, _ in route_parameters(m).muon]
     assert len({tuple(p.shape) for p in hidden}) > 1  # several shapes, so several batched groups
     before = [p.detach().clone() for p in hidden]
-    out = policy_update(m, opt, b, adv, LossSettings(), minibatches=1, stat_matrices=hidden)
+    out = policy_update(m, opt, b, adv, LossConfig(), minibatches=1, stat_matrices=hidden)
     deltas = [(p.detach() - q).double() for p, q in zip(hidden, before)]
     rms = math.sqrt(sum(float(d.pow(2).sum()) for d in deltas) / sum(d.numel() for d in deltas))
     top = max(float(torch.linalg.matrix_norm(d, ord=2)) for d in deltas)
@@ -461,7 +473,7 @@ def test_embedding_and_head_steps_are_measured_beside_the_hidden_matrices(model)
         opt,
         b,
         adv,
-        LossSettings(),
+        LossConfig(),
         minibatches=1,
         stat_matrices=[params[n] for n, _ in route.muon],
         embed_head_matrices=io,
@@ -479,7 +491,7 @@ def test_embedding_and_head_steps_are_measured_beside_the_hidden_matrices(model)
         build_muon_adamw(idle),
         b,
         torch.zeros_like(adv),
-        LossSettings(),
+        LossConfig(),
         minibatches=1,
         skip_no_signal=True,
         embed_head_matrices=idle_io,

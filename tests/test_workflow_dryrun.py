@@ -226,8 +226,8 @@ def _bad_study(edit) -> dict:
             marks=pytest.mark.slow,
         ),
         pytest.param(
-            lambda s: s["cell"]["rl"].update(tis_cap=3.0),
-            "cell.rl.tis_cap: each cell sets it",
+            lambda s: s["cell"].update(loss={"tis_cap": 3.0}),
+            "cell.loss.tis_cap: each cell sets it",
             id="recipe-key",
             marks=pytest.mark.slow,
         ),

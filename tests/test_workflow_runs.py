@@ -102,7 +102,9 @@ def test_horizon_smoke_study_trains_one_family_per_horizon_with_offline_stats(tm
     for path in cells:
         model = path.parts[-5].removeprefix("model=")
         cell = yaml.safe_load((path.parent / "cell.yaml").read_text())
-        assert cell["model"]["path"] == "results/policies/qwen-base" and "offline_stats" not in cell["rl"]
+        assert cell["model"]["path"] == "results/policies/qwen-base" and "offline_stats" not in cell.get("rl", {}).get(
+            "spo", {}
+        )
         bugs = {"qwen-h1": 1, "qwen-h2": 2}[model]
         assert cell["env"]["options"]["min_bugs"] == cell["env"]["options"]["max_bugs"] == bugs
     summary = pd.read_csv(study / "results" / "summary.csv")

@@ -1,6 +1,6 @@
 """Command line: `python -m trainer {train,sft,eval} ...`. The workflow calls only this.
 
-    python -m trainer train --config CELL.yaml --out DIR [--resume] [--set rl.tis_cap=null ...] [--exit-with PID]
+    python -m trainer train --config CELL.yaml --out DIR [--resume] [--set loss.tis_cap=null ...] [--exit-with PID]
                             [--save-policy POLICY_DIR]
     python -m trainer sft   --config SFT.yaml  --out DIR [--exit-with PID]
     python -m trainer eval  --config CELL.yaml --policy DIR [--update N] [--tasks 64] [--show 3]

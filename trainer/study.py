@@ -21,9 +21,10 @@ and Snakemake only writes their results to disk. Design choices:
 - **A cell config is the study's shared `cell` block plus the per-cell keys**: `recipe`, `optim.name`,
   `run.seed` and `model.path`, the model's `env_options` over `cell.env.options`, the cell's learning rate
   (`optim_lrs`: the grid's lr, else the study's `lr:` entry for its optimizer) and, when the warm start writes
-  SPO's offline statistics, `rl.offline_stats`. The schema forbids those keys (and the recipe-defining `rl` keys)
-  in the shared block, because an explicit key overrides the recipe in the trainer (`trainer/config.py`): a
-  shared `rl.tis_cap` would silently turn TIS on for the no-TIS recipes.
+  SPO's offline statistics, `rl.spo.offline_stats`. The schema forbids those keys (and the recipe-defining keys) in
+  the shared block, because an explicit key overrides the recipe in the trainer (`trainer/recipes.py`): a shared
+  `loss.tis_cap` would silently turn TIS on for the no-TIS recipes. The shared block's estimator sections
+  (`rl.gigpo`, ...) reach only the cells of that estimator, which refuse another's.
 - **A study file may name a `base` study** (`resolve_base`): its keys are deep-merged over the base's, so a new
   study holds only its differences.
 - **`run.threads` comes from the rule's threads** (`resources.train.threads`), so the trainer uses exactly the
@@ -34,7 +35,7 @@ and Snakemake only writes their results to disk. Design choices:
   group estimators have groups, band low <= high, the lr keys (`check_lrs`), a horizon study's `horizon`
   labels) are checked by `check_study`, which raises `StudyError` naming the key before any job starts.
 - **Tables derived, not copied**: each recipe's optimizer, the optimizer names and the group recipes come from
-  `trainer.config` (`RECIPES`, `OptimConfig`), the presets from `trainer.policy.tiny`, the lr folder label from
+  `trainer.recipes` (`RECIPES`) and `trainer.config` (`OptimConfig`), the presets from `trainer.policy.tiny`, the lr folder label from
   `trainer.analysis.cell_logs`. This module and those import no torch: building the DAG needs the trainer package but
   not torch.
 """
@@ -51,20 +52,19 @@ import pandas as pd
 import yaml
 
 from trainer.config import (
-    GROUP_ESTIMATORS,
     OFFLINE_STATS_FILE,
-    RECIPES,
     ConfigError,
     EnvConfig,
     OptimConfig,
     TrainConfig,
     build_config,
-    check_bounds,
     config_from_dict,
     sft_config_from_dict,
 )
 from trainer.environments.suite import family_config
 from trainer.policy.tiny import TINY_PRESETS
+from trainer.recipes import RECIPE_ESTIMATOR, RECIPES
+from trainer.rl.config import ESTIMATOR_SECTIONS, GROUP_ESTIMATORS, SPO_ESTIMATORS
 
 RECIPE_OPTIMIZER: dict[str, str] = {name: recipe["optim"]["name"] for name, recipe in RECIPES.items()}
 """Each recipe's own optimizer (`optimizer: recipe` in a grid block)."""
@@ -73,7 +73,7 @@ OPTIMIZERS: tuple[str, ...] = typing.get_args(typing.get_type_hints(OptimConfig)
 """The optim.name values a grid block may name (adam_high_lr: AdamW at Muon's learning rate)."""
 
 GROUP_RECIPES: tuple[str, ...] = tuple(
-    name for name, recipe in RECIPES.items() if recipe["rl"]["estimator"] in GROUP_ESTIMATORS
+    name for name, estimator in RECIPE_ESTIMATOR.items() if estimator in GROUP_ESTIMATORS
 )
 """Recipes whose estimator compares a task's rollouts with each other: they need cell.rl.group_size >= 2."""
 
@@ -155,15 +155,27 @@ PATH_OPTIONS = ("tasks_file", "data_dir")
 """The `cell.env.options` keys that name local files or folders (besides `models.*.path`)."""
 
 
-PER_CELL_KEYS: dict[str, tuple[str, ...]] = {
-    "model": ("preset", "path"),
-    "optim": ("name",),
-    "run": ("seed", "threads"),
-    "rl": ("offline_stats", *dict.fromkeys(key for recipe in RECIPES.values() for key in recipe["rl"])),
-}
+def _key_paths(mapping: dict, prefix: str = "") -> list[str]:
+    """The dotted paths of a nested mapping's leaves (`{"loss": {"agg": ...}}` -> ["loss.agg"])."""
+    paths = []
+    for key, value in mapping.items():
+        path = f"{prefix}{key}"
+        paths.extend(_key_paths(value, f"{path}.") if isinstance(value, dict) else [path])
+    return paths
+
+
+PER_CELL_KEYS: tuple[str, ...] = (
+    "model.preset",
+    "model.path",
+    "optim.name",
+    "run.seed",
+    "run.threads",
+    "rl.spo.offline_stats",
+    *dict.fromkeys(path for recipe in RECIPES.values() for path in _key_paths(recipe)),
+)
 """Trainer keys each cell sets itself, refused in the shared `cell` block: the model from `models`, the optimizer
 and seed from the grid, the threads from `resources.train.threads`, SPO's offline statistics beside the warm-started
-policy, and the keys a recipe defines (a shared `rl.tis_cap` would silently turn TIS on for the no-TIS recipes)."""
+policy, and the keys a recipe defines (a shared `loss.tis_cap` would silently turn TIS on for the no-TIS recipes)."""
 
 WARM_START_SET_KEYS = ("model", "env", "rollout", "threads")
 """SFTConfig keys the workflow sets per model (its preset, the cells' env and token limits, the job's threads)."""
@@ -173,13 +185,13 @@ def refuse_per_cell_keys(cell: dict, where: str, what: str) -> None:
     """StudyError naming the first key of `cell` (a shared block or an arm's) that each cell sets itself."""
     if "recipe" in cell:
         raise StudyError(f"{where}.recipe: each cell's recipe comes from the grid; remove it from {what}")
-    for section, keys in PER_CELL_KEYS.items():
-        for key in keys:
-            if key in (cell.get(section) or {}):
-                raise StudyError(
-                    f"{where}.{section}.{key}: each cell sets it (from the grid, `models`, `resources` "
-                    f"or its recipe); remove it from {what}"
-                )
+    given = set(_key_paths(cell))
+    for path in PER_CELL_KEYS:
+        if path in given or any(key.startswith(f"{path}.") for key in given):
+            raise StudyError(
+                f"{where}.{path}: each cell sets it (from the grid, `models`, `resources` or its recipe); remove it "
+                f"from {what}"
+            )
 
 
 def check_blocks(study: dict) -> None:
@@ -190,7 +202,7 @@ def check_blocks(study: dict) -> None:
     cell = study.get("cell", {})
     refuse_per_cell_keys(cell, "cell", "the shared block")
     try:
-        check_bounds(build_config(TrainConfig, cell, "cell"), "cell")
+        build_config(TrainConfig, cell, "cell")
         warm_start = {k: v for k, v in study.get("warm_start", {}).items() if k != "allow_out_of_band"}
         for key in WARM_START_SET_KEYS:
             if key in warm_start:
@@ -202,7 +214,7 @@ def check_blocks(study: dict) -> None:
         for recipe in block["recipes"]:
             if recipe not in RECIPES:
                 raise StudyError(
-                    f"grid[{i}].recipes: {recipe!r} is not a recipe of trainer/config.py RECIPES ({list(RECIPES)})"
+                    f"grid[{i}].recipes: {recipe!r} is not a recipe of trainer/recipes.py RECIPES ({list(RECIPES)})"
                 )
         optimizer = block.get("optimizer", "recipe")
         if optimizer not in ("recipe", *OPTIMIZERS):
@@ -276,9 +288,7 @@ def check_arms(study: dict) -> None:
         seen[label] = (i, own)
         refuse_per_cell_keys(own, f"grid[{i}].cell", "the arm")
         try:
-            check_bounds(
-                build_config(TrainConfig, deep_merge(study.get("cell", {}), own), f"grid[{i}].cell"), f"grid[{i}].cell"
-            )
+            build_config(TrainConfig, deep_merge(study.get("cell", {}), own), f"grid[{i}].cell")
         except ConfigError as e:
             raise StudyError(str(e)) from None
 
@@ -560,10 +570,16 @@ def cell_config(
     run = {**shared.pop("run", {}), "seed": int(seed), "threads": int(threads)}
     if "env" in shared or study["models"][model].get("env_options"):
         shared["env"] = model_env(study, model)  # in place: a cell.yaml without env_options reads as before
+    estimator = RECIPE_ESTIMATOR[recipe]
+    if "rl" in shared:  # the study's settings of the other estimators are not this cell's
+        others = {section for sections in ESTIMATOR_SECTIONS.values() for section in sections}
+        others -= set(ESTIMATOR_SECTIONS[estimator])
+        shared["rl"] = {k: v for k, v in shared["rl"].items() if k not in others}
     offline = offline_stats_path(study, model, model_path)
-    if offline is not None:
-        shared["rl"] = {**shared.get("rl", {}), "offline_stats": offline}
-    cell.update(shared)  # env, rl, rollout as given
+    if offline is not None and estimator in SPO_ESTIMATORS:
+        rl = shared.setdefault("rl", {})
+        rl["spo"] = {**rl.get("spo", {}), "offline_stats": offline}
+    cell.update(shared)  # env, rl, rollout, ... as given
     cell["run"] = run
     return cell
 
@@ -599,7 +615,7 @@ def check_cells(study: dict, grid: pd.DataFrame, root: str | Path, threads: int 
         cell = cell_config(
             study, row.model, row.recipe, row.optimizer, int(row.seed), ".", threads=threads, lr=lr, arm=arm
         )
-        cell.get("rl", {}).pop("offline_stats", None)
+        cell.get("rl", {}).get("spo", {}).pop("offline_stats", None)
         try:
             config_from_dict(cell)
         except ConfigError as e:

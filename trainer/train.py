@@ -61,7 +61,6 @@ from trainer.rollout.hf_engine import HFEngine
 from trainer.rollout.sampling import SamplingParams
 from trainer.update import (
     ForwardSettings,
-    LossSettings,
     check_flash_attention,
     pad_episodes,
     policy_update,
@@ -169,15 +168,7 @@ class Trainer:
         self.embed_head = [params[n] for n, p in route.adamw if p.dim() == 2]
         """The embedding and head matrices: AdamW-trained in every cell (under "muon" at `optim.lr`, the hidden
         matrices at `optim.muon_lr`), their step sizes logged beside the hidden matrices'."""
-        self.estimator = make_estimator(cfg.rl)
-        self.loss_cfg = LossSettings(
-            clip_low=cfg.rl.clip_low,
-            clip_high=cfg.rl.clip_high,
-            tis_cap=cfg.rl.tis_cap,
-            agg=cfg.rl.agg,
-            dual_clip=cfg.rl.dual_clip,
-            temperature=r.temperature if r.temperature > 0 else 1.0,
-        )
+        self.estimator = make_estimator(cfg.rl, cfg.shaping)
         # sharded, FSDP2 computes in bf16 itself (its mixed-precision policy); one process autocasts
         self.autocast = None if self.dist.enabled else compute
         self.forward = ForwardSettings(
@@ -377,7 +368,7 @@ class Trainer:
                 score_sequences,
                 self.model,
                 pad_id=self.fmt.pad_id,
-                temperature=self.loss_cfg.temperature,
+                temperature=self.cfg.rollout.temperature,
                 device=self.device,
                 forward=self.forward,
             ),
@@ -387,7 +378,8 @@ class Trainer:
             self.optimizer,
             batch,
             adv,
-            self.loss_cfg,
+            self.cfg.loss,
+            temperature=self.cfg.rollout.temperature,
             minibatches=run.minibatches,
             epochs=run.epochs,
             skip_no_signal=run.skip_no_signal,

@@ -33,6 +33,7 @@ from torch import nn
 from trainer.distributed import SINGLE, DistContext
 from trainer.optim.muon import matrix_update_stats
 from trainer.policy.lean import lean_decoder
+from trainer.rl.config import LossConfig
 from trainer.rl.loss import policy_loss, token_entropy_from_logits
 from trainer.rollout.episode import Episode
 
@@ -311,23 +312,14 @@ def _part_share(agg: str, part: PaddedBatch, totals: dict) -> float:
     return _agg_weight("token-mean" if agg == "token-mean" else "seq-mean-token-mean", part, totals)
 
 
-@dataclass
-class LossSettings:
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    tis_cap: float | None = 2.0
-    agg: str = "token-mean"
-    dual_clip: float | None = None
-    temperature: float = 1.0
-
-
 def policy_update(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     batch: PaddedBatch,
     advantages: torch.Tensor,
-    loss_cfg: LossSettings,
+    loss: LossConfig,
     *,
+    temperature: float = 1.0,
     minibatches: int = 1,
     epochs: int = 1,
     micro_batch_tokens: int = 16384,
@@ -366,8 +358,8 @@ def policy_update(
     device = next(model.parameters()).device
     batch, advantages = batch.to(device), advantages.to(device)
     model.train()
-    temperature = loss_cfg.temperature if loss_cfg.temperature > 0 else 1.0
-    step = _StepInputs(batch, advantages, loss_cfg, temperature, micro_batch_tokens, autocast_dtype, forward, ctx)
+    temperature = temperature if temperature > 0 else 1.0  # greedy sampling is scored at temperature 1
+    step = _StepInputs(batch, advantages, loss, temperature, micro_batch_tokens, autocast_dtype, forward, ctx)
     splits = [list(range(B))[i::minibatches] for i in range(minibatches)] if minibatches > 1 else [list(range(B))]
     steps_rows = [rows for _ in range(epochs) for rows in splits if rows]
 
@@ -413,7 +405,7 @@ class _StepInputs:
 
     batch: PaddedBatch
     advantages: torch.Tensor
-    loss_cfg: LossSettings
+    loss: LossConfig
     temperature: float
     micro_batch_tokens: int
     autocast_dtype: torch.dtype | None
@@ -453,7 +445,7 @@ def _minibatch_step(
     """One optimizer step over the mini-batch `rows_mb`: its micro-batches' losses back-propagated (each part of
     `parts` on its own when the gradient SNR is measured), the gradient clipped, the step taken unless the loss or
     the gradient is not finite. With `filling`, its forward passes also fill `old_logp` for its rows."""
-    batch, cfg, ctx = step.batch, step.loss_cfg, step.ctx
+    batch, cfg, ctx = step.batch, step.loss, step.ctx
     sub = slice_batch(batch, rows_mb)
     totals = {"tokens": float(sub.loss_mask.sum()), "nonempty_rows": float((sub.loss_mask.sum(1) > 0).sum())}
     global_width = float(sub.width)
@@ -485,11 +477,7 @@ def _minibatch_step(
                 mb.rollout_logp if cfg.tis_cap is not None else None,
                 step.advantages[rows, :w],
                 mb.loss_mask,
-                clip_low=cfg.clip_low,
-                clip_high=cfg.clip_high,
-                tis_cap=cfg.tis_cap,
-                agg=cfg.agg,
-                dual_clip=cfg.dual_clip,
+                cfg,
                 loss_scale_factor=global_width if cfg.agg == "seq-mean-token-sum-norm" else None,
             )
             scaled = loss * (_agg_weight(cfg.agg, mb, totals) * weight)

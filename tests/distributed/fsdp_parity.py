@@ -15,9 +15,10 @@ import sys
 import torch
 
 from trainer.distributed import init_distributed, shard_model
+from trainer.rl.config import LossConfig
 from trainer.rl.loss import AGGREGATIONS
 from trainer.rollout.episode import Episode
-from trainer.update import ForwardSettings, LossSettings, pad_episodes, policy_update
+from trainer.update import ForwardSettings, pad_episodes, policy_update
 
 ARCHS = {
     "qwen3": dict(
@@ -91,7 +92,7 @@ def grads_of(model, batch, advantages, agg, ctx=None, chunk=None):
         opt,
         batch,
         advantages,
-        LossSettings(agg=agg, tis_cap=2.0),
+        LossConfig(agg=agg, tis_cap=2.0),
         micro_batch_tokens=24,
         grad_clip=None,
         **kwargs,

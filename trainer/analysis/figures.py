@@ -82,7 +82,7 @@ from trainer.analysis.summary import (
     ordered,
     run_bounds,
 )
-from trainer.config import FIGURE2_RECIPES
+from trainer.recipes import FIGURE2_RECIPES
 
 BAR, FULL_BAR, PAPER_EDGE = "#c3cfdd", "#b9e4c4", "#6b6b6b"
 OPTIMIZER_COLORS = {"muon": MUON, "adam": ADAM}

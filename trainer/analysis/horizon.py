@@ -68,7 +68,7 @@ from trainer.analysis.summary import (
     table_row,
     write_tables,
 )
-from trainer.config import FIGURE2_RECIPES
+from trainer.recipes import FIGURE2_RECIPES
 
 HORIZON_FIGURES: tuple[str, ...] = tuple(HORIZON.figures)
 

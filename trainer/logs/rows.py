@@ -11,7 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from trainer.rl.shaping import ShapingConfig, overlong_flags
+from trainer.rl.config import ShapingConfig
+from trainer.rl.shaping import overlong_flags
 
 UPDATE_STATISTICS = (
     "entropy",

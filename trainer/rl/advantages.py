@@ -11,45 +11,24 @@ stay exactly the published ones; with penalties off (their recipes' default) not
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
-from trainer.config import ESTIMATORS, SPO_ESTIMATORS
-from trainer.rl.group_advantages import (
-    GiGPOConfig,
-    GraphGPOConfig,
-    GRPOConfig,
-    gigpo_advantages,
-    graphgpo_advantages,
-    grpo_advantages,
-)
-from trainer.rl.shaping import ShapingConfig, overlong_flags, turn_penalties
-from trainer.rl.spo import BetaTracker, SPOPlusPlusConfig, spo_advantages, spo_plus_plus_advantages
+from trainer.rl.config import SPO_ESTIMATORS, RLConfig, ShapingConfig
+from trainer.rl.group_advantages import gigpo_advantages, graphgpo_advantages, grpo_advantages
+from trainer.rl.shaping import overlong_flags, turn_penalties
+from trainer.rl.spo import BetaTracker, spo_advantages, spo_plus_plus_advantages
 from trainer.rl.trajectory import Trajectory, turn_values_to_tokens
 
 
-@dataclass
-class AdvantageConfig:
-    estimator: str = "spo++"
-    """One of ESTIMATORS."""
-    shaping: ShapingConfig = field(default_factory=lambda: ShapingConfig(length_penalty=False, tool_penalty=False))
-    """Per-turn length and tool-error penalties (both off unless the recipe turns them on)."""
-    spo_plus_plus: SPOPlusPlusConfig = field(default_factory=SPOPlusPlusConfig)
-    grpo: GRPOConfig = field(default_factory=GRPOConfig)
-    gigpo: GiGPOConfig = field(default_factory=GiGPOConfig)
-    graphgpo: GraphGPOConfig = field(default_factory=GraphGPOConfig)
-
-    def __post_init__(self):
-        if self.estimator not in ESTIMATORS:
-            raise ValueError(f"advantage estimator {self.estimator!r} is not one of {ESTIMATORS}")
-
-
 def compute_advantages(
-    trajectories: list[Trajectory], cfg: AdvantageConfig, tracker: BetaTracker | None = None, width: int | None = None
+    trajectories: list[Trajectory],
+    cfg: RLConfig,
+    shaping: ShapingConfig,
+    tracker: BetaTracker | None = None,
+    width: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Per-token advantages [batch, width] (zero off the action tokens) and a few batch statistics."""
-    shaping = cfg.shaping
+    """Per-token advantages [batch, width] (zero off the action tokens) and a few batch statistics: `cfg` chooses
+    the estimator and holds its settings, `shaping` the per-turn penalties."""
     bonus = turn_penalties(trajectories, shaping) if (shaping.length_penalty or shaping.tool_penalty) else None
     if cfg.estimator in SPO_ESTIMATORS and tracker is None:
         raise ValueError(f"estimator {cfg.estimator!r} needs the SPO tracker")

@@ -31,19 +31,14 @@ policy, so an estimator that keeps it and calls it in `after_update` reads the u
 
 from __future__ import annotations
 
-import typing
 from collections.abc import Callable, Sequence
 
 import torch
 
-from trainer.config import GROUP_ESTIMATORS, SPO_ESTIMATORS, RhoTiming
-from trainer.rl.advantages import AdvantageConfig, compute_advantages
-from trainer.rl.group_advantages import GiGPOConfig, GraphGPOConfig
-from trainer.rl.shaping import ShapingConfig
+from trainer.rl.advantages import compute_advantages
+from trainer.rl.config import GROUP_ESTIMATORS, SPO_ESTIMATORS, RhoTiming, RLConfig, ShapingConfig
 from trainer.rl.spo import (
     BetaTracker,
-    SPOPlusPlusConfig,
-    TrackerConfig,
     logprob_divergence,
     read_offline_stats,
     spo_update_tracker,
@@ -63,13 +58,10 @@ class Estimator:
     tracker: BetaTracker | None = None
     """SPO's per-task Beta tracker; None for the group estimators."""
 
-    def __init__(self, cfg: AdvantageConfig):
+    def __init__(self, cfg: RLConfig, shaping: ShapingConfig):
         self.cfg = cfg
-
-    @property
-    def shaping(self) -> ShapingConfig:
+        self.shaping = shaping
         """The per-turn penalties' settings (the episode log's `overlong_turns` uses the same threshold)."""
-        return self.cfg.shaping
 
     # -- rollouts ------------------------------------------------------------------------------------------
     sample_tasks: Callable[[list[str], int, torch.Generator], list[str]] | None = None
@@ -88,7 +80,7 @@ class Estimator:
     def advantages(self, trajectories: list[Trajectory], batch) -> tuple[torch.Tensor, dict[str, float]]:
         """Per-token advantages aligned with `batch`'s targets ([B, T-1], zero off the loss mask) and the batch
         statistics of `compute_advantages`."""
-        tokens, stats = compute_advantages(trajectories, self.cfg, self.tracker, width=batch.width + 1)
+        tokens, stats = compute_advantages(trajectories, self.cfg, self.shaping, self.tracker, width=batch.width + 1)
         return tokens[:, 1:] * batch.loss_mask, stats
 
     def before_update(self, episodes: Sequence, score: Score) -> None:
@@ -109,33 +101,26 @@ class Estimator:
 class GroupEstimator(Estimator):
     """GRPO, GiGPO, GraphGPO: each batch's groups are their own baseline; nothing carries over."""
 
-    def __init__(self, cfg: AdvantageConfig):
+    def __init__(self, cfg: RLConfig, shaping: ShapingConfig):
         if cfg.estimator not in GROUP_ESTIMATORS:
             raise ValueError(f"GroupEstimator serves {GROUP_ESTIMATORS}, got {cfg.estimator!r}")
-        super().__init__(cfg)
+        super().__init__(cfg, shaping)
 
 
 class SPOEstimator(Estimator):
     """SPO and SPO++: the Beta tracker, its prioritised sampling and dispatch snapshots, and its updates."""
 
-    def __init__(
-        self,
-        cfg: AdvantageConfig,
-        tracker: BetaTracker,
-        *,
-        prioritised: bool = True,
-        rho_timing: RhoTiming = "after_update",
-    ):
+    def __init__(self, cfg: RLConfig, shaping: ShapingConfig, tracker: BetaTracker):
+        """`tracker` is kept and updated (the rollout driver's sampler reads the same object); its settings (an
+        `SPOConfig`, a cell's `rl.spo`) also say how it forgets and whether it picks the tasks."""
         if cfg.estimator not in SPO_ESTIMATORS:
             raise ValueError(f"SPOEstimator serves {SPO_ESTIMATORS}, got {cfg.estimator!r}")
-        if rho_timing not in typing.get_args(RhoTiming):
-            raise ValueError(f"rho_timing must be one of {typing.get_args(RhoTiming)}, got {rho_timing!r}")
-        super().__init__(cfg)
+        super().__init__(cfg, shaping)
         self.tracker = tracker
         self.kl_adaptive = tracker.cfg.rho_mode == "kl_adaptive"
-        self.rho_timing = rho_timing
-        self.needs_old_logp = self.kl_adaptive and rho_timing == "before_update"
-        if prioritised:
+        self.rho_timing: RhoTiming = tracker.cfg.rho_timing
+        self.needs_old_logp = self.kl_adaptive and self.rho_timing == "before_update"
+        if tracker.cfg.prioritised_sampling:
             self.sample_tasks = self._sample_tasks
         self.last_visit: dict[str, tuple[list[int], list[int], list[float]]] = {}
         """Per task, the previous visit's tokens, loss mask and trainer log-probs (KL-adaptive rho): post-update
@@ -213,27 +198,9 @@ class SPOEstimator(Estimator):
         self.last_visit = state["last_visit"]
 
 
-def advantage_config(rl) -> AdvantageConfig:
-    """The advantage settings of a cell's `rl` section (`RLConfig`)."""
-    return AdvantageConfig(
-        estimator=rl.estimator,
-        shaping=ShapingConfig(
-            length_penalty=rl.length_penalty,
-            tool_penalty=rl.tool_penalty,
-            length_threshold=rl.length_threshold,
-            length_ramp=rl.length_ramp,
-        ),
-        spo_plus_plus=SPOPlusPlusConfig(baseline=rl.spo_baseline, unit=rl.spo_unit),
-        gigpo=GiGPOConfig(omega=rl.gigpo_omega, gamma=rl.gamma, mode=rl.gigpo_mode, penalty=rl.gigpo_penalty),
-        graphgpo=GraphGPOConfig(convention=rl.graph_convention),
-    )
-
-
-def make_estimator(rl) -> Estimator:
-    """The estimator a cell's `rl` section asks for; SPO's tracker starts from `rl.offline_stats` when given."""
-    cfg = advantage_config(rl)
+def make_estimator(rl: RLConfig, shaping: ShapingConfig) -> Estimator:
+    """The estimator a cell's `rl` section asks for; SPO's tracker starts from `rl.spo.offline_stats` when given."""
     if rl.estimator in SPO_ESTIMATORS:
-        stats = read_offline_stats(rl.offline_stats) if rl.offline_stats else {}
-        tracker = BetaTracker.from_offline(stats, TrackerConfig(rho_mode=rl.rho_mode))
-        return SPOEstimator(cfg, tracker, prioritised=rl.prioritised_sampling, rho_timing=rl.rho_timing)
-    return GroupEstimator(cfg)
+        stats = read_offline_stats(rl.spo.offline_stats) if rl.spo.offline_stats else {}
+        return SPOEstimator(rl, shaping, BetaTracker.from_offline(stats, rl.spo))
+    return GroupEstimator(rl, shaping)

@@ -31,9 +31,9 @@ Readings of ambiguous points, and defaults:
   Cross-steps statistics count each trajectory once per turn, so long episodes weigh more in the group mean
   and std; `cross_steps=False` counts each trajectory once.
 - GiGPO defaults to `mode="mean_norm"` (the function default of verl-agent's `core_gigpo.py`; its ALFWorld
-  script passes `mean_std_norm`, available here and from a cell as `rl.gigpo_mode`). The same mode applies to
+  script passes `mean_std_norm`, available here and from a cell as `rl.gigpo.mode`). The same mode applies to
   both terms, as in verl-agent.
-- GiGPO's step returns and the invalid-action penalty (`penalty`, a cell's `rl.gigpo_penalty`): by default
+- GiGPO's step returns and the invalid-action penalty (`penalty`, a cell's `rl.gigpo.penalty`): by default
   (`"own_turn"`, verl-agent) only the environment reward is discounted, G_k = sum_{j>=k} gamma^(j-k) r^env_j,
   and each turn's own penalty is then subtracted, G_k - invalid_penalty * [turn k invalid]
   (`compute_step_discounted_returns` runs on the environment's rewards; `apply_invalid_action_penalty` then
@@ -63,149 +63,11 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
+from trainer.rl.config import GiGPOConfig, GraphGPOConfig, GRPOConfig
 from trainer.rl.trajectory import Trajectory
-
-Mode = Literal["mean_norm", "mean_std_norm"]
-Convention = Literal["reference", "paper"]
-StepPenalty = Literal["own_turn", "discounted"]
-MODES = ("mean_norm", "mean_std_norm")
-CONVENTIONS = ("reference", "paper")
-STEP_PENALTIES = ("own_turn", "discounted")
-"""GiGPO's readings of the invalid-action penalty in the step returns (`GiGPOConfig.penalty`)."""
-
-
-# ----------------------------------------------------------------------------------------------- configs
-
-
-def _require_finite(
-    owner: str, name: str, value: float, *, low: float | None = None, positive: bool = False, high: float | None = None
-) -> None:
-    """Raise ValueError unless `value` is a finite real in the stated range."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"{owner}.{name} must be a finite number, got {value!r}")
-    if positive and not value > 0:
-        raise ValueError(f"{owner}.{name} must be > 0, got {value!r}")
-    if low is not None and value < low:
-        raise ValueError(f"{owner}.{name} must be >= {low}, got {value!r}")
-    if high is not None and value > high:
-        raise ValueError(f"{owner}.{name} must be <= {high}, got {value!r}")
-
-
-@dataclass
-class GRPOConfig:
-    """Episode-level group advantage (verl-agent's GRPO on multi-turn episodes)."""
-
-    success_reward: float = 10.0
-    """Reward of a successful episode (ALFWorld: 10 * won). 0 turns success off."""
-    invalid_penalty: float = 0.1
-    """Subtracted once per turn whose action was invalid. 0 turns the penalty off."""
-    mode: Mode = "mean_std_norm"
-    """"mean_norm": R - mu; "mean_std_norm": (R - mu) / (sigma + eps), sigma the unbiased std."""
-    eps: float = 1e-6
-    """Added to sigma in mean_std_norm."""
-    cross_steps: bool = True
-    """True: group statistics count each trajectory once per turn (verl-agent's default); False: once."""
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        """Raise ValueError naming the first bad field."""
-        _validate_episode_fields("GRPOConfig", self)
-
-
-@dataclass
-class GiGPOConfig:
-    """GiGPO: episode term plus omega times the anchor-state step term."""
-
-    omega: float = 1.0
-    """Weight of the step advantage (verl-agent's `step_advantage_w`)."""
-    gamma: float = 0.95
-    """Discount of the per-step returns R_k = sum_{j>=k} gamma^(j-k) r_j."""
-    mode: Mode = "mean_norm"
-    """Normalisation of both terms: "mean_norm" (verl-agent's function default) or "mean_std_norm"."""
-    eps: float = 1e-6
-    """Added to sigma in mean_std_norm."""
-    cross_steps: bool = True
-    """Episode-term statistics count each trajectory once per turn (True, verl-agent) or once (False)."""
-    success_reward: float = 10.0
-    """Reward on the final turn of a successful episode. 0 turns success off."""
-    invalid_penalty: float = 0.1
-    """Subtracted on each turn whose action was invalid. 0 turns the penalty off."""
-    penalty: StepPenalty = "own_turn"
-    """How the invalid-action penalty enters the step returns: "own_turn" (verl-agent): G_k is the discounted
-    environment return minus turn k's own penalty; "discounted": the penalty is a per-turn reward discounted into
-    every earlier turn's return too."""
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        """Raise ValueError naming the first bad field."""
-        _validate_episode_fields("GiGPOConfig", self)
-        _require_finite("GiGPOConfig", "omega", self.omega)
-        _require_finite("GiGPOConfig", "gamma", self.gamma, low=0.0, high=1.0)
-        if self.penalty not in STEP_PENALTIES:
-            raise ValueError(f"GiGPOConfig.penalty must be one of {STEP_PENALTIES}, got {self.penalty!r}")
-
-
-@dataclass
-class GraphGPOConfig:
-    """GraphGPO: mean-std episode term plus the same-source-node graph term."""
-
-    success_reward: float = 10.0
-    """Reward of a successful episode, and R_s, the scale of the graph returns."""
-    invalid_penalty: float = 0.1
-    """Subtracted from the episode return once per invalid turn (the graph term ignores it)."""
-    decay: float = 0.1
-    """Base of the distance decay of graph returns (the paper's omega; renamed to avoid GiGPO's omega)."""
-    edge_cost: float = 1.0
-    """Cost of every edge occurrence in the shortest-path search."""
-    convention: Convention = "reference"
-    """"reference": G = R_s * decay**d(target); "paper" (Eq. 4): G = R_s * decay**(d(target) + edge_cost)."""
-    beta_episode: float = 1.0
-    """Weight of the episode advantage."""
-    beta_graph: float = 1.0
-    """Weight of the graph advantage."""
-    eps: float = 1e-6
-    """Added to every standard deviation."""
-    cross_steps: bool = False
-    """Episode statistics count each trajectory once (False, default) or once per turn (reference helper)."""
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        """Raise ValueError naming the first bad field."""
-        name = "GraphGPOConfig"
-        _require_finite(name, "success_reward", self.success_reward, low=0.0)
-        _require_finite(name, "invalid_penalty", self.invalid_penalty, low=0.0)
-        _require_finite(name, "decay", self.decay, positive=True, high=1.0)
-        _require_finite(name, "edge_cost", self.edge_cost, positive=True)
-        _require_finite(name, "beta_episode", self.beta_episode)
-        _require_finite(name, "beta_graph", self.beta_graph)
-        _require_finite(name, "eps", self.eps, positive=True)
-        if self.convention not in CONVENTIONS:
-            raise ValueError(f"{name}.convention must be one of {CONVENTIONS}, got {self.convention!r}")
-        if not isinstance(self.cross_steps, bool):
-            raise ValueError(f"{name}.cross_steps must be a bool, got {self.cross_steps!r}")
-
-
-def _validate_episode_fields(name: str, cfg: GRPOConfig | GiGPOConfig) -> None:
-    """Checks shared by the GRPO and GiGPO configs."""
-    _require_finite(name, "success_reward", cfg.success_reward, low=0.0)
-    _require_finite(name, "invalid_penalty", cfg.invalid_penalty, low=0.0)
-    _require_finite(name, "eps", cfg.eps, positive=True)
-    if cfg.mode not in MODES:
-        raise ValueError(f"{name}.mode must be one of {MODES}, got {cfg.mode!r}")
-    if not isinstance(cfg.cross_steps, bool):
-        raise ValueError(f"{name}.cross_steps must be a bool, got {cfg.cross_steps!r}")
-
 
 # ----------------------------------------------------------------------------------------------- grouping
 

@@ -16,7 +16,7 @@ Choices, and why:
   A multiply would turn garbage in padding (inf, NaN, 1e30 advantages) into NaN via 0 * inf, in the loss or in
   the gradient; a `where` cannot. So padding, prompt and observation tokens can never influence loss or gradient.
 - Policy tokens holding non-finite values are bad input and raise a ValueError (one host sync per call); a
-  non-binary mask raises too. Hyper-parameters are checked before any tensor work.
+  non-binary mask raises too. The hyper-parameters are a `LossConfig` (trainer/rl/config.py), checked when built.
 - The arithmetic runs in at least fp32 (bf16 log-probs are upcast; fp64 stays fp64 so gradient tests are exact).
 - old_logp, rollout_logp and advantages are detached: they are data, never something to differentiate.
 - An all-zero mask gives loss 0.0 that is still attached to `logp`'s graph (backward gives zero gradients) and
@@ -39,8 +39,7 @@ from __future__ import annotations
 
 import torch
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-"""The valid values of `agg`, in verl's `loss_agg_mode` spelling."""
+from trainer.rl.config import AGGREGATIONS, LossConfig
 
 LOG_RATIO_BOUND = 20.0
 """Log-ratios are clamped to [-20, 20] before exp (as verl does), so a ratio is at most exp(20) ~ 4.9e8."""
@@ -137,29 +136,14 @@ def aggregate_loss(
     return masked.sum() / scale
 
 
-def _check_hyperparameters(clip_low, clip_high, tis_cap, dual_clip) -> None:
-    if not 0.0 <= clip_low < 1.0:
-        raise ValueError(f"clip_low must be in [0, 1) so that 1 - clip_low > 0, got {clip_low}")
-    if not 0.0 <= clip_high < float("inf"):
-        raise ValueError(f"clip_high must be a finite number >= 0, got {clip_high}")
-    if tis_cap is not None and not tis_cap > 0:
-        raise ValueError(f"tis_cap must be > 0 (or None to turn TIS off), got {tis_cap}")
-    if dual_clip is not None and not (1.0 < dual_clip < float("inf")):
-        raise ValueError(f"dual_clip must be a finite number > 1 (or None to turn it off), got {dual_clip}")
-
-
 def policy_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
     rollout_logp: torch.Tensor | None,
     advantages: torch.Tensor,
     mask: torch.Tensor,
+    cfg: LossConfig | None = None,
     *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
-    tis_cap: float | None = 2.0,
-    agg: str = "token-mean",
-    dual_clip: float | None = None,
     loss_scale_factor: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """PPO clip-higher loss with TIS and aggregation; returns (scalar loss, detached scalar metrics).
@@ -168,12 +152,12 @@ def policy_loss(
     old_logp: the same under the training engine's weights before this update's PPO epochs.
     rollout_logp: the same as reported by the rollout engine at sampling time; may be None only when tis_cap is None.
     advantages: per-token advantages. mask: 1 (or True) on policy tokens, 0 elsewhere.
+    cfg: the clip, TIS and aggregation settings (None: `LossConfig()`'s defaults, the paper's).
     Metrics: clip_frac_low, clip_frac_high, approx_kl, approx_kl_k3, tis_weight_mean, tis_truncated_frac,
     and dual_clip_frac when dual_clip is set.
     """
-    if agg not in AGGREGATIONS:
-        raise ValueError(f"unknown loss aggregation agg={agg!r}; valid: {', '.join(AGGREGATIONS)}")
-    _check_hyperparameters(clip_low, clip_high, tis_cap, dual_clip)
+    cfg = cfg if cfg is not None else LossConfig()
+    clip_low, clip_high, tis_cap, dual_clip = cfg.clip_low, cfg.clip_high, cfg.tis_cap, cfg.dual_clip
     if rollout_logp is None and tis_cap is not None:
         raise ValueError(f"rollout_logp is None but TIS is on (tis_cap={tis_cap}); pass tis_cap=None to turn it off")
     named = {"logp": logp, "old_logp": old_logp, "advantages": advantages, "mask": mask}
@@ -219,7 +203,7 @@ def policy_loss(
         weights, truncated = torch.ones_like(ratio), torch.zeros_like(keep)
     else:
         weights, truncated = tis_weights(old, on_mask(rollout_logp.detach()), tis_cap)
-    loss = aggregate_loss(per_token * weights, keep, agg, loss_scale_factor=loss_scale_factor)
+    loss = aggregate_loss(per_token * weights, keep, cfg.agg, loss_scale_factor=loss_scale_factor)
 
     with torch.no_grad():
         metrics = {

@@ -27,57 +27,10 @@ Readings of the paper, and why they are the defaults:
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import torch
 
+from trainer.rl.config import ShapingConfig
 from trainer.rl.trajectory import Trajectory, Turn
-
-
-@dataclass
-class ShapingConfig:
-    """Switches and magnitudes of the per-turn penalties. Defaults are the paper's full recipe at paper scale."""
-
-    length_penalty: bool = True
-    """Penalise turns whose generated length exceeds `length_threshold`."""
-    tool_penalty: bool = True
-    """Penalise turns whose action was invalid (or failed to execute, see `count_exec_errors`)."""
-    length_threshold: int = 2048
-    """Generated tokens a turn may use without penalty (2048 at paper scale; scale it down for tiny models)."""
-    length_ramp: int | None = None
-    """Tokens past the threshold at which the length penalty reaches its maximum; None = the threshold; 0 = flat."""
-    length_penalty_max: float = 0.5
-    """Magnitude of the full length penalty (applied as a negative number)."""
-    tool_error_penalty: float = 0.5
-    """Magnitude of the tool-error penalty (applied as a negative number)."""
-    clip: float = 0.25
-    """The summed per-turn penalty is clipped to [-clip, +clip]."""
-    exempt_last_turn: bool = True
-    """The last turn of a trajectory never gets a length penalty."""
-    count_exec_errors: bool = True
-    """Execution errors count as tool errors, not only invalid actions."""
-
-    def __post_init__(self) -> None:
-        for name in ("length_penalty", "tool_penalty", "exempt_last_turn", "count_exec_errors"):
-            value = getattr(self, name)
-            if not isinstance(value, bool):
-                raise ValueError(f"ShapingConfig.{name} must be a bool, got {value!r}")
-        for name in ("length_threshold", "length_ramp"):
-            value = getattr(self, name)
-            if value is None and name == "length_ramp":
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"ShapingConfig.{name} must be an int >= 0, got {value!r}")
-        for name in ("length_penalty_max", "tool_error_penalty", "clip"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"ShapingConfig.{name} must be a finite number >= 0 (a magnitude), got {value!r}")
-
-    @property
-    def ramp(self) -> int:
-        """The ramp in tokens, with None resolved to the threshold (resolved late, so `replace()` stays right)."""
-        return self.length_threshold if self.length_ramp is None else self.length_ramp
 
 
 def _lengths(turns: list[Turn]) -> torch.Tensor:

@@ -52,11 +52,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
-from typing import Literal
+from dataclasses import asdict
 
 import torch
 
+from trainer.rl.config import SPOConfig, SPOPlusPlusConfig
 from trainer.rl.trajectory import Trajectory
 
 STATE_VERSION = 1
@@ -145,48 +145,6 @@ def read_offline_stats(path) -> dict[str, tuple[int, int]]:
 # The per-task Beta tracker
 
 
-@dataclass
-class TrackerConfig:
-    """Settings of the SPO Beta tracker. Defaults are those of the official recipe."""
-
-    prior_alpha: float = 0.5
-    """alpha of a task with no offline samples and no visits (the recipe's offline_N = 0 case)."""
-    prior_beta: float = 0.5
-    """beta of such a task."""
-    rho_mode: Literal["kl_adaptive", "constant"] = "kl_adaptive"
-    """How `rho()` picks the forgetting factor. "kl_adaptive": from the policy shift D (recipe default).
-    "constant": always `rho_constant`."""
-    rho_constant: float = 0.875
-    """The forgetting factor in constant mode."""
-    d_half: float = 0.06
-    """D at which the adaptive rho would halve the old evidence (before clipping). Hard-coded in the recipe."""
-    rho_min: float = 0.875
-    """Lower clip of the adaptive rho. Also sets the offline prior strength N_init = 1 / (1 - rho_min)."""
-    rho_max: float = 0.96
-    """Upper clip of the adaptive rho. Hard-coded in the recipe."""
-    sampling_eps: float = 0.05
-    """Floor added to the sampling weight sqrt(p (1 - p)), so solved or hopeless tasks are still drawn."""
-
-    def __post_init__(self) -> None:
-        for name in ("prior_alpha", "prior_beta"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
-                raise ValueError(f"TrackerConfig.{name} must be a finite number > 0, got {value!r}")
-        if self.rho_mode not in ("kl_adaptive", "constant"):
-            raise ValueError(f"TrackerConfig.rho_mode must be 'kl_adaptive' or 'constant', got {self.rho_mode!r}")
-        if not 0 < self.rho_constant <= 1:
-            raise ValueError(f"TrackerConfig.rho_constant must be in (0, 1], got {self.rho_constant!r}")
-        if not self.d_half > 0:
-            raise ValueError(f"TrackerConfig.d_half must be > 0, got {self.d_half!r}")
-        if not 0 < self.rho_min <= self.rho_max <= 1 or self.rho_min >= 1:
-            raise ValueError(
-                f"TrackerConfig needs 0 < rho_min <= rho_max <= 1 and rho_min < 1, "
-                f"got rho_min={self.rho_min!r}, rho_max={self.rho_max!r}"
-            )
-        if not (math.isfinite(self.sampling_eps) and self.sampling_eps >= 0):
-            raise ValueError(f"TrackerConfig.sampling_eps must be a finite number >= 0, got {self.sampling_eps!r}")
-
-
 def _check_task_id(task_id: str) -> None:
     # Only str keys: an int key would come back as a str after a JSON round trip of the checkpoint.
     if not isinstance(task_id, str):
@@ -206,15 +164,15 @@ class BetaTracker:
     The baseline is v(x) = alpha / (alpha + beta). Tasks never seen start at the configured prior.
     """
 
-    def __init__(self, cfg: TrackerConfig | None = None) -> None:
-        self.cfg = cfg if cfg is not None else TrackerConfig()
+    def __init__(self, cfg: SPOConfig | None = None) -> None:
+        self.cfg = cfg if cfg is not None else SPOConfig()
         self._alpha: dict[str, float] = {}
         self._beta: dict[str, float] = {}
         self._visits: dict[str, int] = {}
 
     # -- initialisation ------------------------------------------------------------------------------------
     @classmethod
-    def from_offline(cls, stats: Mapping[str, tuple[int, int]], cfg: TrackerConfig | None = None) -> BetaTracker:
+    def from_offline(cls, stats: Mapping[str, tuple[int, int]], cfg: SPOConfig | None = None) -> BetaTracker:
         """A tracker initialised from offline samples: `stats[task_id] = (n_samples, n_successes)`."""
         tracker = cls(cfg)
         for task_id, (n_samples, n_successes) in stats.items():
@@ -343,7 +301,7 @@ class BetaTracker:
             raise ValueError(
                 f"unsupported BetaTracker state version {state.get('version')!r}, expected {STATE_VERSION}"
             )
-        cfg = TrackerConfig(**state["config"])
+        cfg = SPOConfig(**state["config"])
         alpha, beta, visits = {}, {}, {}
         for task_id, entry in state["tasks"].items():
             _check_task_id(task_id)
@@ -474,28 +432,6 @@ def spo_update_tracker(trajectories: Sequence[Trajectory], tracker: BetaTracker,
 
 # ----------------------------------------------------------------------------------------------------------
 # SPO++ (stream-aligned; our reading, every open choice a switch)
-
-
-@dataclass
-class SPOPlusPlusConfig:
-    """The open choices of SPO++. The defaults are our reading of the paper (see the module docstring)."""
-
-    baseline: Literal["dispatch", "consume"] = "dispatch"
-    """"dispatch": use `Trajectory.baseline`, the snapshot taken when the rollout was handed out (raises if
-    it is None). "consume": read the tracker now, as plain SPO does."""
-    unit: Literal["turn", "token", "trajectory"] = "turn"
-    """Standardisation multiset. "turn": one entry per turn over the whole batch. "token": each turn's entry
-    counted once per generated token (Turn.length). "trajectory": standardise r - v with one entry per
-    trajectory, then add the per-turn bonuses unstandardised."""
-    eps: float = 1e-8
-    """Added to the standard deviation before dividing."""
-
-    def __post_init__(self) -> None:
-        if self.baseline not in ("dispatch", "consume"):
-            raise ValueError(f"SPOPlusPlusConfig.baseline must be 'dispatch' or 'consume', got {self.baseline!r}")
-        if self.unit not in ("turn", "token", "trajectory"):
-            raise ValueError(f"SPOPlusPlusConfig.unit must be 'turn', 'token' or 'trajectory', got {self.unit!r}")
-        _check_eps(self.eps)
 
 
 def _baselines(trajectories: Sequence[Trajectory], tracker: BetaTracker | None, source: str) -> list[float]:
