@@ -4,7 +4,7 @@
 
 The policy is scripted (the oracle: the gold patch as `file_editor` edits, the visible tests, `finish`), so the
 batch's time is the environments' time, and that is what the pool shortens. Everything else is the trainer's own
-code path: a `RolloutDriver` (`DriverConfig.env_workers`, what `rollout.env_workers` sets) makes the batch's
+code path: a `RolloutDriver` (`rollout.env_workers`) makes the batch's
 `SWEEnv`s and hands them with its `EnvPool` to the vLLM engine's `play`, whose `LLM` is `ScriptedLLM` below: every
 "generate call" returns each live episode's next oracle action, and the engine resets the sandboxes, runs each
 round's actions (`end_actions`; `finish` runs the hidden tests), and the driver closes them, all through the
@@ -30,7 +30,8 @@ from types import SimpleNamespace
 import torch
 
 from trainer.environments.swe import SandboxError, SWEConfig, SWEEnv, SWETasks, oracle_actions
-from trainer.rollout.driver import DriverConfig, RolloutDriver, TaskSampler
+from trainer.rollout.config import RolloutConfig
+from trainer.rollout.driver import RolloutDriver, TaskSampler
 from trainer.rollout.sampling import SamplingParams
 from trainer.rollout.vllm_engine import VLLMEngine
 
@@ -120,7 +121,7 @@ def play_batch(backend: str, width: int, batch: int, seed: int):
         engine,
         lambda: SWEEnv(SWEConfig(backend=backend)),
         TaskSampler(tasks, seed=seed),
-        DriverConfig(mode="sync", batch_size=batch, env_workers=width),
+        RolloutConfig(mode="sync", batch_size=batch, env_workers=width),
         SamplingParams(temperature=0, max_turn_tokens=2, max_episode_tokens=4096),
     )
     driver.publish({"scripted": torch.zeros(1)}, 0)  # the driver pushes weights before a batch; ScriptedLLM takes them

@@ -22,7 +22,8 @@ import torch
 from trainer.environments.protocol import StepInfo, StepResult
 from trainer.policy.chat_format import TinyFormat, build_tokenizer
 from trainer.policy.tiny import TinyModelSpec, build_tiny_model
-from trainer.rollout.driver import DriverConfig, RolloutDriver, TaskSampler
+from trainer.rollout.config import RolloutConfig
+from trainer.rollout.driver import RolloutDriver, TaskSampler
 from trainer.rollout.env_pool import EnvPool
 from trainer.rollout.hf_engine import HFEngine
 from trainer.rollout.sampling import SamplingParams
@@ -197,7 +198,7 @@ def play_batch(
         HFEngine(model, fmt),
         make_env,
         sampler,
-        DriverConfig(mode="lagged", lag=0, batch_size=4, env_workers=width),
+        RolloutConfig(mode="lagged", lag=0, batch_size=4, env_workers=width),
         SamplingParams(temperature=1.0, max_turn_tokens=6, max_episode_tokens=budget),
         seed=0,
     )

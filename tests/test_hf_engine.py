@@ -277,7 +277,8 @@ def test_a_prompt_without_room_for_an_action_skips_its_task_and_the_driver_leave
     """Task 4's prompt (the longest) fills the budget: its episode comes back skipped, unplayed and unrewarded;
     the others are played exactly as without it; the driver's batch leaves it out, and a batch with nothing but
     such tasks is an error naming the budget."""
-    from trainer.rollout.driver import DriverConfig, RolloutDriver, TaskSampler
+    from trainer.rollout.config import RolloutConfig
+    from trainer.rollout.driver import RolloutDriver, TaskSampler
 
     budget = len(fmt.prompt_ids(CountEnv().reset(4)))
     sp = SamplingParams(temperature=0.0, max_turn_tokens=6, max_episode_tokens=budget)
@@ -295,7 +296,7 @@ def test_a_prompt_without_room_for_an_action_skips_its_task_and_the_driver_leave
             engine,
             CountEnv,
             TaskSampler([Task(task_id=i) for i in ids]),
-            DriverConfig(mode="sync", batch_size=len(ids)),
+            RolloutConfig(mode="sync", batch_size=len(ids)),
             sp,
         )
         d.engine.play = lambda envs, tasks, **kw: HFEngine.play(engine, envs, [t.task_id for t in tasks], **kw)

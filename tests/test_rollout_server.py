@@ -164,7 +164,8 @@ class _Task(int):
 @pytest.mark.slow
 def test_a_server_dying_under_asynchronous_rollouts_fails_the_batch(tmp_path, served):
     """The rollout thread's error reaches the trainer's thread (before: it waited for episodes forever)."""
-    from trainer.rollout.driver import DriverConfig, RolloutDriver, TaskSampler
+    from trainer.rollout.config import RolloutConfig
+    from trainer.rollout.driver import RolloutDriver, TaskSampler
 
     model, fmt, _ = served
     client = _own_server(tmp_path, model, fmt)
@@ -172,7 +173,7 @@ def test_a_server_dying_under_asynchronous_rollouts_fails_the_batch(tmp_path, se
         ServerEngine.connect(client, fmt),
         TallyEnv,
         TaskSampler([_Task(t) for t in TASKS]),
-        DriverConfig(mode="async", batch_size=4, max_staleness=1),
+        RolloutConfig(mode="async", batch_size=4, max_staleness=1),
         GREEDY,
     )
     driver.publish(model.state_dict(), 0)

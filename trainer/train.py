@@ -55,7 +55,7 @@ from trainer.optim.hybrid import build_muon_adamw, route_parameters
 from trainer.optim.muon import resolve_ns_dtype
 from trainer.policy.load import DTYPES, load_policy, new_tiny_policy, save_policy
 from trainer.rl.estimators import make_estimator
-from trainer.rollout.driver import DriverConfig, RolloutDriver, TaskSampler
+from trainer.rollout.driver import RolloutDriver, TaskSampler
 from trainer.rollout.evaluation import eval_generator, evaluate
 from trainer.rollout.hf_engine import HFEngine
 from trainer.rollout.sampling import SamplingParams
@@ -191,18 +191,11 @@ class Trainer:
                 self.engine,
                 self.suite.make_env,
                 sampler,
-                DriverConfig(
-                    mode=r.mode,
-                    lag=r.lag,
-                    max_staleness=r.max_staleness,
-                    batch_size=r.batch_size,
-                    group_size=cfg.rl.group_size,
-                    env_workers=r.env_workers,
-                    weight_dtype=r.weight_dtype,
-                ),
+                r,
                 self.sampling,
                 self.estimator.dispatch_baseline,
                 seed=cfg.run.seed,
+                group_size=cfg.rl.group_size,
             )
         )
 

@@ -27,27 +27,12 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
-from trainer.config import RolloutMode
+from trainer.rollout.config import RolloutConfig
 from trainer.rollout.env_pool import EnvPool, close_envs
 from trainer.rollout.episode import Episode
-
-
-@dataclass
-class DriverConfig:
-    mode: RolloutMode = "lagged"
-    lag: int = 1
-    max_staleness: int = 4
-    batch_size: int = 16
-    group_size: int = 1
-    env_workers: int = 1
-    """Width of the pool the batch's environments are reset, stepped, graded and closed in (`rollout.env_workers`)."""
-    weight_dtype: str = "float32"
-    """"bfloat16": each published floating-point weight rounded to bf16 (kept in its own dtype), so rollouts sample
-    from a policy a rounding away from the trainer's (`rollout.weight_dtype`)."""
 
 
 class TaskSampler:
@@ -95,14 +80,16 @@ class RolloutDriver:
         engine,
         make_env: Callable,
         sampler: TaskSampler,
-        cfg: DriverConfig,
+        cfg: RolloutConfig,
         sampling,
         dispatch_baseline: Callable[[str], float | None] | None = None,
         seed: int = 0,
+        group_size: int = 1,
     ):
-        """`dispatch_baseline(task_id)` is read once per task when it is handed out and stored on its episodes."""
-        if cfg.mode not in ("sync", "lagged", "async"):
-            raise ValueError(f"rollout mode {cfg.mode!r} is not one of sync, lagged, async")
+        """`cfg`: the cell's `rollout` section (mode, lag, staleness, batch size, environment workers, weight
+        precision); `group_size` rollouts per task (`rl.group_size`). `dispatch_baseline(task_id)` is read once per
+        task when it is handed out and stored on its episodes."""
+        self.group_size = group_size
         self.engine, self.make_env, self.sampler, self.cfg, self.sampling = engine, make_env, sampler, cfg, sampling
         self.dispatch_baseline = dispatch_baseline
         self.generator = torch.Generator().manual_seed(seed + 7919)
@@ -138,15 +125,15 @@ class RolloutDriver:
 
     # -- one batch -------------------------------------------------------------------------------------------
     def _dispatch(self) -> tuple[list, list[str], list[str | None], list[float | None]]:
-        n_tasks = self.cfg.batch_size // self.cfg.group_size
+        n_tasks = self.cfg.batch_size // self.group_size
         tasks = self.sampler.sample(n_tasks)
         out_tasks, ids, groups, baselines = [], [], [], []
         for j, task in enumerate(tasks):
             base = self.dispatch_baseline(task.task_id) if self.dispatch_baseline is not None else None
-            for _ in range(self.cfg.group_size):
+            for _ in range(self.group_size):
                 out_tasks.append(task)
                 ids.append(task.task_id)
-                groups.append(f"{task.task_id}#{j}" if self.cfg.group_size > 1 else None)
+                groups.append(f"{task.task_id}#{j}" if self.group_size > 1 else None)
                 baselines.append(base)
         return out_tasks, ids, groups, baselines
 
