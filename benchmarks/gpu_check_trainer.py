@@ -75,7 +75,7 @@ STUDY_CELL = {  # the paper's cell settings (configs/paper.yaml) at a size one G
         "options": {"seed": 0, "max_depth": 0, "max_turns": 6, "bug_kinds": ["op"]},
         "eval_tasks": 8,
     },
-    "optim": {"lr": 1.0e-5, "muon_lr": 1.0e-5, "adjust_lr_fn": "match_rms_adamw"},
+    "optim": {"lr": 1.0e-5, "matrix_lr": 1.0e-5, "adjust_lr_fn": "match_rms_adamw"},
     "shaping": {"length_threshold": 24},
     "rollout": {"engine": "hf", "batch_size": 8, "max_turn_tokens": 32, "max_episode_tokens": 2048},
     "run": {"eval_every": 2, "checkpoint_every": 2, "compute_dtype": "bfloat16", "device": "cuda"},

@@ -45,7 +45,7 @@ def _arms_study() -> dict:
             "recipes": ["spo_muon"],
             "seeds": [0],
             "models": ["qwen-tiny"],
-            "cell": {"optim": {"muon_lr": 1e-3, "lr": 1e-4, "betas": [0.9, 0.999]}, "rollout": {"lag": 3}},
+            "cell": {"optim": {"matrix_lr": 1e-3, "lr": 1e-4, "betas": [0.9, 0.999]}, "rollout": {"lag": 3}},
         },
     ]
     return study
@@ -64,10 +64,10 @@ def test_arms_add_a_column_and_merge_their_keys_over_the_shared_block():
     ]
     split = cc.cell_config(study, "qwen-tiny", "spo_muon", "muon", 0, "p", threads=1, arm="split")
     # the arm's lrs win over the study's `lr:` table (1e-4 for both); the rest of the shared block stays
-    assert split["optim"] == {"muon_lr": 1e-3, "lr": 1e-4, "betas": [0.9, 0.999], "name": "muon"}
+    assert split["optim"] == {"matrix_lr": 1e-3, "lr": 1e-4, "betas": [0.9, 0.999], "name": "muon"}
     assert split["rollout"]["lag"] == 3 and split["rollout"]["batch_size"] == study["cell"]["rollout"]["batch_size"]
     cfg = config_from_dict(copy.deepcopy(split) | {"model": {"path": str(REPO)}, "rl": {}})  # no offline stats
-    assert (cfg.optim.muon_lr, cfg.optim.lr, cfg.optim.betas, cfg.rollout.lag) == (1e-3, 1e-4, (0.9, 0.999), 3)
+    assert (cfg.optim.matrix_lr, cfg.optim.lr, cfg.optim.betas, cfg.rollout.lag) == (1e-3, 1e-4, (0.9, 0.999), 3)
     plain = cc.cell_config(study, "qwen-tiny", "spo_adam", "adam", 0, "p", threads=1, arm="adamw")
     assert plain["optim"] == {"name": "adam", "lr": 1e-4} and plain["rollout"]["lag"] == 1
     with pytest.raises(KeyError, match="arm 'nope'"):
@@ -130,7 +130,7 @@ def test_the_decisive_studies_pass_every_check_and_set_what_they_say(study_file,
         configs[row.arm] = config_from_dict(cell)
     if study_file == "configs/companion-equal.yaml":
         # the confound removed (AdamW half at 1e-4 whatever the matrices take) beside the companion's own Muon cell
-        assert {(c.optim.name, c.optim.muon_lr, c.optim.lr) for c in configs.values()} == {
+        assert {(c.optim.name, c.optim.matrix_lr, c.optim.lr) for c in configs.values()} == {
             ("adam", None, 1e-4),
             ("muon", 1e-4, 1e-4),
             ("muon", 1e-3, 1e-4),
@@ -140,11 +140,11 @@ def test_the_decisive_studies_pass_every_check_and_set_what_they_say(study_file,
         assert set(grid["recipe"]) == {"grpo", "gigpo", "graphgpo"}
     elif study_file == "configs/edge.yaml":
         control = configs["control_m1e-4_r1e-3"].optim
-        assert (control.name, control.muon_lr, control.lr) == ("muon", 1e-4, 1e-3)
-        assert (configs["muon_m3e-3_r1e-4"].optim.muon_lr, configs["muon_m3e-3_r1e-4"].optim.lr) == (3e-3, 1e-4)
+        assert (control.name, control.matrix_lr, control.lr) == ("muon", 1e-4, 1e-3)
+        assert (configs["muon_m3e-3_r1e-4"].optim.matrix_lr, configs["muon_m3e-3_r1e-4"].optim.lr) == (3e-3, 1e-4)
         assert (configs["adamw_lr1e-3"].optim.name, configs["adamw_lr1e-3"].optim.lr) == ("adam", 1e-3)
         spectral = {arm: c.optim for arm, c in configs.items() if c.optim.adjust_lr_fn == "match_spectral_adamw"}
-        assert {(o.muon_lr, o.lr) for o in spectral.values()} == {(1e-4, 1e-4), (3e-4, 1e-4), (1e-3, 1e-4)}
+        assert {(o.matrix_lr, o.lr) for o in spectral.values()} == {(1e-4, 1e-4), (3e-4, 1e-4), (1e-3, 1e-4)}
         assert all(arm.startswith("muon_spectral_") for arm in spectral)
     else:
         assert configs["adamw_b0.999"].optim.betas == (0.9, 0.999) and configs["adamw_b0.95"].optim.betas == (0.9, 0.95)

@@ -152,7 +152,7 @@ def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_pat
         assert (cfg.recipe, cfg.optim.name, cfg.run.seed) == (row.recipe, row.optimizer, row.seed)
         assert lr is None or cfg.optim.lr == lr
         own = cc.arm_cell(study, arm).get("optim") or {}
-        assert all(getattr(cfg.optim, key) == own[key] for key in ("lr", "muon_lr") if key in own)
+        assert all(getattr(cfg.optim, key) == own[key] for key in ("lr", "matrix_lr") if key in own)
         # PPO as the papers' base setups run it: several optimizer steps per rollout batch, so the clip binds;
         # and one step-size rule (Muon's update RMS matched to AdamW's) in every study but the arms that set theirs
         assert cfg.run.minibatches * cfg.run.epochs >= 2, (study_file, "one optimizer step per batch")
@@ -376,16 +376,18 @@ def test_per_optimizer_lrs_and_adam_high_lr():
     cell = lambda optimizer, lr=None: cc.cell_config(study, "a", "full", optimizer, 0, "p", 1, lr=lr)["optim"]
     assert cell("adam") == {"weight_decay": 0.1, "name": "adam", "lr": 3.0e-4}
     assert cell("muon") == {"weight_decay": 0.1, "name": "muon", "lr": 1.0e-3}  # Muon's hidden matrices too
-    assert cell("adam_high_lr") == {"weight_decay": 0.1, "name": "adam_high_lr", "muon_lr": 1.0e-3}
+    assert cell("adam_high_lr") == {"weight_decay": 0.1, "name": "adam_high_lr", "lr": 1.0e-3}  # AdamW at Muon's
     assert cell("adam", lr=1e-2)["lr"] == 1e-2  # a grid lr wins over the table
-    for optimizer, lr, muon_lr in (("adam", 3e-4, None), ("muon", 1e-3, None), ("adam_high_lr", 1e-3, 1e-3)):
+    for optimizer, lr in (("adam", 3e-4), ("muon", 1e-3), ("adam_high_lr", 1e-3)):
         cfg = config_from_dict(cc.cell_config(study, "a", "full", optimizer, 0, str(REPO), 1))
-        assert (cfg.optim.lr if optimizer != "adam_high_lr" else cfg.optim.muon_lr, cfg.optim.muon_lr) == (lr, muon_lr)
+        assert (cfg.optim.lr, cfg.optim.matrix_lr) == (lr, None)
+    with pytest.raises(cc.StudyError, match=r"grid\[0\].optimizer: adam_high_lr runs AdamW at the Muon cells'"):
+        cc.check_study(_tiny(grid=[{"recipes": ["full"], "optimizer": "adam_high_lr", "seeds": [0]}]))
     # no table, no grid lr: the shared block's rates, untouched
-    plain = _tiny(cell={"optim": {"lr": 5e-4, "muon_lr": 2e-3}})
+    plain = _tiny(cell={"optim": {"lr": 5e-4, "matrix_lr": 2e-3}})
     assert cc.cell_config(plain, "a", "full", "muon", 0, "p", 1)["optim"] == {
         "lr": 5e-4,
-        "muon_lr": 2e-3,
+        "matrix_lr": 2e-3,
         "name": "muon",
     }
 
@@ -425,8 +427,8 @@ def test_per_optimizer_lrs_and_adam_high_lr():
             id="lrs-on-adam-high-lr",
         ),
         pytest.param(
-            lambda s: s.update(cell={"optim": {"muon_lr": 2e-3}}),
-            "cell.optim.muon_lr: the study sets",
+            lambda s: s.update(cell={"optim": {"matrix_lr": 2e-3}}),
+            "cell.optim.matrix_lr: the study sets",
             id="shared-muon-lr",
         ),
     ],
@@ -438,8 +440,8 @@ def test_check_study_names_the_broken_lr_key(edit, named):
     edit(study)
     with pytest.raises(cc.StudyError, match=named):
         cc.check_study(study)
-    # a shared muon_lr is fine where no Muon cell gets its lr from the study
-    cc.check_study(_tiny(cell={"optim": {"muon_lr": 2e-3}}, lr={"adam": 1e-4}))
+    # a shared matrix_lr is fine where no Muon cell gets its lr from the study
+    cc.check_study(_tiny(cell={"optim": {"matrix_lr": 2e-3}}, lr={"adam": 1e-4}))
 
 
 def test_env_options_of_a_model_merge_into_its_cells_and_warm_start():

@@ -229,7 +229,7 @@ def test_async_mode_bounds_staleness(tmp_path):
 
 COMPANION_CELL = {
     "recipe": "gigpo",
-    "optim": {"name": "adam_high_lr", "lr": 1e-4, "muon_lr": 3e-3},
+    "optim": {"name": "adam_high_lr", "lr": 3e-3},
     "env": {
         "name": "textgame",
         "eval_tasks": 2,

@@ -72,7 +72,7 @@ def test_stability_smoke_study_sweeps_lrs_and_writes_the_selected_lrs(tmp_path):
     for path in cells:
         lr = float(path.parent.parent.name.removeprefix("lr="))
         optim = yaml.safe_load((path.parent / "cell.yaml").read_text())["optim"]
-        assert optim["lr"] == lr and optim.get("muon_lr") is None
+        assert optim["lr"] == lr and optim.get("matrix_lr") is None
     summary = pd.read_csv(study / "results" / "summary.csv")
     assert len(summary) == 4 and set(summary["lr"]) == {1e-4, 1e-3} and (summary["n_seeds"] == 2).all()
     selected = yaml.safe_load((study / "results" / "selected_lr.yaml").read_text())

@@ -2,7 +2,7 @@
 
 `TrainConfig` composes one section per concern, each field with its default, its allowed range (`knob`) and a
 docstring: the one definition of every cell knob. The algorithm's sections (`rl`, `shaping`, `loss`) live beside
-the algorithm in trainer/rl/config.py, `rollout` in trainer/rollout/config.py; this module holds the others and the
+the algorithm in trainer/rl/config.py, `optim` in trainer/optim/config.py, `rollout` in trainer/rollout/config.py; this module holds the others and the
 rules across sections (`check_cell`).
 `load_config` turns a nested mapping into these classes and rejects an unknown key, a value of the wrong type or
 out of range with a message that names it (`loss.clip_hihg`); the workflow checks a study's shared `cell` and
@@ -21,6 +21,7 @@ from typing import Literal
 import yaml
 
 from trainer.knobs import ConfigError, Section, build_config, knob, merge
+from trainer.optim.config import OptimConfig
 from trainer.recipes import RECIPES
 from trainer.rl.config import LossConfig, RLConfig, ShapingConfig
 from trainer.rollout.config import RolloutConfig
@@ -58,51 +59,6 @@ class EnvConfig(Section):
     """The RL pool: the first N tasks of the training split (None: all of it). A warm start draws its
     demonstrations from the rest of the split, so the base policy never saw the solution of a task it is then
     trained on, and its starting training success is its held-out success (the band), not a memorised one."""
-
-
-@dataclass
-class OptimConfig(Section):
-    name: Literal["muon", "adam", "adam_high_lr"] = "muon"
-    """"muon": Muon on hidden matrices + AdamW on the rest. "adam": AdamW on everything. "adam_high_lr": AdamW on
-    everything at `muon_lr`, the companion paper's control (is Muon's gain only its larger step size?)."""
-    lr: float = knob(1e-3, ge=0)
-    """The cell's learning rate: AdamW's on every parameter under "adam"; under "muon", AdamW's on embeddings, head
-    and norms and, unless `muon_lr` is set, Muon's on the hidden matrices, whose updates `adjust_lr_fn` scales to
-    AdamW's RMS, so the same number means a step of the same size under both optimizers."""
-    muon_lr: float | None = knob(None, ge=0)
-    """Muon's learning rate on the hidden matrices when it differs from `lr` (None: `lr`, Moonlight's rule); the
-    AdamW learning rate of "adam_high_lr", which needs it."""
-    weight_decay: float = knob(0.0, ge=0)
-    """AdamW decoupled weight decay."""
-    muon_weight_decay: float = knob(0.0, ge=0)
-    """Muon decoupled weight decay (uses the unadjusted lr)."""
-    betas: tuple[float, float] = knob((0.9, 0.95), ge=0, lt=1)
-    """AdamW's (beta1, beta2), on every parameter under "adam" and on embeddings, head and norms under "muon".
-    0.95 (the project's default) forgets a gradient spike's second moment within ~20 steps; verl's actor and
-    torch's default is 0.999, under which a spike after a quiet stretch is divided by a stale, small moment."""
-    eps: float = knob(1e-8, gt=0)
-    """AdamW's epsilon, added to the root of the second moment (torch's default): where gradients are smaller than
-    it, AdamW's step shrinks below lr instead of normalising to it."""
-    momentum: float = knob(0.95, ge=0, lt=1)
-    nesterov: bool = True
-    ns_coefficients: str = "jordan"
-    """"jordan" (torch's default) or "polar_express"."""
-    adjust_lr_fn: Literal["original", "match_rms_adamw", "spectral", "match_spectral_adamw"] = "match_rms_adamw"
-    """How Muon scales its orthogonalised update by the matrix shape. "match_rms_adamw" (Moonlight): RMS 0.2 x lr,
-    AdamW's typical update RMS, so one lr means the same step size under both optimizers: the project's rule at
-    every scale. "original" (torch's default): lr x sqrt(max(1, rows/cols)), an RMS of about lr/sqrt(cols), which
-    makes Muon's steps at a given lr several times smaller than AdamW's; "spectral": spectral norm lr x
-    sqrt(rows/cols); "match_spectral_adamw": each matrix's step gets the top singular value of the step AdamW (with
-    `betas` and `eps`) would take on the same gradients at lr, measured every step (its moments kept beside
-    Muon's), so the optimizers are matched in spectral norm, not RMS (at equal RMS AdamW's top singular value is
-    several times Muon's)."""
-    grad_clip: float | None = knob(1.0, gt=0)
-    """Clip the global norm of the raw gradients (never Muon's orthogonalised update); None: off."""
-    ns_dtype: Literal["auto", "bfloat16", "float32", "float64"] = "auto"
-    """Precision of Muon's Newton-Schulz iteration. "auto": bfloat16 where the parameters live on CUDA (the papers'
-    and torch's choice), float32 anywhere else: on a CPU torch's bf16 matmul is a reference loop unless the CPU has
-    AVX512-BF16 or AMX (one qwen-tiny step: 1,124 ms in bf16 vs 54 ms in fp32 on an AVX2 EPYC), and where one
-    precision for every CPU keeps a study's numbers independent of which kind of CPU ran it."""
 
 
 @dataclass
@@ -199,8 +155,8 @@ class SFTConfig(Section):
     warm-start runs, so it is the default; this choice is independent of the RL cells' optimizer."""
     lr: float = knob(3e-3, gt=0)
     """AdamW learning rate (embeddings, norms and head under `muon`; every parameter under `adamw`)."""
-    muon_lr: float = knob(0.02, gt=0)
-    """Muon learning rate of the hidden matrices (used with `optimizer: muon`)."""
+    matrix_lr: float = knob(0.02, gt=0)
+    """Muon's learning rate of the hidden matrices (used with `optimizer: muon`)."""
     batch_size: int = knob(16, ge=1, most="episodes")
     max_steps: int = knob(3000, ge=1, most="updates")
     eval_every: int = knob(50, ge=1)
@@ -240,8 +196,6 @@ def check_cell(cfg: TrainConfig) -> None:
     """The rules across sections (each section checked its own fields when it was built); ConfigError naming the
     key."""
     cfg.rl.check_sections()
-    if cfg.optim.name == "adam_high_lr" and cfg.optim.muon_lr is None:
-        raise ConfigError("optim.muon_lr: 'adam_high_lr' runs AdamW at Muon's learning rate; set optim.muon_lr")
     if cfg.run.minibatches > cfg.rollout.batch_size:
         raise ConfigError(
             f"run.minibatches {cfg.run.minibatches} exceeds rollout.batch_size "

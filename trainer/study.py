@@ -16,8 +16,8 @@ and Snakemake only writes their results to disk. Design choices:
   variant's trainer keys, deep-merged over the shared `cell` block for the block's cells (an lr by role, AdamW's
   betas, an off-policy rollout, ...). The grid gets an `arm` column (folders `.../optimizer=O/arm=A/seed=S/`),
   so the analysis keys every run by its arm. Then every block names an arm, and blocks that share a label share
-  its keys. An arm's `optim.lr` / `optim.muon_lr` win over the study's `lr:` table (lr by role: `lr` is the
-  AdamW-trained rest of a Muon cell, `muon_lr` its hidden matrices); an arms study has no `lrs` axis.
+  its keys. An arm's `optim.lr` / `optim.matrix_lr` win over the study's `lr:` table (lr by role: `lr` is the
+  AdamW-trained rest of a Muon cell, `matrix_lr` its hidden matrices); an arms study has no `lrs` axis.
 - **A cell config is the study's shared `cell` block plus the per-cell keys**: `recipe`, `optim.name`,
   `run.seed` and `model.path`, the model's `env_options` over `cell.env.options`, the cell's learning rate
   (`optim_lrs`: the grid's lr, else the study's `lr:` entry for its optimizer) and, when the warm start writes
@@ -407,9 +407,14 @@ def check_study(study: dict, root: str | Path = ".") -> None:
             families[family] = model
 
 
+def block_optim(block: dict) -> dict:
+    """The `optim` keys of a grid block's own trainer keys (an arm's `cell`)."""
+    return (block.get("cell") or {}).get("optim") or {}
+
+
 def check_lrs(study: dict) -> None:
     """The learning-rate keys: `lrs` positive, on every block or none, only in a stability study, never on
-    adam_high_lr; the `lr:` table names adam or muon; a shared `cell.optim.muon_lr` cannot stand beside them."""
+    adam_high_lr; the `lr:` table names adam or muon; a shared `cell.optim.matrix_lr` cannot stand beside them."""
     blocks = study["grid"]
     table = study.get("lr") or {}
     for name, value in table.items():
@@ -430,6 +435,12 @@ def check_lrs(study: dict) -> None:
                 f"grid[{i}].lrs: adam_high_lr runs AdamW at Muon's learning rate; an lr sweep of "
                 f"AdamW is `optimizer: adam`"
             )
+    for i, block in enumerate(blocks):
+        if block.get("optimizer") == "adam_high_lr" and "muon" not in table and "lr" not in block_optim(block):
+            raise StudyError(
+                f"grid[{i}].optimizer: adam_high_lr runs AdamW at the Muon cells' learning rate; give that rate "
+                f"in the study's `lr.muon`"
+            )
     check_axis(
         study,
         "lrs",
@@ -446,10 +457,10 @@ def check_lrs(study: dict) -> None:
         )
         for block in (blocks[i] for i in with_lrs)
     )
-    if sets_muon and study.get("cell", {}).get("optim", {}).get("muon_lr") is not None:
+    if sets_muon and study.get("cell", {}).get("optim", {}).get("matrix_lr") is not None:
         raise StudyError(
-            "cell.optim.muon_lr: the study sets the lr of its Muon cells (`lrs` or `lr.muon`), which "
-            "is the lr of Muon's hidden matrices too (match_rms_adamw); a shared muon_lr would override "
+            "cell.optim.matrix_lr: the study sets the lr of its Muon cells (`lrs` or `lr.muon`), which "
+            "is the lr of Muon's hidden matrices too (match_rms_adamw); a shared matrix_lr would override "
             "it: remove it or set it to null"
         )
 
@@ -517,11 +528,11 @@ def horizons(study: dict) -> dict[str, float]:
 
 def optim_lrs(study: dict, optimizer: str, lr: float | None = None) -> dict:
     """The optim keys a cell's learning rate sets: `lr` = the grid's lr, else the study's `lr:` entry for the
-    optimizer (Muon's covers its hidden matrices and the AdamW rest: trainer optim.muon_lr defaults to optim.lr);
-    an adam_high_lr cell gets `muon_lr` = the `lr.muon` entry, the rate the trainer runs it at. {} if neither."""
+    optimizer (Muon's covers its hidden matrices and the AdamW rest: trainer optim.matrix_lr defaults to optim.lr);
+    an adam_high_lr cell (AdamW at Muon's lr) gets the `lr.muon` entry. {} if neither."""
     table = study.get("lr") or {}
     if optimizer == "adam_high_lr":
-        return {"muon_lr": table["muon"]} if "muon" in table else {}
+        return {"lr": float(table["muon"])} if "muon" in table else {}
     value = lr if lr is not None else table.get(optimizer)
     return {} if value is None else {"lr": float(value)}
 
@@ -560,10 +571,10 @@ def cell_config(
     arm: str | None = None,
 ) -> dict:
     """The trainer config of one cell: the shared `cell` block with its arm's keys merged over it, plus the cell's
-    own keys (`lr`: its grid lr; an arm's own optim.lr / muon_lr win over the study's `lr:` table)."""
+    own keys (`lr`: its grid lr; an arm's own optim.lr / matrix_lr win over the study's `lr:` table)."""
     own = arm_cell(study, arm)
     shared = deep_merge(study.get("cell", {}), own)
-    own_lrs = {k: v for k, v in (own.get("optim") or {}).items() if k in ("lr", "muon_lr")}
+    own_lrs = {k: v for k, v in (own.get("optim") or {}).items() if k in ("lr", "matrix_lr")}
     cell = {"recipe": recipe}
     cell["model"] = {**shared.pop("model", {}), "path": model_path}
     cell["optim"] = {**shared.pop("optim", {}), "name": optimizer, **optim_lrs(study, optimizer, lr), **own_lrs}

@@ -77,7 +77,7 @@ def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
     if o.name in ("adam", "adam_high_lr"):
         return torch.optim.AdamW(
             model.parameters(),
-            lr=o.lr if o.name == "adam" else o.muon_lr,
+            lr=o.lr,
             betas=o.betas,
             eps=o.eps,
             weight_decay=o.weight_decay,
@@ -85,7 +85,7 @@ def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
         )
     return build_muon_adamw(
         model,
-        muon_lr=o.lr if o.muon_lr is None else o.muon_lr,
+        muon_lr=o.lr if o.matrix_lr is None else o.matrix_lr,
         muon_weight_decay=o.muon_weight_decay,
         adamw_lr=o.lr,
         adamw_weight_decay=o.weight_decay,
@@ -167,7 +167,7 @@ class Trainer:
         """The hidden matrices, whose update RMS and spectral norm are logged (and gradient SNR, if asked)."""
         self.embed_head = [params[n] for n, p in route.adamw if p.dim() == 2]
         """The embedding and head matrices: AdamW-trained in every cell (under "muon" at `optim.lr`, the hidden
-        matrices at `optim.muon_lr`), their step sizes logged beside the hidden matrices'."""
+        matrices at `optim.matrix_lr`), their step sizes logged beside the hidden matrices'."""
         self.estimator = make_estimator(cfg.rl, cfg.shaping)
         # sharded, FSDP2 computes in bf16 itself (its mixed-precision policy); one process autocasts
         self.autocast = None if self.dist.enabled else compute

@@ -1,6 +1,3 @@
-"""Optimizers: batched Muon (drop-in for torch.optim.Muon) and the Muon/AdamW hybrid for whole models."""
-
-from trainer.optim.hybrid import MuonAdamW, build_muon_adamw, route_parameters
-from trainer.optim.muon import Muon, newton_schulz
-
-__all__ = ["Muon", "MuonAdamW", "build_muon_adamw", "newton_schulz", "route_parameters"]
+"""Optimizers: batched Muon (`muon.py`, a drop-in for torch.optim.Muon), the Muon/AdamW hybrid for whole models
+(`hybrid.py`) and the `optim` config section (`config.py`). Imports nothing, so the config section is read without
+torch."""

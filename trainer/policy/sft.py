@@ -129,7 +129,7 @@ def warm_start(cfg: SFTConfig, out_dir: str | Path, progress: bool | None = None
     if cfg.optimizer == "muon":
         optimizer = build_muon_adamw(
             model,
-            muon_lr=cfg.muon_lr,
+            muon_lr=cfg.matrix_lr,
             adamw_lr=cfg.lr,
             ns_dtype=resolve_ns_dtype("auto", next(model.parameters()).device),
         )
