@@ -23,7 +23,7 @@ from trainer.optim.muon import resolve_ns_dtype
 from trainer.policy.tiny import TinyModelSpec, build_tiny_model
 from trainer.rl.config import LossConfig
 from trainer.rollout.episode import Episode
-from trainer.update import pad_episodes, policy_update
+from trainer.update import ForwardSettings, pad_episodes, policy_update
 
 
 def synthetic_batch(n: int, length: int, vocab: int, seed: int = 0) -> list[Episode]:
@@ -80,7 +80,14 @@ def main(argv=None):
         d = model.config.hidden_size
         hidden = [p for _, p in route_parameters(model).muon]
         run = functools.partial(
-            policy_update, model, opt, batch, adv, LossConfig(), autocast_dtype=autocast, stat_matrices=hidden
+            policy_update,
+            model,
+            opt,
+            batch,
+            adv,
+            LossConfig(),
+            forward=ForwardSettings(autocast_dtype=autocast),
+            stat_matrices=hidden,
         )
         with FlopCounterMode(display=False) as counter:
             run()

@@ -327,7 +327,7 @@ def memory_probe(results: list, shape: str, token_counts=(2048, 4096, 8192, 1638
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from trainer.optim.hybrid import build_muon_adamw
-    from trainer.update import token_logprobs
+    from trainer.update import ForwardSettings, token_logprobs
 
     model_type, dims = PROBE_SHAPES[shape]
     cfg = AutoConfig.for_model(model_type, **dims)
@@ -344,7 +344,9 @@ def memory_probe(results: list, shape: str, token_counts=(2048, 4096, 8192, 1638
         batch = SimpleNamespace(input_ids=ids, attention_mask=torch.ones_like(ids))
         try:
             t0 = time.perf_counter()
-            out = token_logprobs(model, batch, 1.0, with_entropy=True, autocast_dtype=torch.bfloat16)
+            out = token_logprobs(
+                model, batch, 1.0, with_entropy=True, forward=ForwardSettings(autocast_dtype=torch.bfloat16)
+            )
             logp = out[0]
             logp.mean().backward()
             opt.step()

@@ -14,6 +14,7 @@ from trainer.rl.config import LossConfig
 from trainer.rl.loss import AGGREGATIONS, policy_loss
 from trainer.rollout.episode import Episode
 from trainer.update import (
+    ForwardSettings,
     gradient_snr,
     micro_batches,
     pad_episodes,
@@ -273,7 +274,7 @@ def test_bf16_weights_round_an_rl_learning_rate_step_away_fp32_master_weights_ke
             b,
             adv,
             LossConfig(),
-            autocast_dtype=torch.bfloat16,
+            forward=ForwardSettings(autocast_dtype=torch.bfloat16),
         )
         changed = sum(int((p.detach() != q).sum()) for p, q in zip(m.parameters(), before))
         moved[dtype] = changed / sum(q.numel() for q in before)

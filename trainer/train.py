@@ -170,9 +170,8 @@ class Trainer:
         matrices at `optim.matrix_lr`), their step sizes logged beside the hidden matrices'."""
         self.estimator = make_estimator(cfg.rl, cfg.shaping)
         # sharded, FSDP2 computes in bf16 itself (its mixed-precision policy); one process autocasts
-        self.autocast = None if self.dist.enabled else compute
         self.forward = ForwardSettings(
-            autocast_dtype=self.autocast,
+            autocast_dtype=None if self.dist.enabled else compute,
             chunk_tokens=cfg.run.logprob_chunk_tokens,
         )
         if cfg.run.require_flash_attention:
@@ -378,7 +377,6 @@ class Trainer:
             skip_no_signal=run.skip_no_signal,
             micro_batch_tokens=run.micro_batch_tokens,
             grad_clip=self.cfg.optim.grad_clip,
-            autocast_dtype=self.autocast,
             stat_matrices=self.hidden,
             embed_head_matrices=self.embed_head,
             ctx=self.dist,

@@ -96,11 +96,17 @@ def slice_batch(batch: PaddedBatch, rows: slice | list[int]) -> PaddedBatch:
 
 @dataclass(frozen=True)
 class ForwardSettings:
-    """How the update's forward passes run (the cell's `run` section)."""
+    """How the update's forward passes run, as the trainer resolves them from the cell's `run` section once."""
 
     autocast_dtype: torch.dtype | None = None
+    """Autocast's dtype (`run.compute_dtype`; None: the parameters' dtype, and a sharded update, which computes in
+    FSDP2's mixed precision instead)."""
     chunk_tokens: int | None = None
     """`run.logprob_chunk_tokens`: the LM head this many positions at a time (None: all at once)."""
+
+
+PLAIN_FORWARD = ForwardSettings()
+"""No autocast, the LM head at once."""
 
 
 def flash_attention_refusal(
@@ -177,17 +183,14 @@ def token_logprobs(
     temperature: float = 1.0,
     *,
     with_entropy: bool = False,
-    autocast_dtype: torch.dtype | None = None,
-    forward: ForwardSettings | None = None,
+    forward: ForwardSettings = PLAIN_FORWARD,
 ):
     """log pi(token_t | tokens_<t) for t >= 1, [B, T-1] fp32 (and the per-token entropy if asked).
 
     With `forward.chunk_tokens` the model returns only its final hidden states (plus one position's logits) and
     the LM head runs over chunks of positions, each chunk recomputed in the backward pass
     (`torch.utils.checkpoint`), so at most one chunk's logits exist at a time."""
-    if forward is not None:
-        autocast_dtype = forward.autocast_dtype
-    chunk = forward.chunk_tokens if forward is not None else None
+    autocast_dtype, chunk = forward.autocast_dtype, forward.chunk_tokens
     ctx = (
         torch.autocast(batch.input_ids.device.type, dtype=autocast_dtype)
         if autocast_dtype is not None
@@ -239,8 +242,7 @@ def score_sequences(
     temperature: float = 1.0,
     *,
     device: str | torch.device = "cpu",
-    autocast_dtype: torch.dtype | None = None,
-    forward: ForwardSettings | None = None,
+    forward: ForwardSettings = PLAIN_FORWARD,
 ) -> torch.Tensor:
     """log pi of each (tokens, loss mask) sequence's tokens under `model`, [R, T-1] fp32 on the CPU (row r is valid up
     to len(tokens_r) - 1), one no-grad forward pass per sequence: no padding is computed, and a row's numbers do
@@ -255,9 +257,7 @@ def score_sequences(
             e.tokens, e.loss_mask = list(tokens), list(mask)
             e.rollout_logp, e.versions = [0.0] * len(tokens), [0] * len(tokens)
             row = pad_episodes([e], pad_id).to(device)
-            out[r, : row.width] = token_logprobs(
-                model, row, temperature, autocast_dtype=autocast_dtype, forward=forward
-            )[0].cpu()
+            out[r, : row.width] = token_logprobs(model, row, temperature, forward=forward)[0].cpu()
     return out
 
 
@@ -324,14 +324,13 @@ def policy_update(
     epochs: int = 1,
     micro_batch_tokens: int = 16384,
     grad_clip: float | None = 1.0,
-    autocast_dtype: torch.dtype | None = None,
     stat_matrices: list[torch.Tensor] | None = None,
     embed_head_matrices: list[torch.Tensor] | None = None,
     return_old_logp: bool = False,
     grad_parts: list[list[int]] | None = None,
     skip_no_signal: bool = False,
     ctx: DistContext = SINGLE,
-    forward: ForwardSettings | None = None,
+    forward: ForwardSettings = PLAIN_FORWARD,
 ) -> dict:
     """Run `epochs` x `minibatches` optimizer steps over the batch; returns metrics averaged over steps
     (token-weighted), "steps" (optimizer steps taken), "skipped_steps" (steps skipped: no signal, or a
@@ -359,7 +358,7 @@ def policy_update(
     batch, advantages = batch.to(device), advantages.to(device)
     model.train()
     temperature = temperature if temperature > 0 else 1.0  # greedy sampling is scored at temperature 1
-    step = _StepInputs(batch, advantages, loss, temperature, micro_batch_tokens, autocast_dtype, forward, ctx)
+    step = _StepInputs(batch, advantages, loss, temperature, micro_batch_tokens, forward, ctx)
     splits = [list(range(B))[i::minibatches] for i in range(minibatches)] if minibatches > 1 else [list(range(B))]
     steps_rows = [rows for _ in range(epochs) for rows in splits if rows]
 
@@ -408,8 +407,7 @@ class _StepInputs:
     loss: LossConfig
     temperature: float
     micro_batch_tokens: int
-    autocast_dtype: torch.dtype | None
-    forward: ForwardSettings | None
+    forward: ForwardSettings
     ctx: DistContext
 
 
@@ -423,7 +421,7 @@ def _old_logprobs(model: nn.Module, step: _StepInputs, rows: list[int]) -> torch
     with torch.no_grad():
         for mb_rows, weight in rank_micro_batches(batch, rows, step.micro_batch_tokens, ctx):
             mb = slice_batch(batch, mb_rows)
-            logp = token_logprobs(model, mb, step.temperature, autocast_dtype=step.autocast_dtype, forward=step.forward)
+            logp = token_logprobs(model, mb, step.temperature, forward=step.forward)
             if weight:
                 old_logp[mb_rows, : mb.width] = logp
     if ctx.enabled:  # each row was filled by one rank
@@ -466,7 +464,6 @@ def _minibatch_step(
                 mb,
                 step.temperature,
                 with_entropy=True,
-                autocast_dtype=step.autocast_dtype,
                 forward=step.forward,
             )
             if filling and weight:
