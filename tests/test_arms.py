@@ -119,7 +119,7 @@ def test_the_decisive_studies_pass_every_check_and_set_what_they_say(study_file,
     study = _study(study_file)
     cc.check_study(study, root=REPO)
     grid = cc.grid_frame(study)
-    cc.check_cells(study, grid, root=REPO)
+    cc.Study(study, REPO).check_cells()
     assert len(grid) == cells and set(grid["seed"]) == {0, 1, 2}
     configs = {}
     for row in grid.itertuples(index=False):

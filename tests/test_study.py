@@ -289,7 +289,7 @@ def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_pat
 def test_check_study_names_the_broken_key(edit, named):
     def check(study):  # what common.smk runs before any job
         cc.check_study(study)
-        cc.check_cells(study, cc.grid_frame(study), root=REPO)
+        cc.Study(study, REPO).check_cells()
 
     study = {"models": {"m": {"preset": "qwen-tiny"}}, "grid": [{"recipes": ["full"], "seeds": [0]}]}
     check(study)  # the unedited study is fine
@@ -348,7 +348,7 @@ def test_a_grid_without_lrs_keeps_the_four_key_layout():
     from snakemake.utils import Paramspace
 
     grid = cc.grid_frame(_tiny())
-    assert list(grid.columns) == cc.GRID_COLUMNS and not cc.has_lr_axis(_tiny())
+    assert list(grid.columns) == ["model", "recipe", "optimizer", "seed"] and not cc.has_lr_axis(_tiny())
     assert next(Paramspace(grid, param_sep="=").instance_patterns) == "model=a/recipe=spo_adam/optimizer=adam/seed=0"
 
 
@@ -358,7 +358,7 @@ def test_a_grid_with_lrs_gets_an_lr_column_and_folder():
     study = _tiny(study="stability")
     study["grid"][0]["lrs"] = [1.0e-4, 3.0e-4, 0.0003]  # 3.0e-4 and 0.0003 are one lr: one cell
     grid = cc.grid_frame(study)
-    assert list(grid.columns) == cc.LR_GRID_COLUMNS == ["model", "recipe", "optimizer", "lr", "seed"]
+    assert list(grid.columns) == ["model", "recipe", "optimizer", "lr", "seed"]
     assert len(grid) == 2 * 2 * 2 and sorted(set(grid["lr"])) == ["1e-04", "3e-04"]
     space = Paramspace(grid, param_sep="=")
     assert space.wildcard_pattern == "model={model}/recipe={recipe}/optimizer={optimizer}/lr={lr}/seed={seed}"
@@ -521,7 +521,7 @@ def test_offline_stats_path_in_the_cells_of_warm_started_models(tmp_path):
     assert "rl" not in cc.cell_config(study, "c", "spo_muon", "muon", 0, str(tmp_path / "ckpt"), 1)  # a checkpoint
     assert "rl" not in cc.cell_config(_tiny(), "a", "spo_muon", "muon", 0, "results/policies/a", 1)
     # before any policy exists, the cells pass the trainer's checks (its file check would fail on ".")
-    cc.check_cells(study, cc.grid_frame(study), root=REPO)
+    cc.Study(study, REPO).check_cells()
 
 
 def test_deep_merge_merges_mappings_and_replaces_lists_and_scalars():
@@ -589,5 +589,43 @@ def test_the_new_studies_hold_only_their_differences_and_pass_every_check(study_
     study = read_study(study_file)
     cc.check_study(study, root=REPO)
     cc.check_env_options(study, root=REPO)
-    cc.check_cells(study, cc.grid_frame(study), root=REPO)
+    cc.Study(study, REPO).check_cells()
     assert study["workdir"] == "studies/" + Path(study_file).stem
+
+
+@pytest.mark.parametrize("study_file", ["config.yaml", "configs/stability.yaml", "configs/edge.yaml"])
+def test_a_study_loads_once_and_names_its_cells_as_the_workflow_does(study_file):
+    """`Study.load` is what common.smk runs: the cells' keys name the folders Snakemake's Paramspace names (with an
+    lr axis and with arms too), and each cell's config is the one `cell_config` writes for that key."""
+    from snakemake.utils import Paramspace, validate
+
+    schema = str(REPO / "workflow" / "schemas" / "config.schema.yaml")
+    study = cc.Study.load(
+        yaml.safe_load((REPO / study_file).read_text()),
+        root=REPO,
+        source=REPO / study_file,
+        validate=lambda data: validate(data, schema=schema, set_default=True),
+    )
+    folders = list(Paramspace(study.grid, param_sep="=").instance_patterns)
+    cells = list(study.cells())
+    assert [cell.folder for cell in cells] == folders and len(set(folders)) == len(cells) > 0
+    for cell in cells[:: max(len(cells) // 7, 1)]:
+        key = cell.key
+        lr = None if key.lr is None else float(key.lr)
+        expected = cc.cell_config(
+            study.data, key.model, key.recipe, key.optimizer, key.seed, study.model_path(key.model), 1, lr, key.arm
+        )
+        assert cell.config == expected and cell.config["run"]["seed"] == key.seed
+
+
+def test_a_study_that_fails_a_check_names_the_cell():
+    study = {
+        "models": {"m": {"preset": "qwen-tiny"}},
+        "grid": [{"recipes": ["gigpo"], "seeds": [3]}],
+        "cell": {"rl": {"group_size": 2}, "rollout": {"batch_size": 3}},
+    }
+    with pytest.raises(cc.StudyError, match=r"cell \(as m / gigpo / adam / seed 3 trains it\): rollout.batch_size 3"):
+        cc.Study.load(study, root=REPO)
+    key = cc.CellKey("m", "full", "muon", 0, arm="a1", lr="3e-04")
+    assert key.folder == "model=m/recipe=full/optimizer=muon/arm=a1/lr=3e-04/seed=0"
+    assert key.describe() == "m / full / muon / arm a1 / lr 3e-04 / seed 0"

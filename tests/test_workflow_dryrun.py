@@ -207,8 +207,8 @@ def _bad_study(edit) -> dict:
             marks=pytest.mark.slow,
         ),
         pytest.param(
-            lambda s: s["cell"]["rl"].update(clip_hihg=0.3),
-            "unknown config key 'cell.rl.clip_hihg'",
+            lambda s: s["cell"].update(loss={"clip_hihg": 0.3}),
+            "unknown config key 'cell.loss.clip_hihg'",
             id="typo",
             marks=pytest.mark.slow,
         ),
@@ -244,7 +244,7 @@ def _bad_study(edit) -> dict:
             marks=pytest.mark.slow,
         ),
         pytest.param(
-            lambda s: s["cell"]["rl"].update(group_size=3),
+            lambda s: s["cell"].update(rl={"group_size": 3}),
             "rollout.batch_size 4 is not a multiple of rl.group_size 3",
             id="trainer-cross-key",
             marks=pytest.mark.slow,

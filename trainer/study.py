@@ -1,8 +1,9 @@
 """The study model: from a study file (config.yaml, configs/*.yaml) to the grid of cells and each cell's trainer
 config.
 
-Imported by workflow/rules/common.smk and the benchmarks: the functions are pure, so the tests call them directly
-and Snakemake only writes their results to disk. Design choices:
+workflow/rules/common.smk loads a study once (`Study.load`) and reads its grid, cells and warm starts from that
+object; its parts are pure functions of the study's mapping, so the tests call them directly and Snakemake only
+writes their results to disk. Design choices:
 
 - **The grid is a list of blocks**, each "these recipes x these seeds, on this optimizer, for these models".
   `optimizer: recipe` means each recipe's own optimizer (Figure 2: spo_adam on Adam, the rest on Muon); `adam`,
@@ -46,6 +47,8 @@ import copy
 import os
 import re
 import typing
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -77,10 +80,6 @@ GROUP_RECIPES: tuple[str, ...] = tuple(
 )
 """Recipes whose estimator compares a task's rollouts with each other: they need cell.rl.group_size >= 2."""
 
-GRID_COLUMNS = ["model", "recipe", "optimizer", "seed"]
-"""Columns of the grid, in the order of the Hive folders results/cells/model=../recipe=../optimizer=../seed=../."""
-LR_GRID_COLUMNS = ["model", "recipe", "optimizer", "lr", "seed"]
-"""The grid's columns in a study with an lr axis (a block with `lrs`): .../optimizer=../lr=../seed=../."""
 ARM_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
 """An arm label as its folder spells it (`arm=LABEL`): no separators, no `=`."""
 
@@ -471,16 +470,9 @@ def has_lr_axis(study: dict) -> bool:
 
 
 def grid_columns(study: dict) -> list[str]:
-    """The grid's columns in folder order: `GRID_COLUMNS`, with `arm` and then `lr` before `seed` where the study
-    has them."""
-    return [
-        "model",
-        "recipe",
-        "optimizer",
-        *(["arm"] if has_arms(study) else []),
-        *(["lr"] if has_lr_axis(study) else []),
-        "seed",
-    ]
+    """The grid's columns: `CellKey`'s fields in folder order, `arm` and `lr` only where the study has that axis."""
+    axes = {"arm": has_arms(study), "lr": has_lr_axis(study)}
+    return [name for name in CellKey.FOLDER_ORDER if axes.get(name, True)]
 
 
 def grid_frame(study: dict) -> pd.DataFrame:
@@ -615,27 +607,6 @@ def warm_start_config(study: dict, model: str, threads: int) -> dict:
     }
 
 
-def check_cells(study: dict, grid: pd.DataFrame, root: str | Path, threads: int = 1) -> None:
-    """Raise StudyError for a cell the trainer would refuse (its cross-key rules: batch size a multiple of the
-    group size, vLLM with a checkpoint, ...), naming the cell, before any job starts. The model path is checked
-    by `check_study`; here it stands in as ".", since a warm-started policy does not exist yet, and so the
-    offline statistics the warm start will write beside it are left out."""
-    for row in grid.itertuples(index=False):
-        lr = float(row.lr) if "lr" in grid.columns else None
-        arm = row.arm if "arm" in grid.columns else None
-        cell = cell_config(
-            study, row.model, row.recipe, row.optimizer, int(row.seed), ".", threads=threads, lr=lr, arm=arm
-        )
-        cell.get("rl", {}).get("spo", {}).pop("offline_stats", None)
-        try:
-            config_from_dict(cell)
-        except ConfigError as e:
-            at = ("" if arm is None else f" / arm {arm}") + ("" if lr is None else f" / lr {row.lr}")
-            raise StudyError(
-                f"cell (as {row.model} / {row.recipe} / {row.optimizer}{at} / seed {row.seed} trains it): {e}"
-            ) from None
-
-
 def check_env_options(study: dict, root: str | Path) -> None:
     """Raise StudyError for an unknown `cell.env.options` key or a value its environment family rejects, as
     merged with each model's `env_options`.
@@ -676,6 +647,140 @@ def paths_from_workdir(study: dict, root: str | Path, workdir: str | Path) -> di
             if options.get(key):
                 options[key] = rebase(options[key])
     return out
+
+
+@dataclass(frozen=True)
+class CellKey:
+    """One cell of a study's grid: its grid columns, in the order of its folder's parts (`folder`). `arm` and `lr`
+    only in a study with that axis; `lr` as the folder spells it (`lr_label`; float() reads it back exactly)."""
+
+    model: str
+    recipe: str
+    optimizer: str
+    seed: int
+    arm: str | None = None
+    lr: str | None = None
+
+    FOLDER_ORDER = ("model", "recipe", "optimizer", "arm", "lr", "seed")
+
+    @classmethod
+    def of(cls, row) -> CellKey:
+        """The key of a grid row (a named tuple) or of a job's Snakemake wildcards (attributes either way)."""
+        return cls(
+            row.model,
+            row.recipe,
+            row.optimizer,
+            int(row.seed),
+            getattr(row, "arm", None),
+            getattr(row, "lr", None),
+        )
+
+    @property
+    def folder(self) -> str:
+        """The cell's folder under results/cells, as Snakemake's Paramspace names it (`model=M/.../seed=S`)."""
+        parts = ((name, getattr(self, name)) for name in self.FOLDER_ORDER)
+        return "/".join(f"{name}={value}" for name, value in parts if value is not None)
+
+    def describe(self) -> str:
+        """The key in words, for messages: `m / full / muon / arm a / seed 0`."""
+        extra = "".join(f" / {name} {getattr(self, name)}" for name in ("arm", "lr") if getattr(self, name) is not None)
+        return f"{self.model} / {self.recipe} / {self.optimizer}{extra} / seed {self.seed}"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell of a study: its key, its folder under results/cells and its trainer config (cell.yaml)."""
+
+    key: CellKey
+    folder: str
+    config: dict
+
+
+class Study:
+    """A study file loaded once (`Study.load`): its keys resolved, checked, rebased to its workdir, its grid built,
+    every cell checked as the trainer will read it. The workflow (workflow/rules/common.smk) reads everything from
+    this object; the functions above are its parts and take the study's mapping."""
+
+    def __init__(self, data: dict, root: str | Path = "."):
+        self.data = data
+        """The study's mapping (base merged, schema defaults set, paths from its workdir)."""
+        self.root = Path(root)
+        self.grid = grid_frame(data)
+        self.keys = [CellKey.of(row) for row in self.grid.itertuples(index=False)]
+        self.warm_started = warm_started_models(data, self.grid)
+        """Models whose warm-started policy the grid's cells load (the warm-start rule's models)."""
+
+    @classmethod
+    def load(
+        cls,
+        data: dict,
+        root: str | Path = ".",
+        source: str | Path | None = None,
+        validate: Callable[[dict], None] | None = None,
+    ) -> Study:
+        """The study of a study file's mapping: `base` merged (`resolve_base`), `validate` (the schema's check,
+        which sets its defaults), the rules across keys (`check_study`, `check_env_options`), the paths rebased
+        from `root` to the study's workdir, then every cell checked (`check_cells`). StudyError naming the key."""
+        study = resolve_base(data, root=root, source=source)
+        if validate is not None:
+            validate(study)
+        check_study(study, root=root)
+        check_env_options(study, root=root)
+        workdir = os.path.join(root, study.get("workdir", "."))
+        loaded = cls(paths_from_workdir(study, root, workdir), root)
+        loaded.check_cells()
+        return loaded
+
+    @property
+    def threads(self) -> int:
+        """Threads of a train job (`resources.train.threads`), which each cell's trainer uses."""
+        return int(self.data.get("resources", {}).get("train", {}).get("threads", 1))
+
+    def model_path(self, model: str) -> str:
+        """Where a cell of `model` loads its base policy: the warm-started policy (its own, or the one its `policy`
+        key names), or the study's checkpoint path."""
+        entry = self.data["models"][model]
+        if entry.get("path") is not None:
+            return entry["path"]
+        return f"results/policies/{policy_model(self.data, model)}"
+
+    def cell_config(self, key: CellKey, model_path: str | None = None) -> dict:
+        """The trainer config of one cell (its cell.yaml), loading its model from `model_path` (default: its own)."""
+        return cell_config(
+            self.data,
+            key.model,
+            key.recipe,
+            key.optimizer,
+            key.seed,
+            self.model_path(key.model) if model_path is None else model_path,
+            self.threads,
+            lr=None if key.lr is None else float(key.lr),
+            arm=key.arm,
+        )
+
+    def cells(self) -> Iterator[Cell]:
+        """Every cell of the grid, in grid order."""
+        for key in self.keys:
+            yield Cell(key, key.folder, self.cell_config(key))
+
+    def warm_start_config(self, model: str) -> dict:
+        """The `python -m trainer sft` config of a warm-started model."""
+        return warm_start_config(
+            self.data, model, threads=self.data.get("resources", {}).get("warm_start", {}).get("threads", 1)
+        )
+
+    def check_cells(self) -> None:
+        """Raise StudyError for a cell the trainer would refuse (its cross-key rules: batch size a multiple of the
+        group size, vLLM with a checkpoint, ...), naming the cell, before any job starts. The model path is
+        checked by `check_study`; here it stands in as ".", since a warm-started policy does not exist yet, and so
+        the offline statistics the warm start will write beside it are left out."""
+        for key in self.keys:
+            cell = self.cell_config(key, model_path=".")
+            cell.get("rl", {}).get("spo", {}).pop("offline_stats", None)
+            try:
+                config_from_dict(cell)
+            except ConfigError as e:
+                raise StudyError(f"cell (as {key.describe()} trains it): {e}") from None
 
 
 def yaml_text(data: dict, header: str = "") -> str:

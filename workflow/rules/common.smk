@@ -19,7 +19,16 @@ from snakemake.utils import Paramspace, validate
 # The checkout's own trainer package, whatever environment runs Snakemake (the study model needs no torch).
 sys.path.insert(0, workflow.basedir)
 import trainer  # noqa: E402
-from trainer import study as study_tools  # noqa: E402  (pure helpers, tested on their own)
+from trainer.study import (  # noqa: E402  (the study model: pure, tested on its own)
+    OPTIMIZERS,
+    RECIPE_OPTIMIZER,
+    CellKey,
+    Study,
+    horizons,
+    paper_names,
+    policy_model,
+    yaml_text,
+)
 from trainer.analysis.kinds import STUDY_KINDS  # noqa: E402  (standard library only: no matplotlib here)
 
 # Jobs inherit this process's environment (locally, and through sbatch on SLURM). Shell jobs run `python -m
@@ -32,33 +41,30 @@ os.environ.update(
     PYTHONPATH=os.pathsep.join(filter(None, [workflow.basedir, os.environ.get("PYTHONPATH")])),
 )
 
-# A study file may name a `base` study: merged under it here, before validation (the study file named in errors).
+# The study, loaded once: its `base` study merged under it, validated against the schema (which sets its defaults),
+# its rules across keys and every cell checked, its paths rebased to its workdir (the study file named in errors).
 STUDY_FILE = str((workflow.overwrite_configfiles or ["config.yaml"])[-1])
-_resolved = study_tools.resolve_base(config, root=workflow.basedir, source=STUDY_FILE)
-config.clear()
-config.update(_resolved)
-validate(config, schema="../schemas/config.schema.yaml", set_default=True)
-study_tools.check_study(config, root=workflow.basedir)
-study_tools.check_env_options(config, root=workflow.basedir)
-# the study's paths are written from the repository root; its jobs run in its workdir
-config.update(
-    study_tools.paths_from_workdir(config, workflow.basedir, os.path.join(workflow.basedir, config["workdir"]))
+STUDY = Study.load(
+    config,
+    root=workflow.basedir,
+    source=STUDY_FILE,
+    validate=lambda study: validate(study, schema="../schemas/config.schema.yaml", set_default=True),
 )
+config.clear()
+config.update(STUDY.data)
 
-GRID = study_tools.grid_frame(config)
-study_tools.check_cells(config, GRID, root=workflow.basedir, threads=config["resources"]["train"]["threads"])
+GRID = STUDY.grid
 PARAMSPACE = Paramspace(GRID, param_sep="=")
 CELLS_DIR = "results/cells"
 CELL = f"{CELLS_DIR}/{PARAMSPACE.wildcard_pattern}"
-WARM_STARTED = study_tools.warm_started_models(config, GRID)
+WARM_STARTED = STUDY.warm_started
 TRAINER_VERSION = trainer.TRAINER_VERSION
 TRAINER_ENV = (
     "../../envs/trainer-gpu.yaml"
     if config["cell"].get("rollout", {}).get("engine") == "vllm"
     else "../../envs/trainer-cpu.yaml"
 )
-STUDY = config["study"]
-KIND = STUDY_KINDS[STUDY]
+KIND = STUDY_KINDS[config["study"]]
 """The study's kind (trainer/analysis/kinds.py): its figures and captions, what `summarize` writes beyond the
 table and runs.parquet, the reference numbers it compares with and the params its functions take."""
 PAPER_NUMBERS = {"paper_numbers": str(KIND.numbers)} if KIND.numbers else {}
@@ -67,8 +73,8 @@ PAPER_NUMBERS = {"paper_numbers": str(KIND.numbers)} if KIND.numbers else {}
 
 wildcard_constraints:
     model="|".join(re.escape(m) for m in config["models"]),
-    recipe="|".join(study_tools.RECIPE_OPTIMIZER),
-    optimizer="|".join(study_tools.OPTIMIZERS),
+    recipe="|".join(RECIPE_OPTIMIZER),
+    optimizer="|".join(OPTIMIZERS),
     arm=r"[A-Za-z0-9][A-Za-z0-9_.+-]*",
     lr=r"[0-9.]+e[+-][0-9]+",
     seed=r"\d+",
@@ -114,45 +120,19 @@ def figure_reports():
     return [figure_report(path) for path in figure_files()]
 
 
-def model_path(model):
-    """Where a cell loads its base policy: the warm-started policy (its own, or the one its `policy` key names), or
-    the study's checkpoint path."""
-    entry = config["models"][model]
-    if entry.get("path") is not None:
-        return entry["path"]
-    return f"results/policies/{study_tools.policy_model(config, model)}"
-
-
 def policy_input(wildcards):
     """The warm start is an input of a cell only for tiny families; a checkpoint path is not built by the DAG."""
-    return [model_path(wildcards.model)] if study_tools.policy_model(config, wildcards.model) in WARM_STARTED else []
+    model = wildcards.model
+    return [STUDY.model_path(model)] if policy_model(STUDY.data, model) in WARM_STARTED else []
 
 
 def cell_yaml(wildcards):
     """The text of a cell's cell.yaml (a param, so a changed config marks the cell out of date)."""
-    return study_tools.yaml_text(cell_params(wildcards), header="trainer config of this cell")
+    return yaml_text(STUDY.cell_config(CellKey.of(wildcards)), header="trainer config of this cell")
 
 
 def warm_start_yaml(wildcards):
-    return study_tools.yaml_text(warm_start_params(wildcards), header=f"warm start of {wildcards.model}")
-
-
-def cell_params(wildcards):
-    return study_tools.cell_config(
-        config,
-        model=wildcards.model,
-        recipe=wildcards.recipe,
-        optimizer=wildcards.optimizer,
-        seed=int(wildcards.seed),
-        model_path=model_path(wildcards.model),
-        threads=config["resources"]["train"]["threads"],
-        lr=float(wildcards.lr) if "lr" in GRID.columns else None,
-        arm=wildcards.arm if "arm" in GRID.columns else None,
-    )
-
-
-def warm_start_params(wildcards):
-    return study_tools.warm_start_config(config, wildcards.model, threads=config["resources"]["warm_start"]["threads"])
+    return yaml_text(STUDY.warm_start_config(wildcards.model), header=f"warm start of {wildcards.model}")
 
 
 def out_of_band_flag(wildcards):
@@ -169,12 +149,12 @@ def analysis_params():
     also gets each model's horizon label)."""
     a = config["analysis"]
     return dict(
-        study=STUDY,
+        study=config["study"],
         collapse=a["collapse"],
-        models=study_tools.paper_names(config),
+        models=paper_names(config),
         window_fraction=a["window_fraction"],
         bootstrap_seed=a["bootstrap_seed"],
-        **({"horizons": study_tools.horizons(config)} if KIND.horizons else {}),
+        **({"horizons": horizons(config)} if KIND.horizons else {}),
     )
 
 
