@@ -53,12 +53,7 @@ def clip_example(dual_clip=None):
     logp = logs(RATIOS).requires_grad_(True)
     old = t([[-1.0] * 6])
     loss, metrics = policy_loss(
-        logp,
-        old,
-        None,
-        t(ADV),
-        torch.ones(1, 6),
-        LossConfig(tis_cap=None, dual_clip=dual_clip),
+        logp, old, None, t(ADV), torch.ones(1, 6), LossConfig(tis_cap=None, dual_clip=dual_clip)
     )
     loss.backward()
     return loss, metrics, logp.grad
@@ -85,14 +80,7 @@ def test_approx_kl_is_verls_ppo_kl_on_the_log_ratio_clamped_at_20():
     # verl: ppo_kl = mean(-clamp(d, -20, 20)) = -(20 - 20 + 0.5)/3 = -0.5/3; unclamped: -(25 - 30 + 0.5)/3 = +1.5
     logp = t([[-1.0, -31.0, -0.5, 99.0]])
     old = t([[-26.0, -1.0, -1.0, -1.0]])
-    _, metrics = policy_loss(
-        logp,
-        old,
-        None,
-        t([[1.0, 1.0, 1.0, 1.0]]),
-        t([[1, 1, 1, 0]]),
-        LossConfig(tis_cap=None),
-    )
+    _, metrics = policy_loss(logp, old, None, t([[1.0, 1.0, 1.0, 1.0]]), t([[1, 1, 1, 0]]), LossConfig(tis_cap=None))
     assert metrics["approx_kl"].item() == pytest.approx(-0.5 / 3, abs=1e-12)
     # k3 uses the same clamped d: (e^20 - 1 - 20) + (e^-20 - 1 + 20) + (e^0.5 - 1 - 0.5), over 3
     k3 = (math.expm1(20) - 20 + math.expm1(-20) + 20 + math.expm1(0.5) - 0.5) / 3
@@ -119,14 +107,7 @@ def test_tis_hand_example():
     logp = old.clone().requires_grad_(True)
     adv = t([[2.0, -1.0, 1.0, -3.0, 1e30]])
     mask = t([[1, 1, 1, 1, 0]])
-    loss, metrics = policy_loss(
-        logp,
-        old,
-        rollout,
-        adv,
-        mask,
-        LossConfig(tis_cap=2.0),
-    )
+    loss, metrics = policy_loss(logp, old, rollout, adv, mask, LossConfig(tis_cap=2.0))
     loss.backward()
     assert loss.item() == pytest.approx(1.125, abs=1e-12)
     assert logp.grad[0].tolist() == pytest.approx([-1 / 4, 1.5 / 4, -2 / 4, 6 / 4, 0.0], abs=1e-12)
@@ -149,14 +130,7 @@ def grad_example(agg):
     rollout = old - logs([[0.5, 3.0, 1.0], [1.5, 1.0, 4.0]], base=0.0)
     adv = t([[1.0, 1.0, -1.0], [2.0, 5.0, -1.0]])
     mask = torch.tensor([[True, True, True], [True, False, True]])
-    loss, metrics = policy_loss(
-        logp,
-        old,
-        rollout,
-        adv,
-        mask,
-        LossConfig(agg=agg),
-    )
+    loss, metrics = policy_loss(logp, old, rollout, adv, mask, LossConfig(agg=agg))
     loss.backward()
     return loss.item(), logp.grad
 
@@ -234,12 +208,7 @@ def test_zero_size_batch_is_finite():
     logp = torch.zeros(0, 3, dtype=D, requires_grad=True)
     for agg in AGGREGATIONS:
         loss, metrics = policy_loss(
-            logp,
-            logp.detach(),
-            logp.detach(),
-            logp.detach(),
-            torch.zeros(0, 3),
-            LossConfig(agg=agg),
+            logp, logp.detach(), logp.detach(), logp.detach(), torch.zeros(0, 3), LossConfig(agg=agg)
         )
         assert loss.item() == 0.0
         assert all(math.isfinite(v.item()) for v in metrics.values())
@@ -268,54 +237,19 @@ def test_bad_input_errors():
     x = torch.zeros(2, 3, dtype=D)
     ones = torch.ones(2, 3)
     with pytest.raises(ValueError, match="seq-mean.*token-mean|token-mean.*seq-mean"):
-        policy_loss(
-            x,
-            x,
-            x,
-            x,
-            ones,
-            LossConfig(agg="sequence-mean"),
-        )
+        policy_loss(x, x, x, x, ones, LossConfig(agg="sequence-mean"))
     with pytest.raises(ValueError, match=r"\(2, 4\)"):
         policy_loss(x, x, torch.zeros(2, 4), x, ones)
     with pytest.raises(ValueError, match="batch, time"):
         policy_loss(x[0], x[0], x[0], x[0], ones[0])
     with pytest.raises(ValueError, match="dual_clip"):
-        policy_loss(
-            x,
-            x,
-            x,
-            x,
-            ones,
-            LossConfig(dual_clip=1.0),
-        )
+        policy_loss(x, x, x, x, ones, LossConfig(dual_clip=1.0))
     with pytest.raises(ValueError, match="tis_cap"):
-        policy_loss(
-            x,
-            x,
-            x,
-            x,
-            ones,
-            LossConfig(tis_cap=0.0),
-        )
+        policy_loss(x, x, x, x, ones, LossConfig(tis_cap=0.0))
     with pytest.raises(ValueError, match="clip_low"):
-        policy_loss(
-            x,
-            x,
-            x,
-            x,
-            ones,
-            LossConfig(clip_low=1.0),
-        )
+        policy_loss(x, x, x, x, ones, LossConfig(clip_low=1.0))
     with pytest.raises(ValueError, match="clip_high"):
-        policy_loss(
-            x,
-            x,
-            x,
-            x,
-            ones,
-            LossConfig(clip_high=-0.1),
-        )
+        policy_loss(x, x, x, x, ones, LossConfig(clip_high=-0.1))
     with pytest.raises(ValueError, match="rollout_logp is None"):
         policy_loss(x, x, None, x, ones)
     with pytest.raises(ValueError, match="loss_scale_factor"):
@@ -347,14 +281,7 @@ def test_inf_and_nan_off_the_mask_do_not_leak():
     old = t([[-1.2, float("inf"), -1.9]])
     rollout = t([[-1.0, float("-inf"), -2.5]])
     adv = t([[1.0, float("nan"), -0.5]])
-    loss, metrics = policy_loss(
-        logp,
-        old,
-        rollout,
-        adv,
-        mask,
-        LossConfig(dual_clip=3.0),
-    )
+    loss, metrics = policy_loss(logp, old, rollout, adv, mask, LossConfig(dual_clip=3.0))
     loss.backward()
     assert math.isfinite(loss.item()) and torch.isfinite(logp.grad).all() and logp.grad[0, 1] == 0
     assert all(math.isfinite(v.item()) for v in metrics.values())
@@ -470,14 +397,8 @@ def test_tis_weights_are_between_zero_and_cap(old, rollout, cap):
 def test_token_mean_equals_seq_mean_token_mean_when_counts_are_equal(batch):
     logp, old, rollout, adv, mask = batch
     args = (t(logp), t(old), t(rollout), t(adv), torch.from_numpy(mask))
-    a, _ = policy_loss(
-        *args,
-        LossConfig(agg="token-mean"),
-    )
-    b, _ = policy_loss(
-        *args,
-        LossConfig(agg="seq-mean-token-mean"),
-    )
+    a, _ = policy_loss(*args, LossConfig(agg="token-mean"))
+    b, _ = policy_loss(*args, LossConfig(agg="seq-mean-token-mean"))
     assert a.item() == pytest.approx(b.item(), rel=1e-12, abs=1e-12)
 
 
@@ -486,14 +407,8 @@ def test_token_mean_equals_seq_mean_token_mean_when_counts_are_equal(batch):
 def test_tis_off_equals_huge_cap_when_rollout_matches_old(batch, agg):
     logp, old, _, adv, mask = batch
     args = (t(logp), t(old), t(old), t(adv), torch.from_numpy(mask))
-    off, m_off = policy_loss(
-        *args,
-        LossConfig(agg=agg, tis_cap=None),
-    )
-    huge, m_huge = policy_loss(
-        *args,
-        LossConfig(agg=agg, tis_cap=1e30),
-    )
+    off, m_off = policy_loss(*args, LossConfig(agg=agg, tis_cap=None))
+    huge, m_huge = policy_loss(*args, LossConfig(agg=agg, tis_cap=1e30))
     assert torch.equal(off, huge)
     assert torch.equal(m_off["tis_weight_mean"], m_huge["tis_weight_mean"])
 
@@ -514,11 +429,7 @@ def test_masked_positions_never_influence_loss_or_grad(batch, agg, data):
                 x[~mask] = data.draw(arrays(np.float64, int((~mask).sum()), elements=GARBAGE))
             tensors.append(t(x))
         tensors[0].requires_grad_(True)
-        loss, metrics = policy_loss(
-            *tensors,
-            torch.from_numpy(mask),
-            LossConfig(agg=agg, dual_clip=3.0),
-        )
+        loss, metrics = policy_loss(*tensors, torch.from_numpy(mask), LossConfig(agg=agg, dual_clip=3.0))
         loss.backward()
         return loss, metrics, tensors[0].grad
 

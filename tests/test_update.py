@@ -103,12 +103,7 @@ def test_micro_batching_gives_the_full_batch_gradient(model, agg):
     with torch.no_grad():
         old = token_logprobs(m_ref, b)
     loss, _ = policy_loss(
-        token_logprobs(m_ref, b),
-        old,
-        b.rollout_logp,
-        adv,
-        b.loss_mask,
-        LossConfig(tis_cap=2.0, agg=agg),
+        token_logprobs(m_ref, b), old, b.rollout_logp, adv, b.loss_mask, LossConfig(tis_cap=2.0, agg=agg)
     )
     loss.backward()
     ref_grads = [p.grad.clone() for p in m_ref.parameters()]
