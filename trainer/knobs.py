@@ -41,7 +41,7 @@ class Bounds:
 
 def knob(default: Any, **bounds: Any) -> Any:
     """A config field with its allowed range beside its default (`ge`, `gt`, `le`, `lt`, `most`), so the range has
-    one definition: `check_bounds` enforces it on every config, a cell's and a study's shared block alike. A None
+    one definition: a `Section` enforces it whenever it is built, a cell's and a study's shared block alike. A None
     value is not checked (it means "off"); a tuple is checked item by item."""
     return field(default=default, metadata={"bounds": Bounds(**bounds)})
 
@@ -60,18 +60,15 @@ def _bound_error(key: str, value: Any, b: Bounds) -> str | None:
     return None
 
 
-def check_bounds(cfg: Any, where: str = "", recursive: bool = True) -> None:
-    """ConfigError naming the first field of `cfg` (nested dataclasses too, if `recursive`) outside its `knob`
-    bounds."""
+def check_bounds(cfg: Any, where: str) -> None:
+    """ConfigError naming the first field of `cfg` (`where.field`) outside its `knob` bounds (nested sections are
+    not entered: they checked themselves)."""
     for f in dataclasses.fields(cfg):
-        value, key = getattr(cfg, f.name), f"{where}.{f.name}" if where else f.name
-        if recursive and dataclasses.is_dataclass(value):
-            check_bounds(value, key)
-        bounds = f.metadata.get("bounds")
+        value, bounds = getattr(cfg, f.name), f.metadata.get("bounds")
         if bounds is None or value is None:
             continue
         for item in value if isinstance(value, tuple) else (value,):
-            error = _bound_error(key, item, bounds)
+            error = _bound_error(f"{where}.{f.name}", item, bounds)
             if error:
                 raise ConfigError(error)
 
@@ -98,7 +95,7 @@ def check_fields(cfg: Any, where: str) -> None:
         value = getattr(cfg, f.name)
         if not dataclasses.is_dataclass(value):
             _check_value(hints[f.name], value, f"{where}.{f.name}")
-    check_bounds(cfg, where, recursive=False)
+    check_bounds(cfg, where)
 
 
 class ConfigError(ValueError):
