@@ -30,11 +30,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from trainer.config import RunConfig
 from trainer.distributed import SINGLE, DistContext
+from trainer.optim.config import OptimConfig
 from trainer.optim.muon import matrix_update_stats
 from trainer.policy.lean import lean_decoder
 from trainer.rl.config import LossConfig
 from trainer.rl.loss import policy_loss, token_entropy_from_logits
+from trainer.rollout.config import RolloutConfig
 from trainer.rollout.episode import Episode
 
 
@@ -319,20 +322,21 @@ def policy_update(
     advantages: torch.Tensor,
     loss: LossConfig,
     *,
-    temperature: float = 1.0,
-    minibatches: int = 1,
-    epochs: int = 1,
-    micro_batch_tokens: int = 16384,
-    grad_clip: float | None = 1.0,
+    temperature: float = RolloutConfig.temperature,
+    minibatches: int = RunConfig.minibatches,
+    epochs: int = RunConfig.epochs,
+    micro_batch_tokens: int = RunConfig.micro_batch_tokens,
+    grad_clip: float | None = OptimConfig.grad_clip,
     stat_matrices: list[torch.Tensor] | None = None,
     embed_head_matrices: list[torch.Tensor] | None = None,
     return_old_logp: bool = False,
     grad_parts: list[list[int]] | None = None,
-    skip_no_signal: bool = False,
+    skip_no_signal: bool = RunConfig.skip_no_signal,
     ctx: DistContext = SINGLE,
     forward: ForwardSettings = PLAIN_FORWARD,
 ) -> dict:
-    """Run `epochs` x `minibatches` optimizer steps over the batch; returns metrics averaged over steps
+    """Run `epochs` x `minibatches` optimizer steps over the batch (the settings' defaults are their config knobs':
+    `run.*`, `optim.grad_clip`, `rollout.temperature`); returns metrics averaged over steps
     (token-weighted), "steps" (optimizer steps taken), "skipped_steps" (steps skipped: no signal, or a
     non-finite loss or gradient) and "no_signal_steps" (mini-batches whose advantages are all zero, taken or not).
 
