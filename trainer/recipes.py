@@ -46,5 +46,7 @@ FIGURE2_RECIPES: tuple[str, ...] = (
     "no_length_seqmean_no_tis",
 )
 """The main paper's recipes in its Figure-2 order: the main study's tables and figures draw these."""
+RECIPE_OPTIMIZER: dict[str, str] = {name: recipe["optim"]["name"] for name, recipe in RECIPES.items()}
+"""Each recipe's own optimizer (`optimizer: recipe` in a grid block)."""
 RECIPE_ESTIMATOR: dict[str, str] = {name: recipe["rl"]["estimator"] for name, recipe in RECIPES.items()}
 """Each recipe's advantage estimator."""

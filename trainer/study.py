@@ -35,10 +35,10 @@ writes their results to disk. Design choices:
   (preset xor path, the path exists, a task file or game folder exists, a grid block names known models,
   group estimators have groups, band low <= high, the lr keys (`check_lrs`), a horizon study's `horizon`
   labels) are checked by `check_study`, which raises `StudyError` naming the key before any job starts.
-- **Tables derived, not copied**: each recipe's optimizer, the optimizer names and the group recipes come from
-  `trainer.recipes` (`RECIPES`) and `trainer.config` (`OptimConfig`), the presets from `trainer.policy.tiny`, the lr folder label from
-  `trainer.analysis.cell_logs`. This module and those import no torch: building the DAG needs the trainer package but
-  not torch.
+- **Tables derived, not copied**: each recipe's optimizer and estimator come from `trainer.recipes`, the optimizer
+  names from `trainer.optim.config` (`OptimConfig`), the presets from `trainer.policy.tiny`, the lr folder label
+  from `trainer.analysis.cell_logs`. This module and those import no torch: building the DAG needs the trainer
+  package but not torch.
 """
 
 from __future__ import annotations
@@ -66,11 +66,8 @@ from trainer.config import (
 )
 from trainer.environments.suite import family_config
 from trainer.policy.tiny import TINY_PRESETS
-from trainer.recipes import RECIPE_ESTIMATOR, RECIPES
+from trainer.recipes import RECIPE_ESTIMATOR, RECIPE_OPTIMIZER, RECIPES
 from trainer.rl.config import ESTIMATOR_SECTIONS, GROUP_ESTIMATORS, SPO_ESTIMATORS
-
-RECIPE_OPTIMIZER: dict[str, str] = {name: recipe["optim"]["name"] for name, recipe in RECIPES.items()}
-"""Each recipe's own optimizer (`optimizer: recipe` in a grid block)."""
 
 OPTIMIZERS: tuple[str, ...] = typing.get_args(typing.get_type_hints(OptimConfig)["name"])
 """The optim.name values a grid block may name (adam_high_lr: AdamW at Muon's learning rate)."""
@@ -406,11 +403,6 @@ def check_study(study: dict, root: str | Path = ".") -> None:
             families[family] = model
 
 
-def block_optim(block: dict) -> dict:
-    """The `optim` keys of a grid block's own trainer keys (an arm's `cell`)."""
-    return (block.get("cell") or {}).get("optim") or {}
-
-
 def check_lrs(study: dict) -> None:
     """The learning-rate keys: `lrs` positive, on every block or none, only in a stability study, never on
     adam_high_lr; the `lr:` table names adam or muon; a shared `cell.optim.matrix_lr` cannot stand beside them."""
@@ -435,7 +427,8 @@ def check_lrs(study: dict) -> None:
                 f"AdamW is `optimizer: adam`"
             )
     for i, block in enumerate(blocks):
-        if block.get("optimizer") == "adam_high_lr" and "muon" not in table and "lr" not in block_optim(block):
+        own_optim = (block.get("cell") or {}).get("optim") or {}
+        if block.get("optimizer") == "adam_high_lr" and "muon" not in table and "lr" not in own_optim:
             raise StudyError(
                 f"grid[{i}].optimizer: adam_high_lr runs AdamW at the Muon cells' learning rate; give that rate "
                 f"in the study's `lr.muon`"
