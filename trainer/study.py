@@ -67,7 +67,7 @@ from trainer.config import (
 from trainer.environments.suite import family_config
 from trainer.policy.tiny import TINY_PRESETS
 from trainer.recipes import RECIPE_ESTIMATOR, RECIPE_OPTIMIZER, RECIPES
-from trainer.rl.config import ESTIMATOR_SECTIONS, GROUP_ESTIMATORS, SPO_ESTIMATORS
+from trainer.rl.config import ESTIMATOR_SECTIONS, GROUP_ESTIMATORS, SECTION_CLASSES, SPO_ESTIMATORS
 
 OPTIMIZERS: tuple[str, ...] = typing.get_args(typing.get_type_hints(OptimConfig)["name"])
 """The optim.name values a grid block may name (adam_high_lr: AdamW at Muon's learning rate)."""
@@ -568,8 +568,7 @@ def cell_config(
         shared["env"] = model_env(study, model)  # in place: a cell.yaml without env_options reads as before
     estimator = RECIPE_ESTIMATOR[recipe]
     if "rl" in shared:  # the study's settings of the other estimators are not this cell's
-        others = {section for sections in ESTIMATOR_SECTIONS.values() for section in sections}
-        others -= set(ESTIMATOR_SECTIONS[estimator])
+        others = set(SECTION_CLASSES) - set(ESTIMATOR_SECTIONS[estimator])
         shared["rl"] = {k: v for k, v in shared["rl"].items() if k not in others}
     offline = offline_stats_path(study, model, model_path)
     if offline is not None and estimator in SPO_ESTIMATORS:

@@ -214,6 +214,14 @@ ESTIMATOR_SECTIONS: dict[str, tuple[str, ...]] = {
     "graphgpo": ("graphgpo",),
 }
 """The `rl` sub-sections each estimator reads; any other is refused in its cells."""
+SECTION_CLASSES: dict[str, type[Section]] = {
+    "spo": SPOConfig,
+    "spo_plus_plus": SPOPlusPlusConfig,
+    "grpo": GRPOConfig,
+    "gigpo": GiGPOConfig,
+    "graphgpo": GraphGPOConfig,
+}
+"""Each estimator section's class (`RLConfig`'s fields of those names)."""
 
 
 @dataclass
@@ -234,14 +242,13 @@ class RLConfig(Section):
     def __post_init__(self) -> None:
         """The chosen estimator's sections left out take their defaults (the others stay None)."""
         super().__post_init__()
-        hints = typing.get_type_hints(type(self))
         for name in ESTIMATOR_SECTIONS[self.estimator]:
             if getattr(self, name) is None:
-                setattr(self, name, typing.get_args(hints[name])[0]())
+                setattr(self, name, SECTION_CLASSES[name]())
 
     def check_sections(self, where: str = "rl") -> None:
         """ConfigError naming a section of an estimator this config does not use (a GiGPO cell's `rl.spo`)."""
-        for name in ("spo", "spo_plus_plus", "grpo", "gigpo", "graphgpo"):
+        for name in SECTION_CLASSES:
             if getattr(self, name) is not None and name not in ESTIMATOR_SECTIONS[self.estimator]:
                 raise ConfigError(
                     f"{where}.{name}: settings of another estimator; rl.estimator {self.estimator!r} reads "
