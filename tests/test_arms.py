@@ -82,8 +82,7 @@ def test_arms_add_a_column_and_merge_their_keys_over_the_shared_block():
         (lambda s: s["grid"][0].update(arm="a\n"), r"grid\[0\].arm: 'a\\n' is not a folder label"),
         (
             lambda s: s["grid"][0].update(arm=1e-3),
-            r"grid\[0\].arm: 0.001 is a float, not a label: YAML read it as one; "
-            r"quote it",
+            r"grid\[0\].arm: 0.001 is a float, not a string: YAML read it as one; quote it",
         ),
         (lambda s: s["grid"][1].update(arm="adamw"), r"grid\[1\].cell: arm 'adamw' is also grid\[0\]'s"),
         (lambda s: s["grid"][1]["cell"]["optim"].update(name="adam"), r"grid\[1\].cell.optim.name: each cell sets it"),

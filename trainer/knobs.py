@@ -39,10 +39,10 @@ class Bounds:
     most: str | None = None
 
 
-def knob(default: Any, **bounds: Any) -> Any:
+def knob(default: Any = dataclasses.MISSING, **bounds: Any) -> Any:
     """A config field with its allowed range beside its default (`ge`, `gt`, `le`, `lt`, `most`), so the range has
     one definition: a `Section` enforces it whenever it is built, a cell's and a study's shared block alike. A None
-    value is not checked (it means "off"); a tuple is checked item by item."""
+    value is not checked (it means "off"); a tuple is checked item by item. No default: a required key."""
     return field(default=default, metadata={"bounds": Bounds(**bounds)})
 
 
@@ -85,6 +85,11 @@ class Section:
 
     def validate(self) -> None:
         check_fields(self, type(self).__name__)
+
+    def refuse(self, key: str | None, message: str) -> typing.NoReturn:
+        """Raise ConfigError for a rule across this section's keys, naming `key` (None: the section itself); the
+        message is relative to the section, and `build_config` puts the section's path in the file before it."""
+        raise ConfigError(f"{key or type(self).__name__}: {message}")
 
 
 def check_fields(cfg: Any, where: str) -> None:
@@ -144,16 +149,28 @@ def _check_value(tp, value, where: str):
             raise ConfigError(f"{where}: expected a finite number, got {value!r}")
         return float(value)
     if tp is str:
+        if isinstance(value, (bool, int, float)):
+            raise ConfigError(
+                f"{where}: {value!r} is {_article(type(value).__name__)}, not a string: YAML read it as one; quote it "
+                f'("{value}")'
+            )
         if not isinstance(value, str):
             raise ConfigError(f"{where}: expected a string, got {value!r}")
         return value
     if tp is dict or origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
-        return dict(value)
+        args = typing.get_args(tp)
+        if not args:
+            return dict(value)
+        return {_check_value(args[0], k, where): _check_value(args[1], v, f"{where}.{k}") for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
-        return build_config(tp, value, where)
+        return value if isinstance(value, tp) else build_config(tp, value, where)  # a built section checked itself
     raise ConfigError(f"{where}: unsupported annotation {tp!r}")
+
+
+def _article(noun: str) -> str:
+    return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
 
 
 def build_config(cls, data, where: str = ""):
@@ -167,11 +184,23 @@ def build_config(cls, data, where: str = ""):
     if unknown:
         key = f"{where}.{unknown[0]}" if where else unknown[0]
         raise ConfigError(f"unknown config key {key!r} (known keys{' of ' + where if where else ''}: {sorted(names)})")
+    fields = dataclasses.fields(cls)
+    missing = [
+        f.name
+        for f in fields
+        if f.name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        key = f"{where}.{missing[0]}" if where else missing[0]
+        raise ConfigError(f"{key}: required (keys{' of ' + where if where else ''}: {sorted(names)})")
     kwargs = {k: _check_value(hints[k], v, f"{where}.{k}" if where else k) for k, v in data.items()}
     try:
         return cls(**kwargs)
     except ConfigError as e:  # a Section's own check: its path in place of its class name
-        message = str(e).removeprefix(f"{cls.__name__}.")
+        message, name = str(e), cls.__name__
+        if message.startswith(f"{name}:"):  # about the section itself
+            raise ConfigError(f"{where or name}{message.removeprefix(name)}") from None
+        message = message.removeprefix(f"{name}.")
         raise ConfigError(f"{where}.{message}" if where else message) from None
 
 

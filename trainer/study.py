@@ -22,7 +22,7 @@ writes their results to disk. Design choices:
 - **A cell config is the study's shared `cell` block plus the per-cell keys**: `recipe`, `optim.name`,
   `run.seed` and `model.path`, the model's `env_options` over `cell.env.options`, the cell's learning rate
   (`optim_lrs`: the grid's lr, else the study's `lr:` entry for its optimizer) and, when the warm start writes
-  SPO's offline statistics, `rl.spo.offline_stats`. The schema forbids those keys (and the recipe-defining keys) in
+  SPO's offline statistics, `rl.spo.offline_stats`. The study refuses those keys (and the recipe-defining keys) in
   the shared block, because an explicit key overrides the recipe in the trainer (`trainer/recipes.py`): a shared
   `loss.tis_cap` would silently turn TIS on for the no-TIS recipes. The shared block's estimator sections
   (`rl.gigpo`, ...) reach only the cells of that estimator, which refuse another's.
@@ -31,10 +31,13 @@ writes their results to disk. Design choices:
 - **`run.threads` comes from the rule's threads** (`resources.train.threads`), so the trainer uses exactly the
   cores the scheduler gave it.
 - **Models**: a `preset` model is warm-started by the workflow and its cells load the warm-started policy; a
-  `path` model is a local checkpoint used as is (paper scale). Cross-key rules the JSON schema cannot state
-  (preset xor path, the path exists, a task file or game folder exists, a grid block names known models,
-  group estimators have groups, band low <= high, the lr keys (`check_lrs`), a horizon study's `horizon`
-  labels) are checked by `check_study`, which raises `StudyError` naming the key before any job starts.
+  `path` model is a local checkpoint used as is (paper scale).
+- **Typed keys, checked once** (`check_study`): the study file's own keys are the fields of `StudyConfig` and the
+  sections it composes (`ModelEntry`, `GridBlock`, `LrTable`, `Resources`, `AnalysisConfig`), each with its
+  default, range and meaning; each section checks its own rules (preset xor path, an arm's label), `StudyConfig`
+  those across sections (a block names known models, every block or none gives `lrs` / `arm`, a horizon study's
+  labels) and the trainer's blocks with the trainer's own sections. `StudyError` names the key before any job
+  starts; the checked study, defaults set, is the mapping the workflow and the functions below read.
 - **Tables derived, not copied**: each recipe's optimizer and estimator come from `trainer.recipes`, the optimizer
   names from `trainer.optim.config` (`OptimConfig`), the presets from `trainer.policy.tiny`, the lr folder label
   from `trainer.analysis.cell_logs`. This module and those import no torch: building the DAG needs the trainer
@@ -44,27 +47,31 @@ writes their results to disk. Design choices:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import re
 import typing
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 import yaml
 
+from trainer.analysis.config import AnalysisConfig
+from trainer.analysis.kinds import STUDY_KINDS
 from trainer.config import (
     OFFLINE_STATS_FILE,
     ConfigError,
     EnvConfig,
     OptimConfig,
+    SFTConfig,
     TrainConfig,
     build_config,
     config_from_dict,
-    sft_config_from_dict,
 )
 from trainer.environments.suite import family_config
+from trainer.knobs import Section, knob, merge
 from trainer.policy.tiny import TINY_PRESETS
 from trainer.recipes import RECIPE_ESTIMATOR, RECIPE_OPTIMIZER, RECIPES
 from trainer.rl.config import ESTIMATOR_SECTIONS, GROUP_ESTIMATORS, SECTION_CLASSES, SPO_ESTIMATORS
@@ -80,8 +87,8 @@ GROUP_RECIPES: tuple[str, ...] = tuple(
 ARM_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
 """An arm label as its folder spells it (`arm=LABEL`): no separators, no `=`."""
 
-STUDY_LR_OPTIMIZERS = ("adam", "muon")
-"""Keys of a study's `lr:` table. adam_high_lr cells run AdamW at Muon's rate: the table's `muon` entry."""
+MODEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+"""A model name as its folder spells it (`model=NAME`)."""
 
 SFT_ROLLOUT_KEYS = ("max_turn_tokens", "max_episode_tokens", "temperature", "top_p")
 """The rollout settings the warm start uses (it measures its band by sampling as the RL rollouts do); the rest
@@ -89,7 +96,8 @@ would only make an unrelated rollout change retrain the base policy."""
 
 
 class StudyError(ValueError):
-    """A study config that passes the schema but breaks a cross-key rule; the message names the key."""
+    """A study file the harness refuses before any job starts (a key, type, range or rule across keys); the message
+    names the key."""
 
 
 def lr_label(lr: float) -> str:
@@ -161,6 +169,7 @@ def _key_paths(mapping: dict, prefix: str = "") -> list[str]:
 
 
 PER_CELL_KEYS: tuple[str, ...] = (
+    "recipe",
     "model.preset",
     "model.path",
     "optim.name",
@@ -169,7 +178,7 @@ PER_CELL_KEYS: tuple[str, ...] = (
     "rl.spo.offline_stats",
     *dict.fromkeys(path for recipe in RECIPES.values() for path in _key_paths(recipe)),
 )
-"""Trainer keys each cell sets itself, refused in the shared `cell` block: the model from `models`, the optimizer
+"""Trainer keys each cell sets itself, refused in the shared `cell` block: its recipe, the model from `models`, the optimizer
 and seed from the grid, the threads from `resources.train.threads`, SPO's offline statistics beside the warm-started
 policy, and the keys a recipe defines (a shared `loss.tis_cap` would silently turn TIS on for the no-TIS recipes)."""
 
@@ -177,116 +186,431 @@ WARM_START_SET_KEYS = ("model", "env", "rollout", "threads")
 """SFTConfig keys the workflow sets per model (its preset, the cells' env and token limits, the job's threads)."""
 
 
-def refuse_per_cell_keys(cell: dict, where: str, what: str) -> None:
-    """StudyError naming the first key of `cell` (a shared block or an arm's) that each cell sets itself."""
-    if "recipe" in cell:
-        raise StudyError(f"{where}.recipe: each cell's recipe comes from the grid; remove it from {what}")
+def per_cell_key(cell: dict) -> str | None:
+    """The first key of `cell` (a shared block or an arm's) that each cell sets itself (`PER_CELL_KEYS`), or None."""
     given = set(_key_paths(cell))
     for path in PER_CELL_KEYS:
         if path in given or any(key.startswith(f"{path}.") for key in given):
-            raise StudyError(
-                f"{where}.{path}: each cell sets it (from the grid, `models`, `resources` or its recipe); remove it "
-                f"from {what}"
+            return path
+    return None
+
+
+@dataclass
+class ModelEntry(Section):
+    """One entry of `models:` (by the name used in results folders, model=NAME). Exactly one of `preset` (embedded
+    scale: a tiny architecture that the workflow warm-starts), `path` (paper scale: a local checkpoint) or
+    `policy` (another model's warm-started policy)."""
+
+    paper_name: str | None = None
+    """The paper's name of this family (MiniCPM5-2B, Qwen3.5-4B); tables and figures use it."""
+    preset: str | None = None
+    """A tiny architecture preset of trainer/policy/tiny.py TINY_PRESETS."""
+    path: str | None = None
+    """A local Hugging Face checkpoint directory (relative to the repository root or absolute)."""
+    policy: str | None = None
+    """Another model of the study (one with a `preset`) whose warm-started policy this model's cells start from, on
+    this model's own environment (`env_options`): the same base policy on other tasks, e.g. the horizon study's
+    longer tasks. Its cells get no offline statistics (that pass played the other model's tasks)."""
+    env_options: dict | None = None
+    """Environment options of this model's cells and warm start, merged key by key over cell.env.options (checked
+    by the environment family as merged): e.g. {min_bugs: 4, max_bugs: 4} for a family that trains on longer
+    tasks. Two entries with the same preset and different env_options are two warm-started families."""
+    warm_start_seed: int | None = knob(None, ge=0)
+    """Seed of this model's warm start and of its tiny model's initialisation (a `preset` model only; default:
+    warm_start.seed and cell.model.init_seed): several models with one preset and different seeds are several
+    base policies of one family, for a study of how far a result depends on the base policy."""
+    horizon: int | float | None = knob(None, gt=0)
+    """The task length this model's cells train on (a `study: horizon` needs it on every model of its grid; the
+    horizon figure's x axis, log2). Models with the same paper_name form one family across horizons."""
+
+    def validate(self) -> None:
+        super().validate()
+        kinds = [key for key in ("preset", "path", "policy") if getattr(self, key) is not None]
+        if len(kinds) != 1:
+            given = {k: getattr(self, k) for k in ("preset", "path", "policy") if getattr(self, k) is not None}
+            self.refuse(
+                None,
+                "give exactly one of `preset` (a tiny model the workflow warm-starts), `path` (a local checkpoint) "
+                f"or `policy` (another model's warm-started policy), got {given or 'none'}",
+            )
+        if self.preset is not None and self.preset not in TINY_PRESETS:
+            self.refuse(
+                "preset", f"{self.preset!r} is not a tiny preset of trainer/policy/tiny.py ({sorted(TINY_PRESETS)})"
+            )
+        if self.warm_start_seed is not None and self.preset is None:
+            self.refuse("warm_start_seed", f"only a model with a `preset` is warm-started (this one has {kinds[0]!r})")
+
+
+@dataclass
+class GridBlock(Section):
+    """One block of `grid:`: these recipes x these seeds, on this optimizer, for these models (and, in a stability
+    study, these lrs; in an arms study, this arm). The grid is the blocks' concatenation without duplicates."""
+
+    recipes: tuple[str, ...]
+    """Recipes of trainer/recipes.py RECIPES: the paper's Figure-2 recipes, or the companion's advantage
+    estimators grpo, gigpo, graphgpo (they need cell.rl.group_size >= 2)."""
+    seeds: tuple[int, ...] = knob(ge=0)
+    """Training seeds (run.seed); each is one cell."""
+    name: str | None = None
+    """What the block is for (documentation only)."""
+    models: tuple[str, ...] | None = None
+    """Models of this block (default: every model of the study)."""
+    optimizer: str = "recipe"
+    """`recipe`: each recipe's own optimizer; `adam`, `muon` or `adam_high_lr` (AdamW at Muon's learning rate, the
+    companion's control): every recipe on that one."""
+    lrs: tuple[float, ...] | None = knob(None, gt=0)
+    """Learning rates (optim.lr; for Muon cells also its hidden matrices'), each one cell per seed: the stability
+    study's lr axis. When a block gives `lrs`, every block must, and the cells live in
+    results/cells/model=M/recipe=R/optimizer=O/lr=L/seed=S/ (L as 3e-04); only `study: stability`, and not on
+    adam_high_lr."""
+    arm: str | None = None
+    """A label for the trainer variant this block runs (the decisive comparisons' arms): its cells live in
+    results/cells/model=M/recipe=R/optimizer=O/arm=A/seed=S/ and the analysis keys every run by it. When a block
+    names an arm, every block must; blocks sharing a label share its `cell`."""
+    cell: dict | None = None
+    """The arm's own trainer keys, deep-merged over the shared `cell` block for this block's cells: an lr by role
+    (optim.lr for a Muon cell's AdamW-trained embeddings, head and norms, optim.matrix_lr for its hidden matrices;
+    they win over the study's `lr`), AdamW's betas, an off-policy rollout, ... Only with `arm`; the per-cell keys
+    are refused here as in `cell`."""
+
+    def validate(self) -> None:
+        super().validate()
+        for key in ("recipes", "seeds", "models", "lrs"):
+            if getattr(self, key) is not None and not getattr(self, key):
+                self.refuse(key, "an empty list; give at least one")
+        for recipe in self.recipes:
+            if recipe not in RECIPES:
+                self.refuse("recipes", f"{recipe!r} is not a recipe of trainer/recipes.py RECIPES ({list(RECIPES)})")
+        if self.optimizer not in ("recipe", *OPTIMIZERS):
+            self.refuse(
+                "optimizer", f"{self.optimizer!r} is not 'recipe' (each recipe's own) or one of {list(OPTIMIZERS)}"
+            )
+        if self.lrs is not None and self.optimizer == "adam_high_lr":
+            self.refuse(
+                "lrs", "adam_high_lr runs AdamW at Muon's learning rate; an lr sweep of AdamW is `optimizer: adam`"
+            )
+        if self.cell is not None and self.arm is None:
+            self.refuse("cell", "a block's own trainer keys make it an arm; name it with `arm`")
+        if self.arm is not None and not re.fullmatch(ARM_PATTERN, self.arm):
+            self.refuse("arm", f"{self.arm!r} is not a folder label (letters, digits, _ . + -)")
+        per_cell = per_cell_key(self.cell or {})
+        if per_cell is not None:
+            self.refuse(
+                f"cell.{per_cell}",
+                "each cell sets it (from the grid, `models`, `resources` or its recipe); remove it from the arm",
             )
 
 
-def check_blocks(study: dict) -> None:
-    """Check the study's trainer blocks with the trainer's own types and ranges (trainer/config.py, the one
-    definition of each knob): the shared `cell` block as a TrainConfig, `warm_start` as an SFTConfig, the grid's
-    recipes, optimizers and presets against the trainer's tables, `analysis.collapse` as a CollapseCriterion.
-    StudyError naming the key."""
-    cell = study.get("cell", {})
-    refuse_per_cell_keys(cell, "cell", "the shared block")
-    try:
-        build_config(TrainConfig, cell, "cell")
-        warm_start = {k: v for k, v in study.get("warm_start", {}).items() if k != "allow_out_of_band"}
+@dataclass
+class LrTable(Section):
+    """The study's `lr:` table, the learning rate of each optimizer's cells (optim.lr): the lrs a stability study
+    selected. `muon` is the rate of Muon's hidden matrices and of the AdamW rest alike (optim.matrix_lr defaults to
+    optim.lr; under match_rms_adamw one lr is one update RMS); adam_high_lr cells (AdamW at Muon's lr) run at the
+    `muon` entry. A grid block's `lrs` and an arm's own rates win over this table."""
+
+    adam: float | None = knob(None, gt=0)
+    muon: float | None = knob(None, gt=0)
+
+
+@dataclass
+class JobResources(Section):
+    """Scheduler resources of one compute rule (SLURM --cpus-per-task, --mem, --time, --gpus)."""
+
+    threads: int = knob(1, ge=1)
+    """Cores of one job (also the trainer's torch threads)."""
+    mem_mb: int = knob(4000, ge=100)
+    """Memory of one job in MB."""
+    runtime: int = knob(120, ge=1)
+    """Wall-clock limit of one job in minutes."""
+    gpu: int = knob(0, ge=0)
+    """GPUs of one job on one node (0 on CPU); with nodes > 1, GPUs per node."""
+    processes: int = knob(1, ge=1)
+    """Trainer processes per node (torchrun's --nproc-per-node; one per GPU): above 1, or with nodes above 1, the
+    cell's update is sharded with FSDP2 over all of them (trainer/distributed.py). Each uses `threads` cores."""
+    nodes: int = knob(1, ge=1)
+    """Nodes of one job: above 1, torchrun runs on each node under `srun` and the processes meet at the first node
+    (c10d rendezvous). Train jobs only."""
+
+
+@dataclass
+class Resources(Section):
+    """`resources:` of the two compute rules."""
+
+    train: JobResources = field(default_factory=JobResources)
+    warm_start: JobResources = field(default_factory=JobResources)
+
+
+@dataclass
+class StudyConfig(Section):
+    """A study file's keys (its `base` merged first): which models, which cells, the trainer settings shared by
+    every cell, the warm start, job resources and analysis settings. Built by `check_study` before any job starts;
+    each section checks its own keys, this class the rules across them. The trainer's blocks (`cell`, a grid
+    block's `cell`, `warm_start`) are checked by the trainer's own sections (trainer/config.py), which define their
+    keys: this class does not repeat them."""
+
+    models: dict[str, ModelEntry]
+    """Model families by the name used in results folders (model=NAME)."""
+    grid: tuple[GridBlock, ...]
+    """Blocks of cells; the grid is their concatenation without duplicates."""
+    workdir: str = "."
+    """Folder that holds this study's results/ and figures/, relative to the repository root (the default study:
+    the root itself). Studies in different folders never overwrite each other's warm starts, cells or figures."""
+    external_workdir: bool = False
+    """Allow a `workdir` outside the repository (absolute, or leading out of it with '..')."""
+    study: str = "main"
+    """Which analysis the study gets: one of trainer/analysis/kinds.py STUDY_KINDS (`main`: the main paper's
+    figures; `companion`: the companion's validation curves and bars; `stability`: an lr sweep, every block gives
+    `lrs`; `horizon`: one model per task length, each with a `horizon`; `arms`: the decisive comparisons, every
+    block names an `arm`)."""
+    lr: LrTable | None = None
+    """The learning rate of each optimizer's cells (`LrTable`)."""
+    cell: dict = field(default_factory=dict)
+    """Trainer settings shared by every cell: a TrainConfig of trainer/config.py, whose sections define every key.
+    Not here, because each cell sets them (`PER_CELL_KEYS`): recipe, model.preset/path, optim.name, run.seed,
+    run.threads, rl.spo.offline_stats and the keys a recipe defines. The estimator sections (rl.spo, rl.gigpo,
+    ...) reach only the cells of that estimator; a model's env_options and the study's lrs are merged per cell."""
+    warm_start: dict = field(default_factory=dict)
+    """The supervised warm start of `preset` models: an SFTConfig of trainer/config.py without model, env, rollout
+    and threads (from the model entry, the `cell` block and resources.warm_start), plus `allow_out_of_band` (keep
+    a base policy whose held-out success missed the band; otherwise the rule fails)."""
+    resources: Resources = field(default_factory=Resources)
+    analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
+
+    def validate(self) -> None:
+        super().validate()
+        # judged on the path as written: a folder of the checkout that is a symlink to another disk (often
+        # studies/) is the user's choice, not an escape
+        outside = os.path.isabs(self.workdir) or os.path.normpath(self.workdir).split(os.sep)[0] == ".."
+        if outside and not self.external_workdir:
+            self.refuse(
+                "workdir",
+                f"{self.workdir!r} is outside the repository; a study's results stay in the checkout unless the "
+                "study says `external_workdir: true`",
+            )
+        if self.study not in STUDY_KINDS:
+            self.refuse("study", f"{self.study!r} is not one of {list(STUDY_KINDS)}")
+        if not self.models:
+            self.refuse("models", "name at least one model")
+        if not self.grid:
+            self.refuse("grid", "give at least one block")
+        self._check_trainer_blocks()
+        self._check_models()
+        self._check_arms()
+        self._check_lrs()
+        self._check_kind()
+        rollout, train = self.cell.get("rollout", {}), self.resources.train
+        if rollout.get("server") and rollout.get("engine") == "vllm" and train.gpu < train.processes + 1:
+            self.refuse(
+                "resources.train.gpu",
+                f"{train.gpu} GPUs for {train.processes} trainer process(es) and a vLLM rollout server "
+                f"(cell.rollout.server), which takes a GPU of its own: ask for {train.processes + 1}",
+            )
+
+    def grid_models(self) -> list[str]:
+        """The models the grid's cells train, in grid order."""
+        return list(dict.fromkeys(m for block in self.grid for m in block.models or self.models))
+
+    def _check_trainer_blocks(self) -> None:
+        """The shared `cell` as a TrainConfig and `warm_start` as an SFTConfig: the trainer's own sections."""
+        per_cell = per_cell_key(self.cell)
+        if per_cell is not None:
+            self.refuse(
+                f"cell.{per_cell}",
+                "each cell sets it (from the grid, `models`, `resources` or its recipe); remove it from the shared block",
+            )
+        build_config(TrainConfig, self.cell, "cell")
+        warm_start = dict(self.warm_start)
+        allow = warm_start.pop("allow_out_of_band", False)
+        if not isinstance(allow, bool):
+            self.refuse("warm_start.allow_out_of_band", "expected true/false")
+        self.warm_start = {**warm_start, "allow_out_of_band": allow}  # its default set, as for every other key
         for key in WARM_START_SET_KEYS:
             if key in warm_start:
-                raise StudyError(f"warm_start.{key}: set per model by the workflow; remove it")
-        sft_config_from_dict(warm_start, "warm_start")
+                self.refuse(f"warm_start.{key}", "set per model by the workflow; remove it")
+        build_config(SFTConfig, warm_start, "warm_start")
+
+    def _check_models(self) -> None:
+        """Model names are folder names, a shared policy is a warm-started model's, every model a block names exists,
+        and each model's environment options (merged over the shared ones) are its family's."""
+        for name, entry in self.models.items():
+            if not re.fullmatch(MODEL_PATTERN, name):
+                self.refuse(f"models.{name}", "a model name is a folder label (letters, digits, _ . -)")
+            if entry.policy is not None and getattr(self.models.get(entry.policy), "preset", None) is None:
+                self.refuse(
+                    f"models.{name}.policy",
+                    f"{entry.policy!r} is not a model of this study with a `preset` (a warm-started policy to share)",
+                )
+        for i, block in enumerate(self.grid):
+            for model in block.models or ():
+                if model not in self.models:
+                    self.refuse(
+                        f"grid[{i}].models", f"{model!r} is not a model of this study (models: {sorted(self.models)})"
+                    )
+        env = self.cell.get("env", {})
+        for name, entry in self.models.items():
+            try:
+                family_config(env.get("name", EnvConfig.name), {**env.get("options", {}), **(entry.env_options or {})})
+            except (ValueError, TypeError) as e:
+                where = "cell.env.options" + (f" with models.{name}.env_options" if entry.env_options else "")
+                raise ConfigError(f"{where}: {e}") from None
+
+    def _axis(self, key: str, kind: str, axis: str, needed: str, instead: str = "") -> list[int]:
+        """The indices of the grid blocks that give `key` (an axis: `lrs`, `arm`), checked: every block or none, and
+        only, and always, in a `study: kind` (`needed` says what the kind lacks, `instead` what to do elsewhere)."""
+        with_key = [i for i, block in enumerate(self.grid) if getattr(block, key) is not None]
+        if with_key and self.study != kind:
+            self.refuse(
+                f"grid[{with_key[0]}].{key}",
+                f"only a `study: {kind}` has {axis} (the {self.study} analysis has none){'; ' + instead if instead else ''}",
+            )
+        if self.study == kind and not with_key:
+            self.refuse("grid", needed)
+        if with_key and len(with_key) < len(self.grid):
+            i = next(i for i in range(len(self.grid)) if i not in with_key)
+            self.refuse(
+                f"grid[{i}].{key}",
+                f"missing; grid[{with_key[0]}] gives `{key}`, so the study has {axis} and every block must give its own",
+            )
+        return with_key
+
+    def _check_arms(self) -> None:
+        """Every block names an arm or none does; blocks that share a label share its `cell`, whose keys the trainer
+        knows (checked merged over the shared block)."""
+        with_arm = self._axis(
+            "arm", "arms", "arms", "a study of arms names one in every block (`arm`, and its trainer keys in `cell`)"
+        )
+        seen: dict[str, tuple[int, dict]] = {}
+        for i in with_arm:
+            label, own = self.grid[i].arm, self.grid[i].cell or {}
+            if label in seen and seen[label][1] != own:
+                self.refuse(
+                    f"grid[{i}].cell",
+                    f"arm {label!r} is also grid[{seen[label][0]}]'s with other keys; one label, one trainer "
+                    "variant: rename one of them",
+                )
+            seen[label] = (i, own)
+            build_config(TrainConfig, merge(self.cell, own), f"grid[{i}].cell")
+
+    def _check_lrs(self) -> None:
+        """`lrs` on every block or none, only in a stability study; adam_high_lr needs the Muon cells' rate; a shared
+        `cell.optim.matrix_lr` cannot stand beside a study lr of Muon cells."""
+        table = self.lr or LrTable()
+        for i, block in enumerate(self.grid):
+            if (
+                block.optimizer == "adam_high_lr"
+                and table.muon is None
+                and "lr" not in ((block.cell or {}).get("optim") or {})
+            ):
+                self.refuse(
+                    f"grid[{i}].optimizer",
+                    "adam_high_lr runs AdamW at the Muon cells' learning rate; give that rate in the study's `lr.muon`",
+                )
+        with_lrs = self._axis(
+            "lrs",
+            "stability",
+            "an lr axis",
+            "a stability study sweeps learning rates: give `lrs` in every block",
+            "set one lr per optimizer with the top-level `lr:` table",
+        )
+        sets_muon = table.muon is not None or any(
+            self.grid[i].optimizer == "muon"
+            or (self.grid[i].optimizer == "recipe" and any(RECIPE_OPTIMIZER[r] == "muon" for r in self.grid[i].recipes))
+            for i in with_lrs
+        )
+        if sets_muon and self.cell.get("optim", {}).get("matrix_lr") is not None:
+            self.refuse(
+                "cell.optim.matrix_lr",
+                "the study sets the lr of its Muon cells (`lrs` or `lr.muon`), which is the lr of Muon's hidden "
+                "matrices too (match_rms_adamw); a shared matrix_lr would override it: remove it or set it to null",
+            )
+
+    def _check_kind(self) -> None:
+        """What the study's analysis needs: the companion's validation and estimators, the horizon's labels."""
+        if self.study == "companion":
+            for key, section in (("eval_every", "run"), ("eval_tasks", "env")):
+                value = self.cell.get(section, {}).get(key, 1)
+                if value < 1:
+                    self.refuse(
+                        f"cell.{section}.{key}",
+                        f"the companion study's headline numbers are validation success, so it must validate (>= 1), got {value}",
+                    )
+            others = {r for block in self.grid for r in block.recipes} - set(GROUP_RECIPES)
+            if others:
+                self.refuse(
+                    "grid",
+                    f"the companion study's analysis compares the estimators {list(GROUP_RECIPES)}; recipes "
+                    f"{sorted(others)} belong to the main study (study: main)",
+                )
+        if self.study == "horizon":
+            families: dict[tuple, str] = {}
+            for model in self.grid_models():
+                entry = self.models[model]
+                if entry.horizon is None:
+                    self.refuse(
+                        f"models.{model}.horizon",
+                        "a horizon study labels every model of its grid with its horizon (a number, e.g. the task's "
+                        "bug count)",
+                    )
+                family = (entry.paper_name or model, entry.horizon)
+                if family in families:
+                    self.refuse(
+                        f"models.{model}.horizon",
+                        f"{families[family]} has the same paper_name and horizon {entry.horizon}; the horizon figure "
+                        "joins a family's models into one line",
+                    )
+                families[family] = model
+
+    def check_paths(self, root: str | Path) -> None:
+        """ConfigError for a local path the study names that does not exist (relative to the repository root
+        `root`): a checkpoint, a task file or game folder, shared or a model's own. Nothing is downloaded."""
+        root = Path(root)
+        for name, entry in self.models.items():
+            if entry.path is not None and not (root / entry.path).exists():
+                raise ConfigError(
+                    f"models.{name}.path: {entry.path!r} does not exist (paper scale needs the checkpoint on a local path)"
+                )
+        options = self.cell.get("env", {}).get("options", {})
+        for key in PATH_OPTIONS:
+            if options.get(key) and not (root / options[key]).exists():
+                raise ConfigError(
+                    f"cell.env.options.{key}: {options[key]!r} does not exist (paper-scale tasks and games are read "
+                    "from local files; nothing is downloaded)"
+                )
+        for model in self.grid_models():
+            own = self.models[model].env_options or {}
+            for key in PATH_OPTIONS:
+                if own.get(key) and not (root / own[key]).exists():
+                    raise ConfigError(f"models.{model}.env_options.{key}: {own[key]!r} does not exist")
+
+    def mapping(self) -> dict:
+        """The study as a plain mapping, every default set and the keys not given (None) left out: what the workflow
+        reads (`config`) and the functions below take."""
+        return _plain(self)
+
+
+def _plain(value):
+    if dataclasses.is_dataclass(value):
+        return {
+            f.name: _plain(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if getattr(value, f.name) is not None
+        }
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def check_study(study: dict, root: str | Path = ".") -> dict:
+    """The study's mapping (its `base` merged) checked as a `StudyConfig`, its local paths relative to the repository
+    root `root`; returned as a plain mapping with every default set. StudyError naming the key."""
+    try:
+        config = build_config(StudyConfig, study)
+        config.check_paths(root)
     except ConfigError as e:
         raise StudyError(str(e)) from None
-    for i, block in enumerate(study["grid"]):
-        for recipe in block["recipes"]:
-            if recipe not in RECIPES:
-                raise StudyError(
-                    f"grid[{i}].recipes: {recipe!r} is not a recipe of trainer/recipes.py RECIPES ({list(RECIPES)})"
-                )
-        optimizer = block.get("optimizer", "recipe")
-        if optimizer not in ("recipe", *OPTIMIZERS):
-            raise StudyError(
-                f"grid[{i}].optimizer: {optimizer!r} is not 'recipe' (each recipe's own) or one of {list(OPTIMIZERS)}"
-            )
-    check_arms(study)
-    for name, entry in study["models"].items():
-        if entry.get("preset") is not None and entry["preset"] not in TINY_PRESETS:
-            raise StudyError(
-                f"models.{name}.preset: {entry['preset']!r} is not a tiny preset of "
-                f"trainer/policy/tiny.py ({sorted(TINY_PRESETS)})"
-            )
-    from trainer.analysis.collapse import CollapseCriterion  # not at the top: trainer.analysis imports this module
-
-    try:
-        CollapseCriterion.from_dict(study.get("analysis", {}).get("collapse"))
-    except (ValueError, TypeError) as e:
-        raise StudyError(f"analysis.collapse: {e}") from None
-
-
-def check_axis(study: dict, key: str, kind: str, axis: str, needed: str, instead: str = "") -> list[int]:
-    """The indices of the grid blocks that give `key` (an axis: `lrs`, `arm`), checked: every block or none, and
-    only, and always, in a `study: kind`. StudyError naming the key (`needed` when the kind lacks it, `instead`
-    says what to do in another kind)."""
-    blocks, current = study["grid"], study.get("study", "main")
-    with_key = [i for i, block in enumerate(blocks) if key in block]
-    if with_key and current != kind:
-        raise StudyError(
-            f"grid[{with_key[0]}].{key}: only a `study: {kind}` has {axis} (the {current} analysis has "
-            f"none){'; ' + instead if instead else ''}"
-        )
-    if current == kind and not with_key:
-        raise StudyError(f"grid: {needed}")
-    if with_key and len(with_key) < len(blocks):
-        i = next(i for i in range(len(blocks)) if i not in with_key)
-        raise StudyError(
-            f"grid[{i}].{key}: missing; grid[{with_key[0]}] gives `{key}`, so the study has {axis} and "
-            f"every block must give its own"
-        )
-    return with_key
-
-
-def check_arms(study: dict) -> None:
-    """The arm keys: every block names an `arm` or none does; a label is a folder name; a block's `cell` only
-    with an arm, holding no per-cell key and only knobs the trainer knows (checked merged over the shared block);
-    blocks that share a label share its `cell` (an arms study has no `lrs` axis). StudyError naming the key."""
-    blocks = study["grid"]
-    for i, block in enumerate(blocks):
-        if "cell" in block and "arm" not in block:
-            raise StudyError(f"grid[{i}].cell: a block's own trainer keys make it an arm; name it with `arm`")
-    with_arm = check_axis(
-        study, "arm", "arms", "arms", "a study of arms names one in every block (`arm`, and its trainer keys in `cell`)"
-    )
-    seen: dict[str, tuple[int, dict]] = {}
-    for i in with_arm:
-        block = blocks[i]
-        label, own = block["arm"], block.get("cell") or {}
-        if not isinstance(label, str):
-            raise StudyError(
-                f"grid[{i}].arm: {label!r} is a {type(label).__name__}, not a label: YAML read it as "
-                f'one; quote it (arm: "{label}")'
-            )
-        if not re.fullmatch(ARM_PATTERN, label):
-            raise StudyError(f"grid[{i}].arm: {label!r} is not a folder label (letters, digits, _ . + -)")
-        if label in seen and seen[label][1] != own:
-            raise StudyError(
-                f"grid[{i}].cell: arm {label!r} is also grid[{seen[label][0]}]'s with other keys; "
-                f"one label, one trainer variant: rename one of them"
-            )
-        seen[label] = (i, own)
-        refuse_per_cell_keys(own, f"grid[{i}].cell", "the arm")
-        try:
-            build_config(TrainConfig, deep_merge(study.get("cell", {}), own), f"grid[{i}].cell")
-        except ConfigError as e:
-            raise StudyError(str(e)) from None
+    return config.mapping()
 
 
 def has_arms(study: dict) -> bool:
@@ -302,159 +626,6 @@ def arm_cell(study: dict, arm: str | None) -> dict:
         if block.get("arm") == arm:
             return copy.deepcopy(block.get("cell") or {})
     raise KeyError(f"arm {arm!r} is not named by any grid block")
-
-
-def check_study(study: dict, root: str | Path = ".") -> None:
-    """Raise StudyError for what the schema does not check: the trainer blocks (`check_blocks`) and the rules
-    across keys. Relative paths are relative to `root` (the repository
-    root: the study files' paths are written from there, whatever the study's `workdir`)."""
-    root = Path(root)
-    workdir = str(study.get("workdir", "."))
-    # judged on the path as written: a folder of the checkout that is a symlink to another disk (often studies/)
-    # is the user's choice, not an escape
-    outside = os.path.isabs(workdir) or os.path.normpath(workdir).split(os.sep)[0] == ".."
-    if not study.get("external_workdir", False) and outside:
-        raise StudyError(
-            f"workdir: {workdir!r} is outside the repository {str(root)!r}; a study's results "
-            "stay in the checkout unless the study says `external_workdir: true`"
-        )
-    check_blocks(study)
-    for name, entry in study["models"].items():
-        kinds = [key for key in ("preset", "path", "policy") if entry.get(key) is not None]
-        if len(kinds) != 1:
-            raise StudyError(
-                f"models.{name}: give exactly one of `preset` (a tiny model the workflow "
-                f"warm-starts), `path` (a local checkpoint) or `policy` (another model's warm-started "
-                f"policy), got {entry!r}"
-            )
-        shared = entry.get("policy")
-        if shared is not None and study["models"].get(shared, {}).get("preset") is None:
-            raise StudyError(
-                f"models.{name}.policy: {shared!r} is not a model of this study with a `preset` "
-                f"(a warm-started policy to share)"
-            )
-        if entry.get("warm_start_seed") is not None and entry.get("preset") is None:
-            raise StudyError(
-                f"models.{name}.warm_start_seed: only a model with a `preset` is warm-started "
-                f"(this one has {kinds[0]!r})"
-            )
-        if entry.get("path") is not None and not (root / entry["path"]).exists():
-            raise StudyError(
-                f"models.{name}.path: {entry['path']!r} does not exist "
-                f"(paper scale needs the checkpoint on a local path)"
-            )
-    for i, block in enumerate(study["grid"]):
-        for model in block.get("models", []):
-            if model not in study["models"]:
-                raise StudyError(
-                    f"grid[{i}].models: {model!r} is not a model of this study (models: {sorted(study['models'])})"
-                )
-    options = study.get("cell", {}).get("env", {}).get("options", {})
-    for key in PATH_OPTIONS:
-        if options.get(key) and not (root / options[key]).exists():
-            raise StudyError(
-                f"cell.env.options.{key}: {options[key]!r} does not exist (paper-scale tasks and "
-                f"games are read from local files; nothing is downloaded)"
-            )
-    rollout = study.get("cell", {}).get("rollout", {})
-    train = study.get("resources", {}).get("train", {})
-    if rollout.get("server") and rollout.get("engine") == "vllm":
-        gpus, procs = train.get("gpu", 0), train.get("processes", 1)
-        if gpus < procs + 1:
-            raise StudyError(
-                f"resources.train.gpu: {gpus} GPUs for {procs} trainer process(es) and a vLLM rollout "
-                f"server (cell.rollout.server), which takes a GPU of its own: ask for {procs + 1}"
-            )
-    recipes = {r for block in study["grid"] for r in block["recipes"]}
-    if study.get("study") == "companion":
-        for key, section in (("eval_every", "run"), ("eval_tasks", "env")):
-            if study.get("cell", {}).get(section, {}).get(key, 1) < 1:
-                raise StudyError(
-                    f"cell.{section}.{key}: the companion study's headline numbers are validation "
-                    f"success, so it must validate (>= 1), got {study['cell'][section][key]}"
-                )
-        if recipes - set(GROUP_RECIPES):
-            raise StudyError(
-                f"grid: the companion study's analysis compares the estimators {list(GROUP_RECIPES)}; "
-                f"recipes {sorted(recipes - set(GROUP_RECIPES))} belong to the main study (study: main)"
-            )
-    check_lrs(study)
-    grid_models = list(dict.fromkeys(m for block in study["grid"] for m in block.get("models") or study["models"]))
-    for model in grid_models:
-        options = model_env_options(study, model)
-        for key in PATH_OPTIONS:
-            if key in study["models"][model].get("env_options", {}) and not (root / options[key]).exists():
-                raise StudyError(f"models.{model}.env_options.{key}: {options[key]!r} does not exist")
-    if study.get("study") == "horizon":
-        families: dict[tuple, str] = {}
-        for model in grid_models:
-            horizon = study["models"][model].get("horizon")
-            if horizon is None:
-                raise StudyError(
-                    f"models.{model}.horizon: a horizon study labels every model of its grid with "
-                    f"its horizon (a number, e.g. the task's bug count)"
-                )
-            family = (paper_names(study)[model], horizon)
-            if family in families:
-                raise StudyError(
-                    f"models.{model}.horizon: {families[family]} has the same paper_name and horizon "
-                    f"{horizon}; the horizon figure joins a family's models into one line"
-                )
-            families[family] = model
-
-
-def check_lrs(study: dict) -> None:
-    """The learning-rate keys: `lrs` positive, on every block or none, only in a stability study, never on
-    adam_high_lr; the `lr:` table names adam or muon; a shared `cell.optim.matrix_lr` cannot stand beside them."""
-    blocks = study["grid"]
-    table = study.get("lr") or {}
-    for name, value in table.items():
-        if name not in STUDY_LR_OPTIMIZERS:
-            raise StudyError(
-                f"lr.{name}: the lr table names {list(STUDY_LR_OPTIMIZERS)} (adam_high_lr cells run "
-                f"at the `muon` entry)"
-            )
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            raise StudyError(f"lr.{name}: a learning rate must be a number > 0, got {value!r}")
-    with_lrs = [i for i, block in enumerate(blocks) if "lrs" in block]
-    for i in with_lrs:
-        for value in blocks[i]["lrs"]:
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-                raise StudyError(f"grid[{i}].lrs: learning rates must be numbers > 0, got {value!r}")
-        if blocks[i].get("optimizer") == "adam_high_lr":
-            raise StudyError(
-                f"grid[{i}].lrs: adam_high_lr runs AdamW at Muon's learning rate; an lr sweep of "
-                f"AdamW is `optimizer: adam`"
-            )
-    for i, block in enumerate(blocks):
-        own_optim = (block.get("cell") or {}).get("optim") or {}
-        if block.get("optimizer") == "adam_high_lr" and "muon" not in table and "lr" not in own_optim:
-            raise StudyError(
-                f"grid[{i}].optimizer: adam_high_lr runs AdamW at the Muon cells' learning rate; give that rate "
-                f"in the study's `lr.muon`"
-            )
-    check_axis(
-        study,
-        "lrs",
-        "stability",
-        "an lr axis",
-        "a stability study sweeps learning rates: give `lrs` in every block",
-        "set one lr per optimizer with the top-level `lr:` table",
-    )
-    sets_muon = "muon" in table or any(
-        block.get("optimizer") == "muon"
-        or (
-            block.get("optimizer", "recipe") == "recipe"
-            and any(RECIPE_OPTIMIZER[r] == "muon" for r in block["recipes"])
-        )
-        for block in (blocks[i] for i in with_lrs)
-    )
-    if sets_muon and study.get("cell", {}).get("optim", {}).get("matrix_lr") is not None:
-        raise StudyError(
-            "cell.optim.matrix_lr: the study sets the lr of its Muon cells (`lrs` or `lr.muon`), which "
-            "is the lr of Muon's hidden matrices too (match_rms_adamw); a shared matrix_lr would override "
-            "it: remove it or set it to null"
-        )
 
 
 def has_lr_axis(study: dict) -> bool:
@@ -599,22 +770,6 @@ def warm_start_config(study: dict, model: str, threads: int) -> dict:
     }
 
 
-def check_env_options(study: dict, root: str | Path) -> None:
-    """Raise StudyError for an unknown `cell.env.options` key or a value its environment family rejects, as
-    merged with each model's `env_options`.
-
-    The schema leaves that block free-form (each family owns its keys), so the family's own config dataclass
-    checks it, imported from the trainer at `root`: torch-free, so the DAG still needs no torch."""
-    env = study.get("cell", {}).get("env", {})
-    name = env.get("name", EnvConfig.name)
-    for model, entry in study["models"].items():
-        try:
-            family_config(name, model_env_options(study, model))
-        except (ValueError, TypeError) as e:
-            where = "cell.env.options" + (f" with models.{model}.env_options" if entry.get("env_options") else "")
-            raise StudyError(f"{where}: {e}") from None
-
-
 def paths_from_workdir(study: dict, root: str | Path, workdir: str | Path) -> dict:
     """The study with its relative local paths (`models.*.path`, `cell.env.options.tasks_file` / `data_dir`)
     rewritten from the repository root to the study's workdir, where its jobs run: `checkpoints/M` becomes
@@ -701,24 +856,18 @@ class Study:
         self.keys = [CellKey.of(row) for row in self.grid.itertuples(index=False)]
         self.warm_started = warm_started_models(data, self.grid)
         """Models whose warm-started policy the grid's cells load (the warm-start rule's models)."""
+        self.paper_names = paper_names(data)
+        """Model name -> the paper's model name, for tables and figures."""
+        self.horizons = horizons(data)
+        """Model name -> its `horizon` label (the horizon study's x axis), for the models that have one."""
 
     @classmethod
-    def load(
-        cls,
-        data: dict,
-        root: str | Path = ".",
-        source: str | Path | None = None,
-        validate: Callable[[dict], None] | None = None,
-    ) -> Study:
-        """The study of a study file's mapping: `base` merged (`resolve_base`), `validate` (the schema's check,
-        which sets its defaults), the rules across keys (`check_study`, `check_env_options`), the paths rebased
-        from `root` to the study's workdir, then every cell checked (`check_cells`). StudyError naming the key."""
-        study = resolve_base(data, root=root, source=source)
-        if validate is not None:
-            validate(study)
-        check_study(study, root=root)
-        check_env_options(study, root=root)
-        workdir = os.path.join(root, study.get("workdir", "."))
+    def load(cls, data: dict, root: str | Path = ".", source: str | Path | None = None) -> Study:
+        """The study of a study file's mapping (`source`: its file, for messages): `base` merged (`resolve_base`),
+        checked as a `StudyConfig` with its defaults set (`check_study`), the paths rebased from `root` to the
+        study's workdir, then every cell checked (`check_cells`). StudyError naming the key."""
+        study = check_study(resolve_base(data, root=root, source=source), root=root)
+        workdir = os.path.join(root, study["workdir"])
         loaded = cls(paths_from_workdir(study, root, workdir), root)
         loaded.check_cells()
         return loaded
@@ -727,6 +876,10 @@ class Study:
     def threads(self) -> int:
         """Threads of a train job (`resources.train.threads`), which each cell's trainer uses."""
         return int(self.data.get("resources", {}).get("train", {}).get("threads", 1))
+
+    def loads_warm_start(self, model: str) -> bool:
+        """Whether `model`'s cells load a policy the workflow warm-starts (its own or the one its `policy` names)."""
+        return policy_model(self.data, model) in self.warm_started
 
     def model_path(self, model: str) -> str:
         """Where a cell of `model` loads its base policy: the warm-started policy (its own, or the one its `policy`

@@ -1,6 +1,7 @@
 """From the cells' Parquet logs to the papers' figures and a table beside the papers' numbers.
 
 kinds.py     one record per kind of study (main, companion, stability, horizon, arms): its functions and files
+config.py    a study's `analysis:` section (window, bootstrap seed, EMA span, collapse rule), defined once
 cell_logs.py read many cells' metrics.parquet (pyarrow.dataset over an explicit list, Hive keys as columns)
 collapse.py  the EMA and a documented, configurable collapse rule applied to every run
 summary.py   per-run window means and verdicts; model x recipe x optimizer table with bootstrap intervals

@@ -43,6 +43,7 @@ from matplotlib.textpath import TextPath
 from trainer.analysis import plotting
 from trainer.analysis.cell_logs import RUN_KEYS, check_no_axes, load_metrics, paper_model
 from trainer.analysis.collapse import ema_by_run
+from trainer.analysis.config import BOOTSTRAP_SEED, EMA_SPAN
 from trainer.analysis.kinds import MAIN, PAPER_NUMBERS
 from trainer.analysis.plotting import (
     ADAM,
@@ -74,7 +75,6 @@ from trainer.analysis.plotting import (
     suptitle,
 )
 from trainer.analysis.summary import (
-    BOOTSTRAP_SEED,
     bootstrap_interval,
     check_same_runs,
     load_paper_numbers,
@@ -110,9 +110,6 @@ DIAGNOSTICS: tuple[tuple[str, str, bool], ...] = (
 FIGURES: tuple[str, ...] = tuple(MAIN.figures)
 PLOT_COLUMNS = ("update", "success_rate", *(column for column, _, _ in DIAGNOSTICS))
 """The metrics `plot` reads (success curves and the diagnostics panels)."""
-EMA_SPAN = 5
-"""Span of the EMA drawn over raw success where a call gives none (the paper's; the workflow passes its
-config's)."""
 FORMATS = plotting.FORMATS
 """The figures' file formats (benchmarks/bench_figures.py reads them from here)."""
 

@@ -40,13 +40,9 @@ import pandas as pd
 from trainer.analysis import calibration
 from trainer.analysis.cell_logs import NONFINITE_COLUMNS, RUN_KEYS, check_no_axes, load_metrics, paper_model, run_keys
 from trainer.analysis.collapse import CollapseCriterion, ema_by_run, judge, nonfinite_flags
+from trainer.analysis.config import BOOTSTRAP_SEED, WINDOW_FRACTION
 from trainer.analysis.kinds import MAIN, PAPER_NUMBERS
 from trainer.recipes import FIGURE2_RECIPES, RECIPES
-
-WINDOW_FRACTION = 0.1
-"""The final window's share of a run's updates where a call gives none (the workflow passes its config's)."""
-BOOTSTRAP_SEED = 0
-"""Seed of the bootstrap intervals where a call gives none (the workflow passes its config's)."""
 
 SUMMARY_COLUMNS = (
     "update",

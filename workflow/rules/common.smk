@@ -14,7 +14,7 @@ import re
 import sys
 from pathlib import Path
 
-from snakemake.utils import Paramspace, validate
+from snakemake.utils import Paramspace
 
 # The checkout's own trainer package, whatever environment runs Snakemake (the study model needs no torch).
 sys.path.insert(0, workflow.basedir)
@@ -24,9 +24,6 @@ from trainer.study import (  # noqa: E402  (the study model: pure, tested on its
     RECIPE_OPTIMIZER,
     CellKey,
     Study,
-    horizons,
-    paper_names,
-    policy_model,
     yaml_text,
 )
 from trainer.analysis.kinds import STUDY_KINDS  # noqa: E402  (standard library only: no matplotlib here)
@@ -41,15 +38,10 @@ os.environ.update(
     PYTHONPATH=os.pathsep.join(filter(None, [workflow.basedir, os.environ.get("PYTHONPATH")])),
 )
 
-# The study, loaded once: its `base` study merged under it, validated against the schema (which sets its defaults),
-# its rules across keys and every cell checked, its paths rebased to its workdir (the study file named in errors).
+# The study, loaded once: its `base` study merged under it, checked as typed sections (trainer/study.py StudyConfig:
+# every key, type, range and rule across keys; defaults set), every cell checked, its paths rebased to its workdir.
 STUDY_FILE = str((workflow.overwrite_configfiles or ["config.yaml"])[-1])
-STUDY = Study.load(
-    config,
-    root=workflow.basedir,
-    source=STUDY_FILE,
-    validate=lambda study: validate(study, schema="../schemas/config.schema.yaml", set_default=True),
-)
+STUDY = Study.load(config, root=workflow.basedir, source=STUDY_FILE)
 config.clear()
 config.update(STUDY.data)
 
@@ -123,7 +115,7 @@ def figure_reports():
 def policy_input(wildcards):
     """The warm start is an input of a cell only for tiny families; a checkpoint path is not built by the DAG."""
     model = wildcards.model
-    return [STUDY.model_path(model)] if policy_model(STUDY.data, model) in WARM_STARTED else []
+    return [STUDY.model_path(model)] if STUDY.loads_warm_start(model) else []
 
 
 def cell_yaml(wildcards):
@@ -151,10 +143,10 @@ def analysis_params():
     return dict(
         study=config["study"],
         collapse=a["collapse"],
-        models=paper_names(config),
+        models=STUDY.paper_names,
         window_fraction=a["window_fraction"],
         bootstrap_seed=a["bootstrap_seed"],
-        **({"horizons": horizons(config)} if KIND.horizons else {}),
+        **({"horizons": STUDY.horizons} if KIND.horizons else {}),
     )
 
 
