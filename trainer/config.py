@@ -3,7 +3,8 @@
 `TrainConfig` composes one section per concern, each field with its default, its allowed range (`knob`) and a
 docstring: the one definition of every cell knob. The algorithm's sections (`rl`, `shaping`, `loss`) live beside
 the algorithm in trainer/rl/config.py, `optim` in trainer/optim/config.py, `rollout` in trainer/rollout/config.py; this module holds the others and the
-rules across sections (`check_cell`).
+rules across sections (`TrainConfig.check_cell`: a whole cell's; a study's shared block is a partial cell, checked
+by its sections only).
 `load_config` turns a nested mapping into these classes and rejects an unknown key, a value of the wrong type or
 out of range with a message that names it (`loss.clip_hihg`); the workflow checks a study's shared `cell` and
 `warm_start` blocks with the same functions (trainer/study.py), so a typo in a 60-cell grid fails before the
@@ -129,6 +130,34 @@ class TrainConfig(Section):
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
+    def check_cell(self) -> None:
+        """The rules across a whole cell's sections (each section checked its own fields when it was built), run by
+        `config_from_dict`; not a `validate`, because a study's shared `cell` block is a TrainConfig too but only part
+        of a cell (a GiGPO section beside the default estimator is legal there). ConfigError naming the key."""
+        self.rl.check_sections()
+        if self.run.minibatches > self.rollout.batch_size:
+            raise ConfigError(
+                f"run.minibatches {self.run.minibatches} exceeds rollout.batch_size "
+                f"{self.rollout.batch_size}: a mini-batch needs at least one trajectory"
+            )
+        offline = self.rl.spo.offline_stats if self.rl.spo is not None else None
+        if offline is not None and not Path(offline).is_file():
+            raise ConfigError(f"rl.spo.offline_stats: {offline!r} is not a file")
+        if self.rollout.batch_size % self.rl.group_size:
+            raise ConfigError(
+                f"rollout.batch_size {self.rollout.batch_size} is not a multiple of rl.group_size {self.rl.group_size}"
+            )
+        if self.model.path is not None and not Path(self.model.path).exists():
+            raise ConfigError(f"model.path: {self.model.path!r} does not exist")
+        if self.rollout.engine == "vllm" and self.model.path is None:
+            raise ConfigError("rollout.engine: 'vllm' serves a checkpoint directory; set model.path")
+        if self.rollout.server and self.rollout.engine == "hf":
+            raise ConfigError(
+                "rollout.server: the hf engine runs in the trainer; a rollout server runs the vllm or the reference engine"
+            )
+        if self.model.path is None and self.model.preset is None:
+            raise ConfigError("model: give a tiny `preset` or a checkpoint `path`")
+
 
 @dataclass
 class SFTConfig(Section):
@@ -188,36 +217,8 @@ def config_from_dict(data: dict) -> TrainConfig:
             raise ConfigError(f"recipe: {recipe!r} is not one of {list(RECIPES)}")
         data = merge(RECIPES[recipe], data)
     cfg = build_config(TrainConfig, data, "")
-    check_cell(cfg)
+    cfg.check_cell()
     return cfg
-
-
-def check_cell(cfg: TrainConfig) -> None:
-    """The rules across sections (each section checked its own fields when it was built); ConfigError naming the
-    key."""
-    cfg.rl.check_sections()
-    if cfg.run.minibatches > cfg.rollout.batch_size:
-        raise ConfigError(
-            f"run.minibatches {cfg.run.minibatches} exceeds rollout.batch_size "
-            f"{cfg.rollout.batch_size}: a mini-batch needs at least one trajectory"
-        )
-    offline = cfg.rl.spo.offline_stats if cfg.rl.spo is not None else None
-    if offline is not None and not Path(offline).is_file():
-        raise ConfigError(f"rl.spo.offline_stats: {offline!r} is not a file")
-    if cfg.rollout.batch_size % cfg.rl.group_size:
-        raise ConfigError(
-            f"rollout.batch_size {cfg.rollout.batch_size} is not a multiple of rl.group_size {cfg.rl.group_size}"
-        )
-    if cfg.model.path is not None and not Path(cfg.model.path).exists():
-        raise ConfigError(f"model.path: {cfg.model.path!r} does not exist")
-    if cfg.rollout.engine == "vllm" and cfg.model.path is None:
-        raise ConfigError("rollout.engine: 'vllm' serves a checkpoint directory; set model.path")
-    if cfg.rollout.server and cfg.rollout.engine == "hf":
-        raise ConfigError(
-            "rollout.server: the hf engine runs in the trainer; a rollout server runs the vllm or the reference engine"
-        )
-    if cfg.model.path is None and cfg.model.preset is None:
-        raise ConfigError("model: give a tiny `preset` or a checkpoint `path`")
 
 
 def read_yaml_mapping(path: str | Path) -> dict:
