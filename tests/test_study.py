@@ -284,23 +284,7 @@ def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_pat
             r"analysis.collapse: .*drop_fraction",
             id="collapse-range",
         ),
-    ],
-)
-def test_check_study_names_the_broken_key(edit, named):
-    def check(study):  # what common.smk runs before any job
-        cc.check_study(study)
-        cc.Study(study, REPO).check_cells()
-
-    study = {"models": {"m": {"preset": "qwen-tiny"}}, "grid": [{"recipes": ["full"], "seeds": [0]}]}
-    check(study)  # the unedited study is fine
-    edit(study)
-    with pytest.raises(cc.StudyError, match=named):
-        check(study)
-
-
-@pytest.mark.parametrize(
-    "edit, named",
-    [
+        # the study's own keys, typed by StudyConfig and its sections
         pytest.param(lambda s: s.update(grdi=[]), r"unknown config key 'grdi'", id="top-level-typo"),
         pytest.param(lambda s: s.pop("grid"), r"grid: required", id="no-grid"),
         pytest.param(lambda s: s.update(grid=[]), r"grid: give at least one block", id="empty-grid"),
@@ -344,12 +328,16 @@ def test_check_study_names_the_broken_key(edit, named):
         pytest.param(lambda s: s.update(cell=None), r"cell: expected a mapping, got None", id="cell-null"),
     ],
 )
-def test_the_study_keys_are_typed_and_a_bad_one_is_named(edit, named):
+def test_check_study_names_the_broken_key(edit, named):
+    def check(study):  # what common.smk runs before any job
+        cc.check_study(study)
+        cc.Study(study, REPO).check_cells()
+
     study = {"models": {"m": {"preset": "qwen-tiny"}}, "grid": [{"recipes": ["full"], "seeds": [0]}]}
-    cc.check_study(study)
+    check(study)  # the unedited study is fine
     edit(study)
     with pytest.raises(cc.StudyError, match=named):
-        cc.check_study(study)
+        check(study)
 
 
 def test_the_checked_study_has_every_default_and_only_the_keys_given():
