@@ -82,7 +82,7 @@ def test_arms_add_a_column_and_merge_their_keys_over_the_shared_block():
         (lambda s: s["grid"][0].update(arm="a\n"), r"grid\[0\].arm: 'a\\n' is not a folder label"),
         (
             lambda s: s["grid"][0].update(arm=1e-3),
-            r"grid\[0\].arm: 0.001 is a float, not a string: YAML read it as one; quote it",
+            r"grid\[0\].arm: 0.001 is a float, not a string: YAML read it as one; quote the value as written",
         ),
         (lambda s: s["grid"][1].update(arm="adamw"), r"grid\[1\].cell: arm 'adamw' is also grid\[0\]'s"),
         (lambda s: s["grid"][1]["cell"]["optim"].update(name="adam"), r"grid\[1\].cell.optim.name: each cell sets it"),
@@ -118,7 +118,7 @@ def test_the_decisive_studies_pass_every_check_and_set_what_they_say(study_file,
     study = _study(study_file)
     cc.check_study(study, root=REPO)
     grid = cc.grid_frame(study)
-    cc.Study(study, REPO).check_cells()
+    cc.Study(cc.check_study(study), REPO).check_cells()
     assert len(grid) == cells and set(grid["seed"]) == {0, 1, 2}
     configs = {}
     for row in grid.itertuples(index=False):

@@ -203,7 +203,7 @@ def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_pat
         # the trainer blocks, checked by the trainer's own dataclasses
         pytest.param(
             lambda s: s.update(cell={"recipe": "full"}),
-            r"cell.recipe: each cell sets it",
+            r"cell.recipe: each cell sets it \(from the grid\); remove it",
             id="cell-recipe",
         ),
         pytest.param(
@@ -285,6 +285,20 @@ def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_pat
             id="collapse-range",
         ),
         # the study's own keys, typed by StudyConfig and its sections
+        pytest.param(
+            lambda s: s["grid"][0].update(models=None), r"grid\[0\].models: a blank value \(null\)", id="blank-models"
+        ),
+        pytest.param(lambda s: s.update(lr={"adam": None}), r"lr.adam: a blank value \(null\)", id="blank-lr"),
+        pytest.param(
+            lambda s: s["models"]["m"].update(horizon="4"),
+            r"models.m.horizon: '4' is not an int or a float",
+            id="number",
+        ),
+        pytest.param(
+            lambda s: s["models"]["m"].update(paper_name=True),
+            r"models.m.paper_name: True is true/false, not a string: YAML reads yes",
+            id="yaml-bool",
+        ),
         pytest.param(lambda s: s.update(grdi=[]), r"unknown config key 'grdi'", id="top-level-typo"),
         pytest.param(lambda s: s.pop("grid"), r"grid: required", id="no-grid"),
         pytest.param(lambda s: s.update(grid=[]), r"grid: give at least one block", id="empty-grid"),
@@ -325,13 +339,13 @@ def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_pat
             r"warm_start.allow_out_of_band: expected true/false",
             id="band-flag",
         ),
-        pytest.param(lambda s: s.update(cell=None), r"cell: expected a mapping, got None", id="cell-null"),
+        pytest.param(lambda s: s.update(cell=None), r"cell: a blank value \(null\)", id="cell-null"),
     ],
 )
 def test_check_study_names_the_broken_key(edit, named):
     def check(study):  # what common.smk runs before any job
         cc.check_study(study)
-        cc.Study(study, REPO).check_cells()
+        cc.Study(cc.check_study(study), REPO).check_cells()
 
     study = {"models": {"m": {"preset": "qwen-tiny"}}, "grid": [{"recipes": ["full"], "seeds": [0]}]}
     check(study)  # the unedited study is fine
@@ -593,7 +607,7 @@ def test_offline_stats_path_in_the_cells_of_warm_started_models(tmp_path):
     assert "rl" not in cc.cell_config(study, "c", "spo_muon", "muon", 0, str(tmp_path / "ckpt"), 1)  # a checkpoint
     assert "rl" not in cc.cell_config(_tiny(), "a", "spo_muon", "muon", 0, "results/policies/a", 1)
     # before any policy exists, the cells pass the trainer's checks (its file check would fail on ".")
-    cc.Study(study, REPO).check_cells()
+    cc.Study(cc.check_study(study), REPO).check_cells()
 
 
 def test_deep_merge_merges_mappings_and_replaces_lists_and_scalars():
@@ -660,7 +674,7 @@ def test_the_new_studies_hold_only_their_differences_and_pass_every_check(study_
     }
     study = read_study(study_file)
     cc.check_study(study, root=REPO)
-    cc.Study(study, REPO).check_cells()
+    cc.Study(cc.check_study(study), REPO).check_cells()
     assert study["workdir"] == "studies/" + Path(study_file).stem
 
 

@@ -35,7 +35,10 @@ def test_swe_suite_builds_nested_sections_and_reads_the_task_file():
     [
         ({"backend": "local", "max_trun": 3}, r"unknown config key 'env.options.max_trun' .*\(swe\)"),
         ({"tools": {"command_timeout": 5}}, r"unknown config key 'env.options.tools.command_timeout' .*\(swe\)"),
-        ({"docker": {"memory": 2}}, r"env.options.docker.memory: 2 is an int, not a string: YAML read it as one; quote it \(\"2\"\) \(swe\)"),
+        (
+            {"docker": {"memory": 2}},
+            r"env.options.docker.memory: 2 is an int, not a string: YAML read it as one; quote the value as written \(swe\)",
+        ),
         ({"tools": {"blocked_commands": "pip"}}, r"env.options.tools.blocked_commands: expected a list, got 'pip'"),
     ],
 )

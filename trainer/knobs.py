@@ -80,6 +80,10 @@ class Section:
     A subclass's `validate` adds its rules across fields after calling this one's; code that may have changed a
     section since (a test, a reference helper) calls it again."""
 
+    blank_is_absent: typing.ClassVar[bool] = False
+    """True for a section whose None defaults only mean "not given" (a study file's own keys): `build_config` then
+    refuses an explicit blank (null) value, which would otherwise read as the key left out."""
+
     def __post_init__(self) -> None:
         self.validate()
 
@@ -88,7 +92,7 @@ class Section:
 
     def refuse(self, key: str | None, message: str) -> typing.NoReturn:
         """Raise ConfigError for a rule across this section's keys, naming `key` (None: the section itself); the
-        message is relative to the section, and `build_config` puts the section's path in the file before it."""
+        message is relative to the section, and `build_config` puts the section's path before it."""
         raise ConfigError(f"{key or type(self).__name__}: {message}")
 
 
@@ -122,7 +126,8 @@ def _check_value(tp, value, where: str):
                 return _check_value(arg, value, where)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(errors[0] if len(errors) == 1 else f"{where}: {value!r} matches none of {args}")
+        names = [_article(getattr(arg, "__name__", str(arg))) for arg in args if arg is not type(None)]
+        raise ConfigError(errors[0] if len(errors) == 1 else f"{where}: {value!r} is not {' or '.join(names)}")
     if origin is Literal:
         if value not in typing.get_args(tp):
             raise ConfigError(f"{where}: {value!r} is not one of {list(typing.get_args(tp))}")
@@ -149,10 +154,15 @@ def _check_value(tp, value, where: str):
             raise ConfigError(f"{where}: expected a finite number, got {value!r}")
         return float(value)
     if tp is str:
-        if isinstance(value, (bool, int, float)):
+        if isinstance(value, bool):
             raise ConfigError(
-                f"{where}: {value!r} is {_article(type(value).__name__)}, not a string: YAML read it as one; quote it "
-                f'("{value}")'
+                f"{where}: {value!r} is true/false, not a string: YAML reads yes, no, on, off, true and false as "
+                "such; quote the value as written"
+            )
+        if isinstance(value, (int, float)):
+            raise ConfigError(
+                f"{where}: {value!r} is {_article(type(value).__name__)}, not a string: YAML read it as one; quote "
+                "the value as written"
             )
         if not isinstance(value, str):
             raise ConfigError(f"{where}: expected a string, got {value!r}")
@@ -185,6 +195,11 @@ def build_config(cls, data, where: str = ""):
         key = f"{where}.{unknown[0]}" if where else unknown[0]
         raise ConfigError(f"unknown config key {key!r} (known keys{' of ' + where if where else ''}: {sorted(names)})")
     fields = dataclasses.fields(cls)
+    if getattr(cls, "blank_is_absent", False):
+        blank = next((key for key, value in data.items() if value is None), None)
+        if blank is not None:
+            key = f"{where}.{blank}" if where else blank
+            raise ConfigError(f"{key}: a blank value (null); give a value or leave the key out")
     missing = [
         f.name
         for f in fields

@@ -186,12 +186,14 @@ WARM_START_SET_KEYS = ("model", "env", "rollout", "threads")
 """SFTConfig keys the workflow sets per model (its preset, the cells' env and token limits, the job's threads)."""
 
 
-def per_cell_key(cell: dict) -> str | None:
-    """The first key of `cell` (a shared block or an arm's) that each cell sets itself (`PER_CELL_KEYS`), or None."""
+def per_cell_key(cell: dict) -> tuple[str, str] | None:
+    """The first key of `cell` (a shared block or an arm's) that each cell sets itself (`PER_CELL_KEYS`) and where
+    a cell takes it from, or None."""
     given = set(_key_paths(cell))
     for path in PER_CELL_KEYS:
         if path in given or any(key.startswith(f"{path}.") for key in given):
-            return path
+            source = "the grid" if path == "recipe" else "the grid, `models`, `resources` or its recipe"
+            return path, f"each cell sets it (from {source})"
     return None
 
 
@@ -200,6 +202,8 @@ class ModelEntry(Section):
     """One entry of `models:` (by the name used in results folders, model=NAME). Exactly one of `preset` (embedded
     scale: a tiny architecture that the workflow warm-starts), `path` (paper scale: a local checkpoint) or
     `policy` (another model's warm-started policy)."""
+
+    blank_is_absent = True
 
     paper_name: str | None = None
     """The paper's name of this family (MiniCPM5-2B, Qwen3.5-4B); tables and figures use it."""
@@ -245,6 +249,8 @@ class ModelEntry(Section):
 class GridBlock(Section):
     """One block of `grid:`: these recipes x these seeds, on this optimizer, for these models (and, in a stability
     study, these lrs; in an arms study, this arm). The grid is the blocks' concatenation without duplicates."""
+
+    blank_is_absent = True
 
     recipes: tuple[str, ...]
     """Recipes of trainer/recipes.py RECIPES: the paper's Figure-2 recipes, or the companion's advantage
@@ -295,10 +301,7 @@ class GridBlock(Section):
             self.refuse("arm", f"{self.arm!r} is not a folder label (letters, digits, _ . + -)")
         per_cell = per_cell_key(self.cell or {})
         if per_cell is not None:
-            self.refuse(
-                f"cell.{per_cell}",
-                "each cell sets it (from the grid, `models`, `resources` or its recipe); remove it from the arm",
-            )
+            self.refuse(f"cell.{per_cell[0]}", f"{per_cell[1]}; remove it from the arm")
 
 
 @dataclass
@@ -308,6 +311,8 @@ class LrTable(Section):
     optim.lr; under match_rms_adamw one lr is one update RMS); adam_high_lr cells (AdamW at Muon's lr) run at the
     `muon` entry. A grid block's `lrs` and an arm's own rates win over this table."""
 
+    blank_is_absent = True
+
     adam: float | None = knob(None, gt=0)
     muon: float | None = knob(None, gt=0)
 
@@ -315,6 +320,8 @@ class LrTable(Section):
 @dataclass
 class JobResources(Section):
     """Scheduler resources of one compute rule (SLURM --cpus-per-task, --mem, --time, --gpus)."""
+
+    blank_is_absent = True
 
     threads: int = knob(1, ge=1)
     """Cores of one job (also the trainer's torch threads)."""
@@ -336,6 +343,8 @@ class JobResources(Section):
 class Resources(Section):
     """`resources:` of the two compute rules."""
 
+    blank_is_absent = True
+
     train: JobResources = field(default_factory=JobResources)
     warm_start: JobResources = field(default_factory=JobResources)
 
@@ -347,6 +356,8 @@ class StudyConfig(Section):
     each section checks its own keys, this class the rules across them. The trainer's blocks (`cell`, a grid
     block's `cell`, `warm_start`) are checked by the trainer's own sections (trainer/config.py), which define their
     keys: this class does not repeat them."""
+
+    blank_is_absent = True
 
     models: dict[str, ModelEntry]
     """Model families by the name used in results folders (model=NAME)."""
@@ -414,15 +425,12 @@ class StudyConfig(Section):
         """The shared `cell` as a TrainConfig and `warm_start` as an SFTConfig: the trainer's own sections."""
         per_cell = per_cell_key(self.cell)
         if per_cell is not None:
-            self.refuse(
-                f"cell.{per_cell}",
-                "each cell sets it (from the grid, `models`, `resources` or its recipe); remove it from the shared block",
-            )
+            self.refuse(f"cell.{per_cell[0]}", f"{per_cell[1]}; remove it from the shared block")
         build_config(TrainConfig, self.cell, "cell")
         warm_start = dict(self.warm_start)
         allow = warm_start.pop("allow_out_of_band", False)
         if not isinstance(allow, bool):
-            self.refuse("warm_start.allow_out_of_band", "expected true/false")
+            self.refuse("warm_start.allow_out_of_band", f"expected true/false, got {allow!r}")
         self.warm_start = {**warm_start, "allow_out_of_band": allow}  # its default set, as for every other key
         for key in WARM_START_SET_KEYS:
             if key in warm_start:
@@ -648,7 +656,7 @@ def grid_frame(study: dict) -> pd.DataFrame:
     for block in study["grid"]:
         for model in block.get("models") or list(study["models"]):
             for recipe in block["recipes"]:
-                optimizer = block.get("optimizer", "recipe")
+                optimizer = block.get("optimizer", GridBlock.optimizer)
                 optimizer = RECIPE_OPTIMIZER[recipe] if optimizer == "recipe" else optimizer
                 arm_key = (block["arm"],) if with_arm else ()
                 for lr in block.get("lrs", [None]):
@@ -850,7 +858,7 @@ class Study:
 
     def __init__(self, data: dict, root: str | Path = "."):
         self.data = data
-        """The study's mapping (base merged, schema defaults set, paths from its workdir)."""
+        """The study's mapping (base merged, checked with its defaults set, paths from its workdir)."""
         self.root = Path(root)
         self.grid = grid_frame(data)
         self.keys = [CellKey.of(row) for row in self.grid.itertuples(index=False)]
@@ -875,7 +883,7 @@ class Study:
     @property
     def threads(self) -> int:
         """Threads of a train job (`resources.train.threads`), which each cell's trainer uses."""
-        return int(self.data.get("resources", {}).get("train", {}).get("threads", 1))
+        return int(self.data["resources"]["train"]["threads"])
 
     def loads_warm_start(self, model: str) -> bool:
         """Whether `model`'s cells load a policy the workflow warm-starts (its own or the one its `policy` names)."""
@@ -910,9 +918,7 @@ class Study:
 
     def warm_start_config(self, model: str) -> dict:
         """The `python -m trainer sft` config of a warm-started model."""
-        return warm_start_config(
-            self.data, model, threads=self.data.get("resources", {}).get("warm_start", {}).get("threads", 1)
-        )
+        return warm_start_config(self.data, model, threads=self.data["resources"]["warm_start"]["threads"])
 
     def check_cells(self) -> None:
         """Raise StudyError for a cell the trainer would refuse (its cross-key rules: batch size a multiple of the

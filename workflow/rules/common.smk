@@ -49,7 +49,6 @@ GRID = STUDY.grid
 PARAMSPACE = Paramspace(GRID, param_sep="=")
 CELLS_DIR = "results/cells"
 CELL = f"{CELLS_DIR}/{PARAMSPACE.wildcard_pattern}"
-WARM_STARTED = STUDY.warm_started
 TRAINER_VERSION = trainer.TRAINER_VERSION
 TRAINER_ENV = (
     "../../envs/trainer-gpu.yaml"
