@@ -73,6 +73,19 @@ def test_compare_tells_identical_within_outside_missing_and_extra_apart():
     assert single.set_index("recipe").loc["full", "status"] == "outside"
 
 
+def test_compare_reads_the_companion_studys_run_table():
+    """The companion's runs name their numbers otherwise (training success `train_success_window`, validation
+    `final_window_success` and `val_auc`); compare checks those, and refuses two tables with nothing in common."""
+    names = {"window_success": "train_success_window", "eval_success": "final_window_success", "gain": "val_auc"}
+    published = _runs().rename(columns=names)
+    assert set(compare(_runs().rename(columns=names), published)["status"]) == {"identical"}
+    far = compare(_runs({("full", 1, "eval_success"): 0.9}).rename(columns=names), published)
+    row = far.set_index(["recipe", "seed"]).loc[("full", 1)]
+    assert row["status"] == "outside" and "final_window_success" in row["detail"]
+    with pytest.raises(ValueError, match="share none of the compared numbers"):
+        compare(_runs()[["model", "recipe", "optimizer", "seed"]], published)
+
+
 def test_compare_keys_runs_by_arm_and_reads_a_numeric_label_back_as_the_label(tmp_path):
     """Two arms of one recipe and optimizer differ only by their arm; labels that read as numbers ("1e-3" would
     come back as 0.001) or as missing ("NA") must come back from the published CSV as written and join the rerun's."""

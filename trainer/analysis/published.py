@@ -36,9 +36,19 @@ from trainer.analysis.summary import bootstrap_interval
 from trainer.atomic import atomic_path
 from trainer.logs.parquet_log import PROVENANCE_KEY
 
-COMPARED = ("window_success", "gain", "eval_success", "eval_first", "collapsed")
-"""The per-run numbers `compare` checks: final-window success, learning, last and first held-out success, the
-collapse verdict."""
+COMPARED = (
+    "window_success",
+    "train_success_window",
+    "final_window_success",
+    "val_auc",
+    "gain",
+    "eval_success",
+    "eval_first",
+    "collapsed",
+)
+"""The per-run numbers `compare` checks, those of them a study's run table has: final-window training success
+(`train_success_window` in the companion's table), learning, last and first held-out success, the companion's
+final-window validation success and validation AUC, the collapse verdict."""
 KEYS = ("model", "recipe", "optimizer", "arm", "lr", "seed")
 """Run keys, in order; `arm` only in a study of arms, `lr` only where the study has an lr axis."""
 FILES = ("summary.csv", "runs.csv", "provenance.json")
@@ -148,16 +158,20 @@ def compare(rerun: pd.DataFrame, published: pd.DataFrame, seed: int = 0) -> pd.D
         raise ValueError(f"the rerun's runs are keyed by {_keys(rerun)}, the published ones by {keys}")
     rerun, published = rerun.copy(), published.copy()
     for frame in (rerun, published):
-        frame["collapsed"] = frame["collapsed"].astype(float)
+        if "collapsed" in frame:
+            frame["collapsed"] = frame["collapsed"].astype(float)
         if "lr" in keys:
             frame["lr"] = frame["lr"].astype(float)
+    compared = [c for c in COMPARED if c in published.columns and c in rerun.columns]
+    if not compared:
+        raise ValueError(f"the two run tables share none of the compared numbers {list(COMPARED)}")
     merged = published.merge(rerun, on=keys, how="outer", suffixes=("_pub", "_new"), indicator=True)
     group_keys = [k for k in keys if k != "seed"]
     outside: dict[tuple, list[str]] = {}
     for group, rows in merged[merged["_merge"] == "both"].groupby(group_keys, sort=False):
         pub_all = published.merge(pd.DataFrame([group], columns=group_keys), on=group_keys)
         notes = []
-        for column in COMPARED:
+        for column in compared:
             new = rows[f"{column}_new"].dropna().to_numpy(dtype=float)
             old = pub_all[column].dropna().to_numpy(dtype=float)
             if len(new) == 0 or (len(new) == len(old) and np.array_equal(np.sort(new), np.sort(old))):
@@ -177,7 +191,7 @@ def compare(rerun: pd.DataFrame, published: pd.DataFrame, seed: int = 0) -> pd.D
         if row["_merge"] == "right_only":
             out.append({**key, "status": "extra", "detail": "in the rerun, not published"})
             continue
-        differ = [c for c in COMPARED if not _same(row[f"{c}_pub"], row[f"{c}_new"])]
+        differ = [c for c in compared if not _same(row[f"{c}_pub"], row[f"{c}_new"])]
         group = tuple(row[k] for k in group_keys)
         if not differ:
             out.append({**key, "status": "identical", "detail": ""})
