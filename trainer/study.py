@@ -71,7 +71,7 @@ from trainer.config import (
     config_from_dict,
 )
 from trainer.environments.suite import family_config
-from trainer.knobs import Section, knob, merge
+from trainer.knobs import Section, knob
 from trainer.policy.tiny import TINY_PRESETS
 from trainer.recipes import RECIPE_ESTIMATOR, RECIPE_OPTIMIZER, RECIPES
 from trainer.rl.config import ESTIMATOR_SECTIONS, GROUP_ESTIMATORS, SECTION_CLASSES, SPO_ESTIMATORS
@@ -497,7 +497,7 @@ class StudyConfig(Section):
                     "variant: rename one of them",
                 )
             seen[label] = (i, own)
-            build_config(TrainConfig, merge(self.cell, own), f"grid[{i}].cell")
+            build_config(TrainConfig, deep_merge(self.cell, own), f"grid[{i}].cell")
 
     def _check_lrs(self) -> None:
         """`lrs` on every block or none, only in a stability study; adam_high_lr needs the Muon cells' rate; a shared
