@@ -27,7 +27,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from trainer.environments.protocol import StepInfo, StepResult
+from trainer.environments.protocol import EpisodeStartError, StepInfo, StepResult
 from trainer.policy.chat_format import SPECIAL_TOKENS, HFChatFormat, TinyFormat, build_tokenizer
 from trainer.policy.tiny import TinyModelSpec, build_tiny_model
 from trainer.rl.trajectory import turn_values_to_tokens
@@ -307,6 +307,62 @@ def test_a_prompt_without_room_for_an_action_skips_its_task_and_the_driver_leave
     assert sorted(e.task_id for e in batch) == [0, 5]
     with pytest.raises(ValueError, match="every task left out .*rollout.max_episode_tokens"):
         driver([4]).next_batch(0)
+
+
+class FailingEnv(CountEnv):
+    """CountEnv whose task 1 cannot start (its container, say) and whose task 3's grading fails."""
+
+    def reset(self, task: int) -> str:
+        self.last_grading = None
+        if task == 1:
+            raise EpisodeStartError("task 1: the sandbox did not start (twice): engine gone")
+        return super().reset(task)
+
+    def step(self, action: str) -> StepResult:
+        result = super().step(action)
+        if result.done:
+            self.last_grading = {"failed": "grading failed twice: copy broke"} if self.task == 3 else {"reward": 1}
+        return result
+
+
+def test_an_episode_that_cannot_start_or_be_graded_fails_alone(fmt, policies):
+    """A failed start or grading costs its episode (left out with the reason), not the batch: the others are played
+    exactly as without it; the driver stops the cell, with the counts, once such failures pass its share."""
+    from trainer.rollout.config import RolloutConfig
+    from trainer.rollout.driver import RolloutDriver, TaskSampler
+
+    sp = SamplingParams(temperature=0.0, max_turn_tokens=6, max_episode_tokens=400)
+    engine = HFEngine(policies["qwen-tiny"], fmt)
+    mixed = engine.play([FailingEnv() for _ in range(4)], [0, 1, 2, 3], sampling=sp)
+    alone = engine.play([CountEnv() for _ in range(2)], [0, 2], sampling=sp)
+    assert (
+        mixed[1].extra["failed"]
+        == mixed[1].extra["skipped"]
+        == "task 1: the sandbox did not start (twice): engine gone"
+    )
+    assert mixed[1].tokens == [] and not mixed[1].actions
+    assert mixed[3].extra["failed"] == "grading failed twice: copy broke" and mixed[3].actions
+    for played, reference in zip((mixed[0], mixed[2]), alone):
+        assert played.tokens == reference.tokens and played.reward == reference.reward
+        assert played.extra == {"grading": {"reward": 1}} and "failed" not in reference.extra
+
+    def driver(share):
+        d = RolloutDriver(
+            engine,
+            FailingEnv,
+            TaskSampler([SimpleNamespace(task_id=i) for i in (0, 1, 2, 3, 4)]),
+            RolloutConfig(mode="sync", batch_size=5, max_failed_share=share),
+            sp,
+        )
+        d.engine.play = lambda envs, tasks, **kw: HFEngine.play(engine, envs, [t.task_id for t in tasks], **kw)
+        d.publish(engine.model.state_dict(), 0)
+        return d
+
+    tolerant = driver(0.5)
+    batch = tolerant.next_batch(0)
+    assert sorted(e.task_id for e in batch) == [0, 2, 4] and len(tolerant.failures) == 2
+    with pytest.raises(RuntimeError, match=r"2 of 5 episodes failed .*40% > rollout.max_failed_share 20%.*engine gone"):
+        driver(0.2).next_batch(0)
 
 
 # ------------------------------------------------------------------------------------------- records

@@ -152,7 +152,7 @@ def test_provenance_rejects_non_json_config_naming_the_entry():
 def test_metric_columns_follow_design_in_order_with_dtypes():
     names = [n.strip() for n in DESIGN_METRICS.split(",")]
     # DESIGN's, then the companion's gradient SNR, the optimizer steps taken and skipped, SPO's informed baselines,
-    # the cheating probe, the embedding and head's step sizes, the mini-batches without signal
+    # the cheating probe, the embedding and head's step sizes, the mini-batches without signal, the tamper rate
     assert (
         list(METRIC_COLUMNS)
         == [
@@ -165,6 +165,7 @@ def test_metric_columns_follow_design_in_order_with_dtypes():
             "embed_head_update_rms",
             "embed_head_update_spectral_norm",
             "no_signal_steps",
+            "tamper_rate",
         ]
         and len(names) == 28
     )
@@ -185,6 +186,8 @@ def test_metric_columns_follow_design_in_order_with_dtypes():
         "overlong_turns",
         "split",
         "baseline_informed",
+        "graded_reward",
+        "tamper_flags",
     ]
     assert EPISODE_COLUMNS["task_id"] == pa.string() and EPISODE_COLUMNS["success"] == pa.bool_()
 

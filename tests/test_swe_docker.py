@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import pytest
-from swe_forgeries import FORGERIES, forge_actions
 
 from trainer.environments.swe import (
     DockerConfig,
@@ -36,6 +35,7 @@ from trainer.environments.swe import (
     patch_actions,
 )
 from trainer.environments.swe.containers import LABEL, docker_client
+from trainer.environments.swe.docker_backend import place_sizes
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]  # containers take seconds each: outside the fast tier
 
@@ -304,26 +304,6 @@ def test_a_stale_bytecode_cache_cannot_forge_the_grade(client, grade_in):
     assert last.reward == 0.0 and "FAILED" in env.last_test_log, env.last_test_log[-2000:]
 
 
-@pytest.mark.parametrize("forgery", list(FORGERIES))
-def test_a_grade_forged_from_inside_the_tests_process_gets_0(client, forgery):
-    """In the image's own pytest (Debian's): each forgery fools R2E-Gym's log reading (reward 1 on the unfixed
-    repository), and the default reading gives 0, graded in a fresh container and in the episode's own."""
-    task = TASKS[0]
-    rewards = {}
-    for grading, grade_in in (("r2e_gym_log", "fresh"), ("report", "fresh"), ("report", "episode")):
-        env = make_env(client, grading=grading, docker=DockerConfig(memory="512m", pids=128, grade_in=grade_in))
-        try:
-            env.reset(task)
-            for action in forge_actions(task, env.repo_dir, forgery):
-                last = env.step(action)
-        finally:
-            env.close()
-        rewards[grading, grade_in] = last.reward
-        if grading == "report":
-            assert last.info.extra["grade_disagreement"]["r2e_gym_log"] == 1.0, env.last_test_log[-2000:]
-    assert rewards == {("r2e_gym_log", "fresh"): 1.0, ("report", "fresh"): 0.0, ("report", "episode"): 0.0}
-
-
 def graded_with_junk(client, megabytes: int, reward_timeout_s: float = 300.0, **docker) -> tuple[float, float, dict]:
     """(reward, seconds from `finish` to the reward, the step's extra) of the unfixed repository after the agent
     filled /testbed with `megabytes` MiB of incompressible junk (files of 8 MiB, the file-size limit's side)."""
@@ -425,7 +405,10 @@ def test_sandbox_layout(arena):
     container.reload()
     host_config = container.attrs["HostConfig"]
     assert host_config["NetworkMode"] == "none" and host_config["PidsLimit"] == 64
-    assert host_config["Memory"] == 256 * 1024**2 and host_config["MemorySwap"] == 256 * 1024**2
+    # each scratch place holds what the image has there plus the room; the memory limit counts both
+    content = place_sizes(env.backend.client, env.task.docker_image)
+    memory = 256 * 1024**2 + sum(used for used, _ in content.values())
+    assert host_config["Memory"] == memory and host_config["MemorySwap"] == memory
     assert host_config["CapDrop"] == ["ALL"] and "no-new-privileges:true" in host_config["SecurityOpt"]
     assert container.labels[f"{LABEL}.owner_pid"] == str(os.getpid())
     probe = env.step(
@@ -452,7 +435,10 @@ def test_sandbox_layout(arena):
         line.split() for line in places.observation.split("[STDOUT]\n\n")[1].splitlines() if line.startswith("tmpfs")
     ]
     assert [row[3] for row in rows] == ["/testbed", "/tmp", "/var/tmp", "/home"]
-    assert {(row[1], row[2]) for row in rows} == {(f"{SCRATCH // 1024}", str(INODES))}  # df sizes: 1K blocks
+    assert {row[3]: (row[1], row[2]) for row in rows} == {  # df sizes: 1K blocks
+        place: (str((content.get(place, (0, 0))[0] + SCRATCH) // 1024), str(content.get(place, (0, 0))[1] + INODES))
+        for place in ("/testbed", "/tmp", "/var/tmp", "/home")
+    }
 
 
 def test_attack_fork_bomb(arena):
@@ -598,7 +584,9 @@ def test_attack_disk_fill(arena, client):
     result = attack(arena[0], bash(fill), 20)
     assert "No space left on device" in result.observation
     sizes = [int(v) for v in result.observation.split("[STDOUT]\n\n")[1].split("\n\n")[0].split()]
-    assert len(sizes) == 4 and all(SCRATCH // 1024 - 1024 <= kb <= SCRATCH // 1024 for kb in sizes), sizes
+    content = place_sizes(client, arena[0].task.docker_image)
+    rooms = [(SCRATCH + content.get(place, (0, 0))[0]) // 1024 for place in ("/testbed", "/tmp", "/var/tmp", "/root")]
+    assert len(sizes) == 4 and all(SCRATCH // 1024 - 1024 <= kb <= room + 16 for kb, room in zip(sizes, rooms)), sizes
     after = _host_free(client)
     assert before[0] - after[0] < 8 * 1024**2  # 4 x 24 MiB written, none of it on the host disk
     attack(arena[0], bash("rm -f /testbed/fill* /tmp/fill* /var/tmp/fill* ~/fill*"), 10)
@@ -622,7 +610,7 @@ def test_attack_inode_fill(arena, client):
         ("/tmp", "No space left on device"),
         ("/testbed", "No space left on device"),
     ], result.observation
-    assert all(int(n) < INODES for _, n, _ in made)
+    assert all(INODES - 100 < int(n) <= INODES for _, n, _ in made), made  # the room, the image's entries aside
     assert before[1] - _host_free(client)[1] < 500  # the host's inodes untouched
     attack(arena[0], bash("rm -rf /tmp/many /testbed/many"), 10)
 

@@ -70,20 +70,22 @@ def test_report_key(line, key):
 @pytest.mark.parametrize(
     "expected, reward",
     [
-        # R2E-Gym's map for this log (the gold patch's): 6 entries, the empty one skipped in the comparison
-        ({**{k: v for k, v in PARSED.items() if k}, "test_other": "PASSED"}, 1.0),
+        # the collection error's empty name is compared like any name: a map that lists it matches this log
+        ({**PARSED}, 1.0),
+        # a map without it does not, even when the counts agree (R2E-Gym raises KeyError there; a rule that skipped
+        # the empty name would pay a repository that breaks the import of a failing test's file)
+        ({**{k: v for k, v in PARSED.items() if k}, "test_other": "PASSED"}, 0.0),
         # the same without the sixth entry: 5 expected vs 6 parsed, the count differs
         ({k: v for k, v in PARSED.items() if k}, 0.0),
         # one status differs
         ({**{k: v for k, v in PARSED.items() if k}, "test_two": "PASSED", "test_other": "PASSED"}, 0.0),
-        # an XFAIL entry is never compared (the parser drops that line); it only counts, here against the empty name
-        ({**{k: v for k, v in PARSED.items() if k}, "test_known": "XFAIL"}, 1.0),
+        # an XFAIL entry never matches (the parser drops that line)
+        ({**PARSED, "test_known": "XFAIL"}, 0.0),
         # expected keys lose a " - message" tail and colour codes before comparing
         (
             {
-                **{k: v for k, v in PARSED.items() if k and k != "test_two"},
+                **{k: v for k, v in PARSED.items() if k != "test_two"},
                 "test_two - assert 1 == 2": "FAILED",
-                "\x1b[1mtest_other\x1b[0m": "PASSED",
             },
             1.0,
         ),
@@ -105,8 +107,10 @@ def test_grade_cases():
     # an expected failure that fails matches, as in R2E-Gym's map comparison
     assert grade({"a": "FAILED"}, {"a": "FAILED"}).reward == 1.0
     assert grade({}, expected).reward == 0.0
-    # a collection error stands in for a missing test: the count matches and the empty name is not compared
-    assert grade({"a": "PASSED", "": "ERROR"}, expected).reward == 1.0
+    # a collection error does not stand in for a missing test: its empty name is compared too
+    broken = grade({"a": "PASSED", "": "ERROR"}, expected)
+    assert (broken.reward, broken.unexpected, broken.missing) == (0.0, [""], ["b"])
+    assert grade({"a": "PASSED", "": "ERROR"}, {"a": "PASSED", "": "ERROR"}).reward == 1.0
 
 
 def test_a_passed_line_whose_message_says_failed_reads_as_r2e_gym_reads_it():

@@ -1,5 +1,6 @@
 """Episodes in images laid out like R2E-Gym's and like SWE-bench's (as R2E-Gym runs them), built here from the
-shipped `roman` task, graded as R2E-Gym grades each kind.
+shipped `roman` task, graded as R2E-Gym grades each kind; and on the R2E-Gym stand-ins (`standins.py`: uv-style
+interpreters under /root, pytest 4.6 to 8.3, conftest files that import the package and register its plugin).
 
 * R2E-Gym layout: the repository at /testbed with its own environment at /testbed/.venv, the hidden tests at
   /r2e_tests, R2E-Gym's /testbed/run_tests.sh (`.venv/bin/python -W ignore -m pytest -rA r2e_tests`), no
@@ -15,13 +16,15 @@ under CI=true.
 import hashlib
 import io
 import os
+import re
 import tarfile
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from trainer.environments.swe import DockerConfig, SandboxError, SWEConfig, SWEEnv, SWETasks, ToolSettings
+from trainer.environments.protocol import EpisodeStartError
+from trainer.environments.swe import DockerConfig, SWEConfig, SWEEnv, SWETasks, ToolSettings
 from trainer.environments.swe.containers import docker_client
 from trainer.environments.swe.image import base_tag
 from trainer.environments.swe.oracle import noop_actions, oracle_actions
@@ -184,7 +187,7 @@ def test_the_gold_patch_gets_1_and_no_change_gets_0(images, kind, grade_in):
 def test_an_r2e_row_in_an_image_without_hidden_tests_is_a_clear_error(images):
     client, tasks = images
     env = _env(client)
-    with pytest.raises(SandboxError, match="image has no /r2e_tests"):
+    with pytest.raises(EpisodeStartError, match="image has no /r2e_tests"):
         env.reset(replace(tasks["r2e"], docker_image=tasks["swebench"].docker_image))
 
 
@@ -267,3 +270,94 @@ def test_a_cell_leaves_out_a_task_whose_image_is_absent(images, tmp_path, capfd)
         "[swe] task 'ghost' left out: image 'swe-harness/does-not-exist:latest' is not present"
         in capfd.readouterr().err
     )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# R2E-Gym stand-ins: uv-style interpreters under /root, /testbed/.venv, the repository's conftest honoured
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _paper_options() -> dict:
+    """configs/paper.yaml's env.options, as the paper study's cells get them."""
+    import yaml
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "paper.yaml").read_text())
+    options = dict(config["cell"]["env"]["options"])
+    options.pop("tasks_file")
+    return options
+
+
+def _graded(client, task, config: SWEConfig, fix: bool) -> dict:
+    """Play the row's gold fix (rebuilt from its parsed commit) or no change; the reward and what grading saw."""
+    from trainer.environments.swe.tasks import commit_fix
+
+    env = SWEEnv(config, docker_client=client)
+    try:
+        env.reset(task)
+        if fix:
+            for path, text in commit_fix(task.extra["parsed_commit_content"]).items():
+                env.backend.write_file(f"/testbed/{path}", text.encode())
+        last = env.step(format_action("finish", {"command": "submit"}))
+    finally:
+        env.close()
+    assert last.done and "sandbox_error" not in last.info.extra, last.info.extra
+    return {"reward": last.reward, **env.last_grading, "log": env.last_test_log[-2000:]}
+
+
+STANDIN_SETTINGS = {
+    "defaults": lambda: SWEConfig(backend="docker"),
+    "paper": lambda: family_config_swe(_paper_options()),
+    "layer": lambda: SWEConfig(backend="docker", docker=DockerConfig(scratch=False)),
+}
+
+
+def family_config_swe(options: dict) -> SWEConfig:
+    from trainer.environments.suite import family_config
+
+    return family_config("swe", options)
+
+
+@pytest.mark.parametrize("settings", ["defaults", "paper"])
+@pytest.mark.parametrize(
+    "layout",
+    ["py37-pytest46", "py38-pytest54", "py39-pytest62", "py311-pytest74", "py311-pytest83-large", "py311-unittest"],
+)
+def test_a_correct_fix_gets_1_and_no_change_0_on_every_r2e_gym_stand_in(images, standin_tasks, layout, settings):
+    """Under the default sandbox settings and configs/paper.yaml's: the repository's conftest that imports the
+    package and registers its plugin honoured, no flag on an honest fix; the unittest row read from its log."""
+    client, _ = images
+    task = standin_tasks[layout]
+    gold = _graded(client, task, STANDIN_SETTINGS[settings](), fix=True)
+    assert (gold["reward"], gold["tamper_flags"]) == (1.0, []), gold
+    noop = _graded(client, task, STANDIN_SETTINGS[settings](), fix=False)
+    assert noop["reward"] == 0.0 and noop["graded_reward"] == 0.0, noop
+    reading = "log" if layout == "py311-unittest" else "report"
+    assert gold["reading"].startswith(reading) and noop["reading"].startswith(reading)
+
+
+def test_a_stand_in_grades_in_the_images_writable_layer_too(images, standin_tasks):
+    client, _ = images
+    task = standin_tasks["py311-pytest83-large"]
+    assert _graded(client, task, STANDIN_SETTINGS["layer"](), fix=True)["reward"] == 1.0
+    assert _graded(client, task, STANDIN_SETTINGS["layer"](), fix=False)["reward"] == 0.0
+
+
+def test_scratch_places_hold_the_images_interpreters_and_repository(images, standin_tasks):
+    """The stand-in's interpreter lives under /root and its venv in /testbed: both are scratch places, filled from
+    the image and sized to its content plus the room, and mounted executable."""
+    from trainer.environments.swe.docker_backend import place_sizes
+
+    client, _ = images
+    task = standin_tasks["py311-pytest83-large"]
+    sizes = place_sizes(client, task.docker_image)
+    assert sizes["/testbed"][0] > 80 * 1024**2 and sizes["/root"][0] > 20 * 1024**2
+    env = SWEEnv(SWEConfig(backend="docker"), docker_client=client)
+    env.reset(task)
+    try:
+        assert "Python 3.11" in _bash(env, "/testbed/.venv/bin/python --version")
+        assert "/root/.local/share/uv/python/cpython-3.11" in _bash(env, "readlink -f /testbed/.venv/bin/python")
+        room = DockerConfig().scratch_bytes
+        free = int(re.search(r"\[STDOUT\]\s+(\d+)", _bash(env, "df -B1 --output=avail /testbed | tail -1")).group(1))
+        assert room * 0.9 < free <= room * 1.1
+    finally:
+        env.close()

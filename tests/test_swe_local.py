@@ -5,12 +5,10 @@ import time
 from pathlib import Path
 
 import pytest
-from swe_forgeries import FORGERIES, forge_actions
 
-from trainer.environments.protocol import Environment
+from trainer.environments.protocol import Environment, EpisodeStartError
 from trainer.environments.swe import (
     LocalConfig,
-    SandboxError,
     SWEConfig,
     SWEEnv,
     SWETask,
@@ -200,8 +198,8 @@ def test_lifecycle_errors_and_cleanup(env):
     no_fixture = SWETask(
         task_id="r2e", docker_image="namanjain12/x:1", problem_statement="p", expected={"t.py::a": "PASSED"}
     )
-    with pytest.raises(SandboxError, match="needs a repository fixture"):
-        env.reset(no_fixture)
+    with pytest.raises(EpisodeStartError, match="did not start \\(twice\\).*needs a repository fixture"):
+        env.reset(no_fixture)  # tried twice, then the episode fails alone (the rollout leaves it out)
 
 
 @pytest.mark.parametrize(
@@ -260,24 +258,7 @@ def test_a_stale_bytecode_cache_cannot_forge_the_grade(env):
     assert last.reward == 0.0 and "FAILED" in env.last_test_log, env.last_test_log[-2000:]
 
 
-@pytest.mark.parametrize("forgery", list(FORGERIES))
-def test_a_grade_forged_from_inside_the_tests_process_gets_0(forgery):
-    """Each forgery fools R2E-Gym's log reading on the unfixed repository (reward 1: it is real); the default
-    reading, the launcher's signed report, gives 0 and the disagreement is recorded."""
-    task = TASKS[0]
-    last = {}
-    for grading in ("r2e_gym_log", "report"):
-        environment = SWEEnv(SWEConfig(backend="local", grading=grading))
-        try:
-            last[grading] = play(environment, task, lambda e: forge_actions(task, e.repo_dir, forgery))
-        finally:
-            environment.close()
-    assert last["r2e_gym_log"].reward == 1.0
-    assert last["report"].reward == 0.0
-    assert last["report"].info.extra["grade_disagreement"]["r2e_gym_log"] == 1.0
-
-
-def test_the_gold_fix_gets_1_by_either_reading_with_no_disagreement():
+def test_the_gold_fix_gets_1_by_either_reading_with_no_flag():
     task = TASKS[0]
     for grading in ("report", "r2e_gym_log"):
         environment = SWEEnv(SWEConfig(backend="local", grading=grading))
@@ -285,4 +266,4 @@ def test_the_gold_fix_gets_1_by_either_reading_with_no_disagreement():
             last = play(environment, task, lambda e: patch_actions(task.gold_patch, e.repo_dir, check_command=None))
         finally:
             environment.close()
-        assert last.reward == 1.0 and "grade_disagreement" not in last.info.extra
+        assert last.reward == 1.0 and last.info.extra["tamper_flags"] == []

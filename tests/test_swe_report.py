@@ -2,7 +2,9 @@
 
 The reference for an honest run is R2E-Gym's own reading of the same run's `-rA` log (`parse_pytest_report`, itself
 checked against a hand-parsed log in test_swe_grading.py): on real pytest runs of a zoo of outcomes the two agree
-test for test, except where the log's text lies. The refusals are checked on hand-built reports.
+test for test, except where the log's text lies. The refusals are checked on hand-built reports; the launcher's
+observations against `tamper.dynamic_flags`, which must find nothing in an honest run (pytest's own doings, the
+repository's conftest and plugins) and must find code of a changed file patching pytest.
 """
 
 import hashlib
@@ -18,6 +20,13 @@ from pathlib import Path
 import pytest
 
 from trainer.environments.swe.grading import LAUNCHER_PATH, parse_pytest_report, pytest_command, read_report
+from trainer.environments.swe.tamper import dynamic_flags
+
+
+def repository_files(repo) -> set[str]:
+    """Every file under `repo`, relative: as if the agent had changed all of them."""
+    return {p.relative_to(repo).as_posix() for p in repo.rglob("*") if p.is_file()}
+
 
 KEY = b"0123456789abcdef" * 4
 
@@ -104,6 +113,8 @@ def test_an_honest_run_reads_as_r2e_gym_reads_its_log(tmp_path):
     assert {"test_skip", "test_xfail", "test_xpass", "Unit.test_skipped"}.isdisjoint(by_log)
     assert by_log["test_param[a"] == "PASSED" and by_log["test_param[2]"] == "FAILED"
     assert by_log["TestFixtures.test_builtin_fixtures"] == "PASSED" and by_log["Unit.test_bad"] == "FAILED"
+    # nothing pytest does by itself is a flag, even with every file of the repository counted as changed
+    assert dynamic_flags(reading.observations, repository_files(repo), testbed=str(repo)) == []
 
 
 def test_a_collection_error_reads_as_the_empty_name(tmp_path):
@@ -127,12 +138,18 @@ before the first test module: it patches pytest, then puts the real module in it
 
 
 def test_a_repository_module_that_pytest_imports_during_start_up_cannot_patch_it_unseen(tmp_path):
+    """pytest itself sees a pass (both readings say 1): only the launcher's observation tells, and it is a flag
+    because the code that patched pytest is in a file the agent added."""
     repo = make_repo(tmp_path, {"test_a.py": "from pkg import inc\ndef test_a(): assert inc(1) == 3\n"})
     (repo / "cmd.py").write_text(SHADOW)
     proc, report = run_launched(repo)
-    assert parse_pytest_report(proc.stdout.decode()) == {"test_a": "PASSED"}  # the log is forged
+    assert parse_pytest_report(proc.stdout.decode()) == {"test_a": "PASSED"}  # the forgery works on pytest itself
     reading = read_report(report, KEY, proc.returncode)
-    assert reading.statuses == {} and "tampered" in reading.problem and "Function.runtest" in reading.problem
+    assert reading.problem is None and reading.statuses == {"test_a": "PASSED"}
+    flags = dynamic_flags(reading.observations, {"cmd.py"}, testbed=str(repo))
+    assert any("cmd.py" in f and "Function.runtest" in f for f in flags), reading.observations
+    # the same change by a file of the original repository (not the agent's) is the repository's own business
+    assert dynamic_flags(reading.observations, set(), testbed=str(repo)) == []
 
 
 def signed(records, key=KEY):
@@ -150,7 +167,7 @@ def without_line(report: bytes, index: int) -> bytes:
     return b"\n".join(lines[:index] + lines[index + 1 :])
 
 
-START = {"kind": "start", "pytest": "9", "watched": 100}
+START = {"kind": "start", "pytest": "9", "root": "/testbed/"}
 RUN = [
     {"kind": "collected", "nodeids": ["r2e_tests/test_a.py::test_x", "r2e_tests/test_a.py::C::test_y"]},
     {"kind": "report", "nodeid": "r2e_tests/test_a.py::test_x", "when": "setup", "outcome": "passed", "category": ""},
@@ -190,7 +207,7 @@ RUN = [
         "category": "error",
     },
 ]
-FINISH = {"kind": "finish", "exitstatus": 1, "tampered": []}
+FINISH = {"kind": "finish", "exitstatus": 1}
 
 
 def test_a_hand_built_report_reads_by_hand():
@@ -199,6 +216,51 @@ def test_a_hand_built_report_reads_by_hand():
     assert reading.statuses == {"test_x": "PASSED", "C.test_y": "FAILED"}  # failed after error in the summary
     # a crash at interpreter shutdown, after the signed end, changes nothing
     assert read_report(signed([START, *RUN, FINISH]), KEY, 134) == reading
+
+
+OBSERVED = [
+    {
+        "kind": "observed",
+        "what": "replaced _pytest.python.Function.runtest",
+        "file": "/testbed/pkg/mod.py",
+        "origin": "repository",
+        "where": "r2e_tests/test_a.py::test_x",
+    },
+    {
+        "kind": "observed",
+        "what": "registered a plugin",
+        "file": "/testbed/Tests/helper.py",
+        "origin": "repository",
+        "where": "start-up",
+    },
+    {
+        "kind": "observed",
+        "what": "replaced _pytest.config.Config.x",
+        "file": "/venv/lib/_pytest/legacypath.py",
+        "origin": "interpreter",
+        "where": "start-up",
+    },
+    {
+        "kind": "observed",
+        "what": "added _pytest.reports.TestReport.outcome",
+        "file": "",
+        "origin": "other",
+        "where": "collection",
+    },
+]
+
+
+def test_observations_are_flags_only_when_the_agents_code_or_code_of_no_file_made_them():
+    reading = read_report(signed([START, *OBSERVED, *RUN, FINISH]), KEY, 1)
+    assert reading.problem is None and [o["what"] for o in reading.observations] == [o["what"] for o in OBSERVED]
+    assert dynamic_flags(reading.observations, set()) == [
+        "test runner changed: code of no file: added _pytest.reports.TestReport.outcome (collection)"
+    ]
+    flags = dynamic_flags(reading.observations, {"pkg/mod.py"})
+    assert flags[0] == (
+        "test runner changed: pkg/mod.py: replaced _pytest.python.Function.runtest (r2e_tests/test_a.py::test_x)"
+    )
+    assert len(flags) == 2  # the unchanged plugin file and pytest's own patch are not flags
 
 
 def test_pytest_installed_in_the_repositorys_own_venv_is_not_the_repository(tmp_path):
@@ -243,11 +305,6 @@ def test_pytest_installed_in_the_repositorys_own_venv_is_not_the_repository(tmp_
         (signed([START, *RUN]), 0, "the process ended (exit code 0) before pytest's session did"),
         (b"[" * 200_000 + b"\n", 1, "line 1 of the report is not the launcher's"),
         (signed([START, *RUN[:-1], FINISH]), 1, "1 collected tests never ran (first: r2e_tests/test_a.py::C::test_y)"),
-        (
-            signed([START, *RUN[:2], {"kind": "tampered", "what": "Function.runtest", "where": "x"}, *RUN[2:], FINISH]),
-            1,
-            "pytest was tampered with while the tests ran: Function.runtest",
-        ),
     ],
 )
 def test_a_report_that_cannot_be_trusted_is_refused(report, exit_code, problem):
@@ -265,8 +322,9 @@ def test_the_grading_is_an_env_option_checked_by_name():
 
 
 def test_conftest_files_and_pytest_plugins_of_an_honest_suite_are_accepted(tmp_path):
-    """Where the test command honours conftest files (R2E-Gym's run_tests.sh does), a root conftest, one in the
-    tests' folder and a test module's `pytest_plugins` naming one of pytest's own are pytest's doing, not tampering."""
+    """Where the test command honours conftest files (R2E-Gym's run_tests.sh does), a root conftest that imports the
+    package and registers a plugin of the repository (as Pillow's registers Tests.helper), one in the tests' folder
+    and a test module's `pytest_plugins` naming one of pytest's own are read as they are."""
     repo = make_repo(
         tmp_path,
         {
@@ -275,8 +333,16 @@ def test_conftest_files_and_pytest_plugins_of_an_honest_suite_are_accepted(tmp_p
             "def test_a(one, pytester): assert inc(one) == 2\n",
         },
     )
-    (repo / "conftest.py").write_text("import pytest\n@pytest.fixture\ndef two():\n    return 2\n")
-    (repo / "r2e_tests" / "test_b.py").write_text("def test_b(two): assert two == 2\n")
+    (repo / "conftest.py").write_text(
+        "import pkg\nimport pytest\npytest_plugins = ['helpers.plugin']\n@pytest.fixture\ndef two():\n    return 2\n"
+    )
+    (repo / "helpers").mkdir()
+    (repo / "helpers" / "__init__.py").write_text("")
+    (repo / "helpers" / "plugin.py").write_text(
+        "import pytest\n@pytest.fixture\ndef three():\n    return 3\n"
+        "def pytest_configure(config):\n    config.addinivalue_line('markers', 'slow: slow')\n"
+    )
+    (repo / "r2e_tests" / "test_b.py").write_text("def test_b(two, three): assert two + 1 == three\n")
     (repo / "channel").mkdir()
     (repo / "channel" / "key").write_bytes(KEY)
     proc = subprocess.run(
@@ -298,11 +364,15 @@ def test_conftest_files_and_pytest_plugins_of_an_honest_suite_are_accepted(tmp_p
     reading = read_report((repo / "channel" / "report").read_bytes(), KEY, proc.returncode)
     assert reading.problem is None, proc.stdout.decode()[-2000:]
     assert reading.statuses == {"test_a": "PASSED", "test_b": "PASSED"}
+    # the repository imported early and its plugin registered: seen, and not flags while those files are the
+    # original repository's; the agent's change to the plugin would make its registration one
+    assert any(o["what"] == "registered a plugin" for o in reading.observations)
+    assert dynamic_flags(reading.observations, set(), testbed=str(repo)) == []
+    assert dynamic_flags(reading.observations, {"helpers/plugin.py"}, testbed=str(repo))
 
 
 def test_the_images_own_test_script_runs_through_the_launcher():
-    from trainer.environments.swe.docker_backend import GRADER_DIR, through_launcher
-    from trainer.environments.swe.sandbox import SandboxError
+    from trainer.environments.swe.docker_backend import GRADER_DIR, runs_pytest, through_launcher
 
     r2e_gym = ".venv/bin/python -W ignore -m pytest -rA r2e_tests"
     assert through_launcher(r2e_gym) == (
@@ -313,8 +383,7 @@ def test_the_images_own_test_script_runs_through_the_launcher():
     assert through_launcher(shipped) == pytest_command(
         "python3", "/testbed", " ".join(f"{GRADER_DIR}/{name}" for name in ("launcher.py", "run/key", "run/report"))
     )
-    with pytest.raises(SandboxError, match="grading: r2e_gym_log"):
-        through_launcher("cd /testbed && tox -e py311")
+    assert runs_pytest(r2e_gym) and not runs_pytest(".venv/bin/python -W ignore r2e_tests/runner.py")
 
 
 @pytest.mark.parametrize("call", ["feed", "stream_out"])

@@ -51,6 +51,7 @@ SUMMARY_COLUMNS = (
     "entropy",
     "baseline_informed_frac",
     "cheat_rate",
+    "tamper_rate",
     *NONFINITE_COLUMNS,
 )
 """The metrics `summarize` reads (window means, held-out success, every collapse rule)."""
@@ -107,7 +108,8 @@ def run_table(
     evaluation), `eval_first` (the first, when there are two or more), `gain` (the learning: last fifth of the
     updates minus the first fifth, `LEARNING_FRACTION`), `informed_frac` (share of episodes whose SPO baseline came
     from data), `cheat_frac` (the cheating probe's mean success on impossible tasks over the evaluations; NaN
-    where none ran), `collapsed`, `collapse_update` (nullable Int64), `collapse_reason`. The collapse verdict is
+    where none ran), `tamper_frac` (the mean share of training episodes with tamper flags; NaN where not graded),
+    `collapsed`, `collapse_update` (nullable Int64), `collapse_reason`. The collapse verdict is
     `detect_collapse`'s, computed here on arrays for all runs at once (one grouped EMA, then numpy per run).
     """
     criterion = CollapseCriterion() if criterion is None else criterion
@@ -126,6 +128,7 @@ def run_table(
         frame["baseline_informed_frac"].to_numpy(dtype=float) if "baseline_informed_frac" in frame.columns else None
     )
     cheat = frame["cheat_rate"].to_numpy(dtype=float) if "cheat_rate" in frame.columns else None
+    tamper = frame["tamper_rate"].to_numpy(dtype=float) if "tamper_rate" in frame.columns else None
     flags = nonfinite_flags(frame, criterion.nonfinite)
     rows = []
     for key, a, b in run_bounds(frame):
@@ -160,6 +163,9 @@ def run_table(
                 ),
                 "cheat_frac": (
                     float(np.nanmean(cheat[a:b])) if cheat is not None and not np.isnan(cheat[a:b]).all() else np.nan
+                ),
+                "tamper_frac": (
+                    float(np.nanmean(tamper[a:b])) if tamper is not None and not np.isnan(tamper[a:b]).all() else np.nan
                 ),
                 "collapsed": index is not None,
                 "collapse_update": None if index is None else int(update[a + index]),
@@ -296,6 +302,11 @@ def summary_table(
                     if "cheat_frac" in cell.columns and cell["cheat_frac"].notna().any()
                     else math.nan
                 ),
+                "tamper_pct_mean": (
+                    100 * float(cell["tamper_frac"].mean())
+                    if "tamper_frac" in cell.columns and cell["tamper_frac"].notna().any()
+                    else math.nan
+                ),
                 "paper_source": (
                     f"{paper_index.loc[key, 'source']}: {paper_index.loc[key, 'source_note']}"
                     if key in paper_index.index
@@ -348,7 +359,8 @@ def summary_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_fr
         "held-out = the first evaluation (after update 1) -> the last; informed = share of episodes whose SPO "
         "baseline came from data (the offline pass or an earlier visit) rather than the prior; cheating = "
         "success on the cheating probe's impossible tasks, which no honest repair can pass (anything above 0 "
-        "means the grader was gamed; – where no probe ran)."
+        "means the grader was gamed; – where no probe ran); tampering = share of graded training episodes with "
+        "tamper flags (swe: changes that reach into the grader, readings that disagree; – where not graded)."
     )
     lines = markdown_head("Training success, ours beside Ruan et al. 2026 (Figure 2)", method, notes)
     lines += table_head(
@@ -399,6 +411,7 @@ def summary_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_fr
                 "held-out % first -> last",
                 "informed %",
                 "cheating %",
+                "tampering %",
             ]
         ),
     ]
@@ -415,6 +428,7 @@ def summary_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_fr
                     f"{pct(row.eval_first_pct_mean)} -> {pct(row.eval_success_pct_mean)}",
                     pct(row.informed_pct_mean),
                     pct(row.cheat_pct_mean),
+                    pct(row.tamper_pct_mean),
                 ]
             )
         )

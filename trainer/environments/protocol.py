@@ -36,6 +36,11 @@ class StepResult:
     info: StepInfo
 
 
+class EpisodeStartError(RuntimeError):
+    """An episode could not start for a reason that is not the policy's (its container, image or task): the rollout
+    leaves that one episode out with the reason (`rollout.episode.start_episode`) instead of failing the batch."""
+
+
 @runtime_checkable
 class Environment(Protocol):
     """One episode at a time; create one instance per concurrent episode."""
@@ -43,7 +48,8 @@ class Environment(Protocol):
     max_turns: int
 
     def reset(self, task) -> str:
-        """Start an episode on `task`; returns the first observation (the instruction)."""
+        """Start an episode on `task`; returns the first observation (the instruction). EpisodeStartError when it
+        cannot start for a reason outside the policy."""
 
     def step(self, action: str) -> StepResult:
         """Execute one assistant action. Calling after `done` is an error."""
@@ -53,6 +59,8 @@ class Environment(Protocol):
 
     # Optional: `truncated_reward() -> float`, the reward of an episode the rollout engine cut at its token budget
     # (the environment never said done). An environment without it gives such an episode 0.0.
+    # Optional: `last_grading: dict | None`, what grading saw at the episode's end (swe: readings, tamper flags);
+    # with a "failed" key the episode's grading itself failed, and the rollout leaves it out like a failed start.
 
 
 @runtime_checkable

@@ -84,6 +84,7 @@ _FLOAT = (
     "baseline_informed_frac",
     "embed_head_update_rms",
     "embed_head_update_spectral_norm",
+    "tamper_rate",
 )
 _METRIC_ORDER = (
     "update",
@@ -122,6 +123,7 @@ _METRIC_ORDER = (
     "embed_head_update_rms",
     "embed_head_update_spectral_norm",
     "no_signal_steps",
+    "tamper_rate",
 )
 
 METRIC_COLUMNS: dict[str, pa.DataType] = {name: pa.int64() if name in _INT else pa.float64() for name in _METRIC_ORDER}
@@ -131,7 +133,9 @@ the share of the batch's episodes whose SPO baseline was informed (offline pass 
 without a tracker), the cheating probe's success on impossible tasks (`env.probe_tasks`; null where none ran), the
 step size on the embedding and head matrices (AdamW-trained under either optimizer; as update_rms and
 update_spectral_norm are on the hidden matrices), and the mini-batches whose advantages were all zero (taken or
-skipped: under `run.skip_no_signal: false` Muon still takes a full-size step on them). Every column may be null
+skipped: under `run.skip_no_signal: false` Muon still takes a full-size step on them), and the share of the batch's
+episodes whose grading raised tamper flags (swe: `tamper.py`; null where the environment reports no grading).
+Every column may be null
 (eval_success is, where not evaluated; the loss, gradient and update statistics are, when every step of the update
 was skipped)."""
 
@@ -150,6 +154,8 @@ EPISODE_COLUMNS: dict[str, pa.DataType] = {
     "overlong_turns": pa.int64(),  # turns longer than the length-penalty threshold
     "split": pa.string(),  # "train", "eval" or "impossible" (the cheating probe)
     "baseline_informed": pa.bool_(),  # SPO's baseline for the task came from data (offline pass or a visit)
+    "graded_reward": pa.float64(),  # the grader's reward before `on_tamper` (null where nothing was graded)
+    "tamper_flags": pa.string(),  # why the grade may be forged, "; "-joined ("" none; null where not graded)
 }
 """One row per finished episode."""
 

@@ -38,6 +38,7 @@ def episode_row(
     (evaluation); `staleness`: update - policy version for training, 0 for evaluation; `baseline_informed`: null
     for evaluation episodes."""
     t = episode.trajectory()
+    grading = episode.extra.get("grading") or {}
     return {
         "update": update,
         "task_id": episode.task_id,
@@ -53,7 +54,15 @@ def episode_row(
         "overlong_turns": int(overlong_flags(t.turns, shaping).sum()),
         "split": split,
         "baseline_informed": baseline_informed,
+        "graded_reward": grading.get("graded_reward"),
+        "tamper_flags": "; ".join(grading["tamper_flags"]) if "tamper_flags" in grading else None,
     }
+
+
+def tamper_rate(episodes: Sequence) -> float | None:
+    """The share of graded episodes with tamper flags; None where no episode reports its grading."""
+    graded = [e.extra["grading"] for e in episodes if "tamper_flags" in (e.extra.get("grading") or {})]
+    return float(np.mean([bool(g["tamper_flags"]) for g in graded])) if graded else None
 
 
 def update_row(
@@ -96,6 +105,7 @@ def update_row(
         "rollout_s": rollout_s,
         "train_s": train_s,
         "wall_s": wall_s,
+        "tamper_rate": tamper_rate(episodes),
     }
     for k in UPDATE_STATISTICS:
         row[k] = update_output.get(k)

@@ -48,6 +48,10 @@ class RolloutConfig(Section):
     max_episode_tokens: int = knob(1024, ge=2, most="tokens")
     eval_temperature: float = knob(0.0, ge=0)
     """0: greedy evaluation."""
+    max_failed_share: float = knob(0.1, ge=0, le=1)
+    """The cell stops, with the counts and the first reasons, once more than this share of the episodes it has
+    dispatched failed for reasons outside the policy (a container that did not start twice, a grading that failed
+    twice). Each such episode is left out of its batch; one failure costs one episode, not the cell."""
     env_workers: int = knob(1, ge=1, most="episodes")
     """Environments reset, stepped, graded and closed side by side (a thread pool this wide): worth it where a
     step waits on a sandbox (swe's containers); the episodes are the same for every width."""

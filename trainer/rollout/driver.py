@@ -96,7 +96,11 @@ class RolloutDriver:
         self.snapshots: deque[tuple[int, dict]] = deque()
         self.dropped_stale = 0
         self.skipped_episodes = 0
-        """Episodes left out because their prompt does not fit `max_episode_tokens` (`skip_if_prompt_too_long`)."""
+        """Episodes left out of their batch: a prompt that does not fit `max_episode_tokens`
+        (`skip_if_prompt_too_long`), or a failure outside the policy (`mark_failed`)."""
+        self.dispatched_episodes = 0
+        self.failures: list[str] = []
+        """Why each failed episode failed (a container that did not start, a grading that failed)."""
         self._queue: queue.Queue | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -163,7 +167,20 @@ class RolloutDriver:
                 f"[rollout] task {e.task_id!r} left out of the batch: {e.extra['skipped']}", file=sys.stderr, flush=True
             )
         self.skipped_episodes += len(skipped)
+        self.dispatched_episodes += len(episodes)
+        self.failures += [e.extra["failed"] for e in episodes if "failed" in e.extra]
+        self._check_failures()
         return [e for e in episodes if "skipped" not in e.extra]
+
+    def _check_failures(self) -> None:
+        """Stop the cell once failures outside the policy pass `rollout.max_failed_share` of what was dispatched."""
+        share = len(self.failures) / max(1, self.dispatched_episodes)
+        if self.failures and share > self.cfg.max_failed_share:
+            first = "; ".join(dict.fromkeys(self.failures[:3]))
+            raise RuntimeError(
+                f"rollout: {len(self.failures)} of {self.dispatched_episodes} episodes failed for reasons outside "
+                f"the policy ({share:.0%} > rollout.max_failed_share {self.cfg.max_failed_share:.0%}); first: {first}"
+            )
 
     def next_batch(self, trainer_version: int) -> list[Episode]:
         """The episodes for the trainer's next update (the trainer holds `trainer_version` updates)."""

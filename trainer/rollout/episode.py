@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from trainer.environments.protocol import Environment
+from trainer.environments.protocol import Environment, EpisodeStartError
 from trainer.rl.trajectory import Trajectory, Turn
 from trainer.rollout.env_pool import SEQUENTIAL, EnvPool
 
@@ -93,6 +93,33 @@ def skip_if_prompt_too_long(episode: Episode, prompt: list[int], max_episode_tok
     return True
 
 
+def start_episode(env, task) -> str | EpisodeStartError:
+    """`env.reset(task)`, or the EpisodeStartError that says why the episode could not start (the engines mark
+    such an episode with `mark_failed` and go on with the others)."""
+    try:
+        return env.reset(task)
+    except EpisodeStartError as exc:
+        return exc
+
+
+def mark_failed(episode: Episode, why: str) -> None:
+    """Leave `episode` out of the batch for a reason outside the policy (`extra["failed"]`, and `skipped` as a
+    prompt that does not fit is): the driver counts these, and stops the cell past `rollout.max_failed_share`."""
+    episode.truncated = True
+    episode.extra["failed"] = episode.extra["skipped"] = why
+
+
+def record_grading(episode: Episode, env) -> None:
+    """Copy what grading saw (`env.last_grading`) onto the ended episode; a grading that failed fails the
+    episode."""
+    grading = getattr(env, "last_grading", None)
+    if grading is None:
+        return
+    episode.extra["grading"] = grading
+    if grading.get("failed"):
+        mark_failed(episode, grading["failed"])
+
+
 def _truncated_reward(env, task_id: str) -> float:
     """The reward of an episode cut at the token budget: the environment's `truncated_reward()`, else 0."""
     grade = getattr(env, "truncated_reward", None)
@@ -159,6 +186,7 @@ def end_actions(
         if not e.execute:
             episode.turns.append(Turn(start=start, end=episode.length, state=e.state))
             episode.truncated, episode.reward = True, answer
+            record_grading(episode, e.env)
             continue
         info = answer.info
         episode.turns.append(
@@ -178,6 +206,7 @@ def end_actions(
                     f"environment returned a non-finite reward {answer.reward!r} (task {episode.task_id!r})"
                 )
             episode.done, episode.reward = True, reward
+            record_grading(episode, e.env)
             continue
         obs = [int(t) for t in fmt.observation_ids(answer.observation, last_token=e.action[-1] if e.stopped else None)]
         if episode.length + len(obs) + 1 > max_episode_tokens:
@@ -189,6 +218,7 @@ def end_actions(
     rewards = pool.map(lambda k: _truncated_reward(ends[k].env, ends[k].episode.task_id), cut)
     for k, reward in zip(cut, rewards):
         ends[k].episode.truncated, ends[k].episode.reward = True, reward
+        record_grading(ends[k].episode, ends[k].env)
     return out
 
 

@@ -77,9 +77,16 @@ from typing import Any
 
 import torch
 
-from trainer.environments.protocol import Environment
+from trainer.environments.protocol import Environment, EpisodeStartError
 from trainer.rollout.env_pool import SEQUENTIAL, EnvPool
-from trainer.rollout.episode import ActionEnd, Episode, end_actions, skip_if_prompt_too_long
+from trainer.rollout.episode import (
+    ActionEnd,
+    Episode,
+    end_actions,
+    mark_failed,
+    skip_if_prompt_too_long,
+    start_episode,
+)
 from trainer.rollout.sampling import SamplingParams
 
 MIN_VLLM = "0.10.2"
@@ -326,15 +333,18 @@ def play_episodes(
 
     lives: list[LiveEpisode] = []
     episodes: list[Episode] = []
-    firsts = pool.map(lambda k: envs[k].reset(tasks[k]), range(n))
+    firsts = pool.map(lambda k: start_episode(envs[k], tasks[k]), range(n))
     for i, (env, task, first) in enumerate(zip(envs, tasks, firsts)):
         task_id = task_ids[i] if task_ids is not None else str(getattr(task, "task_id", task))
         episode = Episode(
             task_id=task_id, dispatch_version=version, baseline=None if baselines is None else baselines[i]
         )
+        episodes.append(episode)
+        if isinstance(first, EpisodeStartError):
+            mark_failed(episode, str(first))
+            continue
         episode.observations.append(first)
         prompt = [int(t) for t in fmt.prompt_ids(first)]
-        episodes.append(episode)
         if skip_if_prompt_too_long(episode, prompt, sampling.max_episode_tokens):
             continue
         episode.append(prompt, policy=False)

@@ -37,15 +37,20 @@ It needs the `docker` SDK and a running engine; the images come from `image.py`.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
+import os
 import posixpath
+import shutil
 import socket
+import tarfile
 import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Literal
 
 from trainer.environments.swe.containers import cleanup_stale_containers, disown, docker_client, own, owner_labels
@@ -59,6 +64,8 @@ from trainer.environments.swe.sandbox import (
     TestRun,
 )
 from trainer.environments.swe.supervisor import SUPERVISOR
+from trainer.environments.swe.tamper import scan_plan
+from trainer.environments.swe.workdiff import GradingPlan, TarTree, delta_tar, plan_grading
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 """PATH of the harness's own commands (setup, file copies, grading's preparation)."""
@@ -81,16 +88,18 @@ class DockerConfig:
     """RLIMIT_FSIZE of every process in the container."""
     scratch: bool = True
     """The root filesystem read-only, and the writable places (/testbed, /tmp, /var/tmp, /root, /home) tmpfs
-    mounts of `scratch_bytes` and `scratch_inodes` each, /testbed filled with the image's repository at start:
-    the kernel enforces the bounds on every storage driver and the host disk is never written. False: the image's
-    writable layer, unbounded unless `storage_size` is set (R2E-Gym's images keep a large .venv in /testbed,
-    which in a scratch place would sit in memory)."""
+    mounts, each filled at start with what the image has there (R2E-Gym's repository and its .venv in /testbed, uv's
+    interpreters under /root) and sized to that content plus `scratch_bytes` and `scratch_inodes` of room: the
+    kernel enforces the bounds on every storage driver and the host disk is never written. The image's content sits
+    in memory, so the container's memory limit is `memory` plus that content. False: the image's writable layer,
+    unbounded unless `storage_size` is set, and a container starts without copying anything."""
     scratch_bytes: int | None = None
-    """Size of each scratch place; None: a tenth of `memory`. tmpfs pages count towards `memory` and cannot be
-    swapped, so the places together may take at most half of it (else a full scratch would leave the agent's
-    processes to the OOM killer)."""
+    """Room the agent has in each scratch place beyond the image's content; None: a tenth of `memory`. tmpfs pages
+    count towards the memory limit and cannot be swapped, so the rooms together may take at most half of `memory`
+    (else a full scratch would leave the agent's processes to the OOM killer). A grading container's /testbed has
+    twice the room, so the tests' own files fit beside whatever the agent left."""
     scratch_inodes: int = 100_000
-    """Most files and directories in each writable place (tmpfs nr_inodes)."""
+    """Files and directories each writable place holds beyond the image's content (tmpfs nr_inodes)."""
     storage_size: str | None = None
     """With `scratch: false` only: cap on the container's writable layer (e.g. "2g"); needs a storage
     driver with quotas (overlay2 on xfs with pquota, btrfs, zfs), not the vfs driver used in CI."""
@@ -157,34 +166,67 @@ def memory_bytes(size: str | int) -> int:
     return int(number) * unit
 
 
-WORK_EXCLUDES = "--exclude=./.venv --exclude=./.git --exclude=./r2e_tests --exclude=__pycache__ --exclude=*.pyc"
-"""What of /testbed is not the agent's work when grading in a fresh container: the repository's environment and
-history come from the image (a `.pth` planted in /testbed/.venv would otherwise run at interpreter start), and
-bytecode is not work (see PURGE_BYTECODE)."""
+TREE_OUT = (
+    "tar -C /testbed --anchored --no-wildcards --exclude=./.venv --exclude=./.git --exclude=./r2e_tests "
+    "--sparse -cf - ."
+)
+"""The repository as `workdiff.TarTree` reads it: /testbed without the environment and history (the grader takes
+them from the image: a `.pth` planted in /testbed/.venv would otherwise run at interpreter start) and the tests'
+folder. Anchored literal excludes cost nothing per path (unanchored patterns are tried against every component of
+every name: 336 s for 1,000 nested folders); `--sparse` sends a sparse file's data only, so 4 GB of holes do not
+become 4 GB on the host."""
+
+_DELETE = (
+    'cd /testbed && while IFS= read -r -d "" p; do '
+    'if [ -d "$p" ] && [ ! -L "$p" ]; then rmdir -- "$p" 2>/dev/null || true; else rm -f -- "$p"; fi; done'
+)
+"""Removes the NUL-separated paths on standard input from /testbed (a folder only once empty: restored test
+infrastructure may still be in it)."""
 
 PURGE_BYTECODE = (
-    "find /testbed -path /testbed/.venv -prune -o -name __pycache__ -type d -prune -exec rm -rf {} + "
-    "-o -name '*.pyc' -type f -exec rm -f {} +"
+    "find /testbed -path /testbed/.venv -prune -o -path /testbed/r2e_tests -prune -o -name __pycache__ -type d "
+    "-prune -exec rm -rf {} + -o -name '*.pyc' -type f -exec rm -f {} +"
 )
 """Run as root before the hidden tests, in either grading place: Python loads a cached module whose header matches
 the source's mtime and size without reading the source (`-B` only stops writing caches), so an agent could compile
 its fix into the cache and put the unfixed source back; and a lone `.pyc` imports where no source exists."""
 
-GRADER_DIR = "/testbed/r2e_tests/.grader"
-"""Where the report launcher (root's, read-only) and its key and report (in run/, the agent's, mode 700) sit while
-the tests run; a dot folder, so pytest does not collect in it; removed with the tests."""
+GRADER_DIR = "/run/swe-grader"
+"""A small tmpfs in every container, empty during the episode: while the hidden tests run it holds the report
+launcher (root's) and, in run/ (the test user's, mode 700), its key and report."""
+TESTS_DIR = "/testbed/r2e_tests"
+"""Where the hidden tests are while they run: in a fresh grading container a read-only bind mount (a mount point
+cannot be renamed or removed, and a read-only one not written, even by root), so the tested code cannot put other
+tests in their place; in the episode's own container (`grade_in: episode`) a root-owned copy."""
 
-_COPY_TESTS = f"""set -e
-rm -rf /testbed/r2e_tests
-cp -r /root/r2e_tests /testbed/r2e_tests
+_PLACE_LAUNCHER = f"""set -e
 mkdir -p {GRADER_DIR}/run
-chown -R root:root /testbed/r2e_tests
-chmod -R a+rX,go-w /testbed/r2e_tests
+cat > {GRADER_DIR}/launcher.py
+chmod 644 {GRADER_DIR}/launcher.py
 chown "$1" {GRADER_DIR}/run
 chmod 700 {GRADER_DIR}/run
-cat /root/run_tests.sh
 """
-"""Run as root before the hidden tests of an R2E-Gym row; $1: the user the tests run as. Prints the image's script."""
+"""Run as root with the launcher on standard input; $1: the user the tests run as."""
+
+_COPY_TESTS = """set -e
+rm -rf /testbed/r2e_tests
+cp -r /root/r2e_tests /testbed/r2e_tests
+chown -R root:root /testbed/r2e_tests
+chmod -R a+rX,go-w /testbed/r2e_tests
+"""
+"""Run as root before the hidden tests of an R2E-Gym row graded in the episode's own container."""
+
+_KILL_ALL = (
+    'keep="$$ $(cat /proc/1/task/1/children 2>/dev/null)"; for p in /proc/[0-9]*; do p=${p#/proc/}; '
+    'case " 1 $keep " in *" $p "*) ;; *) kill -9 "$p" 2>/dev/null;; esac; done; true'
+)
+"""Kills every process in the container but Docker's init (pid 1), its child (`sleep infinity`, which keeps the
+container running) and itself: how a root command is stopped without restarting the container (a restart empties
+the scratch places)."""
+
+_READ_REPORT = f'r={GRADER_DIR}/run/report; if [ -f "$r" ] && [ ! -L "$r" ]; then exec cat -- "$r"; fi'
+"""Read as the user the tests ran as, so a symlink left in the report's place leads nowhere that user cannot
+read (and a FIFO there only costs the read's deadline)."""
 
 _SETUP = """set -e
 if [ "$2" = layer ] && [ -d /r2e_tests ]; then rm -rf /root/r2e_tests; mv /r2e_tests /root/r2e_tests; fi
@@ -249,23 +291,34 @@ class DockerBackend:
         self.task = None
 
     # -- lifecycle -------------------------------------------------------------------------------------------
-    def start(self, task) -> None:
-        """Create the episode's container and move the hidden tests out of the agent's reach."""
+    def start(self, task, grading: bool = False) -> None:
+        """Create the episode's container and move the hidden tests out of the agent's reach. `grading`: a fresh
+        container for the hidden tests, with them mounted read-only at TESTS_DIR and twice the room in /testbed."""
         import docker
 
         self.close()
         self.task = task
         ensure_image(self.client, task, self.config)
-        mem = self.config.memory
+        memory = memory_bytes(self.config.memory)
+        tmpfs = {GRADER_DIR: "size=64m,nr_inodes=4096,mode=755"}
+        mounts = []
+        layout: dict = {}
         scratch = self.config.scratch_bytes if self.config.scratch else None
-        if scratch is not None:  # tmpfs places; /r2e_tests masked by an empty one (its files go to /root)
-            places = {
-                path: f"size={scratch},nr_inodes={self.config.scratch_inodes},mode={mode}"
-                for path, mode in SCRATCH_PLACES.items()
-            }
-            layout = {"read_only": True, "tmpfs": {**places, "/r2e_tests": "size=64k,nr_inodes=16,mode=700"}}
-        else:
-            layout = {"storage_opt": {"size": self.config.storage_size}} if self.config.storage_size else {}
+        if scratch is not None:  # tmpfs places sized to the image's content plus room; /r2e_tests masked
+            content = place_sizes(self.client, task.docker_image)
+            for path, mode in SCRATCH_PLACES.items():
+                used, entries = content.get(path, (0, 0))
+                room = 2 if grading and path == "/testbed" else 1
+                inodes = entries + room * self.config.scratch_inodes
+                tmpfs[path] = f"size={used + room * scratch},nr_inodes={inodes},mode={mode},exec"
+                memory += used
+            tmpfs["/r2e_tests"] = "size=64k,nr_inodes=16,mode=700"
+            layout["read_only"] = True
+        elif self.config.storage_size:
+            layout["storage_opt"] = {"size": self.config.storage_size}
+        if grading and task.kind != "swebench":
+            hidden = hidden_tests_dir(self.client, task)
+            mounts.append(docker.types.Mount(TESTS_DIR, str(hidden), type="bind", read_only=True))
         try:
             self.container = self.client.containers.create(
                 task.docker_image,
@@ -273,8 +326,8 @@ class DockerBackend:
                 init=True,
                 labels=owner_labels(),
                 network_mode="none",
-                mem_limit=mem,
-                memswap_limit=mem,
+                mem_limit=memory,
+                memswap_limit=memory,
                 pids_limit=self.config.pids,
                 nano_cpus=int(self.config.cpus * 1e9),
                 working_dir=self.repo_dir,
@@ -288,22 +341,30 @@ class DockerBackend:
                     ),
                     docker.types.Ulimit(name="core", soft=0, hard=0),
                 ],
+                tmpfs=tmpfs,
+                mounts=mounts,
                 **layout,
             )
         except docker.errors.APIError as exc:
             raise SandboxError(f"task {task.task_id!r}: could not create a container: {exc}") from None
         own(self.container.id, self.client)
         try:
-            # a created container's archive reads the image's files, not the tmpfs places mounted at start
-            seeds = [
-                (self._archive(path), into)
-                for path, into in (("/testbed", "/"), ("/r2e_tests", "/root"))
-                if scratch is not None
-            ]
-            self.container.start()
-            for data, into in seeds:
-                if data is not None:
-                    self._feed(["tar", "-xf", "-", "-C", into], data, "could not fill the container's scratch")
+            with contextlib.ExitStack() as stack:
+                seeds = []
+                if scratch is not None:
+                    # a created container's archive reads the image's files, not the tmpfs places mounted at start
+                    for path in (*SCRATCH_PLACES, "/r2e_tests"):
+                        seed = stack.enter_context(tempfile.TemporaryFile(prefix="swe-seed-"))
+                        if self._archive(path, seed):
+                            seed.seek(0)
+                            seeds.append((seed, "/root" if path == "/r2e_tests" else posixpath.dirname(path)))
+                self.container.start()
+                for seed, into in seeds:  # the hidden tests' mount shows in a created container's archive
+                    self._feed(
+                        ["tar", "--anchored", "--no-wildcards", "--exclude=testbed/r2e_tests", "-xf", "-", "-C", into],
+                        seed,
+                        "could not fill the container's scratch",
+                    )
             setup = self._exec(
                 ["sh", "-c", _SETUP, "_", self.config.user, "layer" if scratch is None else "scratch", task.kind],
                 self.config.file_op_timeout_s,
@@ -323,15 +384,19 @@ class DockerBackend:
             self.close()
             raise
 
-    def _archive(self, path: str) -> bytes | None:
-        """The tar of `path` in the container (None if absent); of the image's files while it is not started."""
+    def _archive(self, path: str, out) -> bool:
+        """Write the tar of `path` in the container to the file `out`, chunk by chunk; False if it is absent. Of the
+        image's files while the container is not started."""
         import docker
 
-        try:
-            stream, _ = self.container.get_archive(path)
-        except docker.errors.NotFound:
-            return None
-        return b"".join(stream)
+        with _engine_failures(f"reading {path} of the image: the Docker engine failed"):
+            try:
+                stream, _ = self.container.get_archive(path)
+            except docker.errors.NotFound:
+                return False
+            for chunk in stream:
+                out.write(chunk)
+        return True
 
     def _feed(self, argv: Sequence[str], data, what: str, user: str = "root", deadline: float | None = None) -> None:
         """Run `argv` in the container with `data` (bytes, or a file read in chunks) on its standard input (the
@@ -442,6 +507,8 @@ class DockerBackend:
         reader.start()
         attention.wait(timeout + self.config.host_grace_s)
         host_timeout = not attention.is_set()
+        if not host_timeout and not state["overflow"]:
+            reader.join(self.config.host_grace_s)  # the stream ended: the reader is on its last lines
         if reader.is_alive():
             self._stop_processes(user)
             reader.join(self.config.host_grace_s)
@@ -469,19 +536,26 @@ class DockerBackend:
         )
 
     def _stop_processes(self, user: str) -> None:
-        """Kill every process of `user` (as that user); restart the container if that is impossible."""
-        if user != "root":
-            try:
-                result = self.container.exec_run(["sh", "-c", "kill -9 -1"], user=user, workdir="/")
-                if result.exit_code in (0, 1) and b"OCI runtime" not in (result.output or b""):
-                    return
-            except Exception:
-                pass
+        """Kill every process of `user` (as that user; for root, every process but the container's own two);
+        restart the container if that is impossible."""
+        try:
+            script = "kill -9 -1" if user != "root" else _KILL_ALL
+            result = self.container.exec_run(["sh", "-c", script], user=user, workdir="/")
+            if result.exit_code in (0, 1) and b"OCI runtime" not in (result.output or b""):
+                return
+        except Exception:
+            pass
         self._restart()
 
     def _restart(self) -> None:
-        """Kill all processes in the container and start it again; its files stay."""
+        """Kill all processes in the container and start it again. Its image layer's files stay; the scratch
+        places are emptied with it, so a scratch container's episode cannot go on (SandboxError)."""
         self.container.restart(timeout=0)
+        if self.config.scratch:
+            raise SandboxError(
+                "the container's processes could not be stopped (its pids limit is full?), and restarting it emptied "
+                "its scratch places (DockerConfig.scratch)"
+            )
 
     def exec(self, argv: Sequence[str], timeout: float) -> ExecResult:
         """Run `argv` as the agent in /testbed."""
@@ -520,46 +594,71 @@ class DockerBackend:
         return kind
 
     # -- grading ---------------------------------------------------------------------------------------------
-    def run_tests(self, timeout: float, key: bytes | None = None) -> TestRun:
+    def run_tests(self, timeout: float, key: bytes | None = None, exempt: Sequence[str] = ()) -> TestRun:
         """Kill the agent's processes, then run the hidden tests on the agent's repository: in a fresh container
-        from the task's image (`grade_in: fresh`) or in this one (`episode`); through `report_launcher.py` with
-        `key`, by the image's own test script without."""
+        from the task's image (`grade_in: fresh`: the agent's changes applied to the image's repository, its test
+        infrastructure restored, `workdiff.py`; `exempt`: paths never restored) or in this one (`episode`);
+        through `report_launcher.py` with `key` where the row's script runs `python -m pytest`, by the script
+        as it is otherwise."""
         deadline = time.monotonic() + timeout + self.config.grading_overhead_s
         if self.user != "root":
             self._stop_processes(self.user)
         if self.config.grade_in == "episode":
-            return self._run_hidden_tests(_before(deadline, timeout, "the tests"), key)
-        with tempfile.TemporaryFile(prefix="swe-agent-work-") as work:
-            self._stream_out(
-                ["sh", "-c", f"tar -C /testbed {WORK_EXCLUDES} -cf - ."],
-                work,
-                deadline,
-                "copying the agent's repository out",
+            return self._run_hidden_tests(_before(deadline, timeout, "the tests"), key, fresh=False)
+        with contextlib.ExitStack() as stack:
+            agent_tar, original_tar, delta = (
+                stack.enter_context(tempfile.TemporaryFile(prefix=f"swe-{what}-"))
+                for what in ("agent", "original", "delta")
             )
-            work.seek(0)
+            self._stream_out(["sh", "-c", TREE_OUT], agent_tar, deadline, "copying the agent's repository out")
             grader = DockerBackend(self.config, client=self.client)
-            try:
-                grader.start(self.task)
-                _before(deadline, timeout, "copying the repository in")
-                grader._replace_repository(work, deadline)
-                return grader._run_hidden_tests(_before(deadline, timeout, "the tests"), key)
-            finally:
-                grader.close()
+            stack.callback(grader.close)
+            grader.start(self.task, grading=True)
+            _before(deadline, timeout, "reading the original repository")
+            grader._stream_out(["sh", "-c", TREE_OUT], original_tar, deadline, "reading the original repository")
+            original_tar.seek(0)
+            agent_tar.seek(0)
+            with TarTree(original_tar) as original, TarTree(agent_tar) as agent:
+                plan = plan_grading(original, agent, exempt)
+                flags = scan_plan(plan, original, agent)
+                delta_tar(plan, original, agent, delta)
+            delta.seek(0)
+            _before(deadline, timeout, "copying the agent's changes in")
+            grader._apply(plan, delta, deadline)
+            run = grader._run_hidden_tests(_before(deadline, timeout, "the tests"), key, fresh=True)
+            return replace(run, changes=plan.summary(), changed=tuple(plan.changed), flags=tuple(flags))
 
-    def _stream_out(self, argv: Sequence[str], out, deadline: float, what: str, limit: int | None = None) -> None:
-        """Write what `argv` (run as root) prints to the file `out`, chunk by chunk (docker-py's
+    def _apply(self, plan: GradingPlan, delta, deadline: float) -> None:
+        """Remove what the agent removed from this (fresh) container's repository, then unpack the delta."""
+        try:
+            if plan.delete:
+                paths = b"".join(os.fsencode(p) + b"\0" for p in plan.delete)
+                self._feed(["bash", "-c", _DELETE], paths, "could not remove what the agent removed", deadline=deadline)
+            self._feed(
+                ["tar", "-xf", "-", "-C", "/testbed", "--numeric-owner"],
+                delta,
+                "could not copy the agent's changes in",
+                deadline=deadline,
+            )
+        except SandboxFileError as exc:
+            raise SandboxError(str(exc)) from None
+
+    def _stream_out(
+        self, argv: Sequence[str], out, deadline: float, what: str, limit: int | None = None, user: str = "root"
+    ) -> None:
+        """Write what `argv` (run as `user`) prints to the file `out`, chunk by chunk (docker-py's
         `exec_run(demux=True)` joins its chunks in quadratic time), at most `limit` bytes; SandboxError if the
-        command fails or `deadline` (time.monotonic) passes. The agent's repository leaves this way as a tar
-        (without the tests' folder, the image's .venv and .git, which the grader takes from the image, and
-        bytecode; ownership and modes kept)."""
+        command fails or `deadline` (time.monotonic) passes."""
         with _engine_failures(f"{what}: the Docker engine failed"):
-            self._stream_out_unguarded(argv, out, deadline, what, limit)
+            self._stream_out_unguarded(argv, out, deadline, what, limit, user)
 
-    def _stream_out_unguarded(self, argv: Sequence[str], out, deadline: float, what: str, limit: int | None) -> None:
+    def _stream_out_unguarded(
+        self, argv: Sequence[str], out, deadline: float, what: str, limit: int | None, user: str
+    ) -> None:
         api = self.client.api
-        exec_id = api.exec_create(self.container.id, list(argv), stdout=True, stderr=True, user="root", workdir="/")[
-            "Id"
-        ]
+        exec_id = api.exec_create(
+            self.container.id, list(argv), stdout=True, stderr=True, user=user, workdir="/", environment=self._env(user)
+        )["Id"]
         err = OutputCapture(64 * 1024)
         kept = 0
         for chunk_out, chunk_err in api.exec_start(exec_id, stream=True, demux=True):
@@ -576,75 +675,61 @@ class DockerBackend:
         if api.exec_inspect(exec_id).get("ExitCode") != 0:
             raise SandboxError(f"{what} failed: {err.value().decode(errors='replace').strip()}")
 
-    def _replace_repository(self, work, deadline: float) -> None:
-        """Swap this (fresh) container's /testbed for the agent's (the tar in the file `work`), keeping the image's
-        .venv and .git."""
-        cleared = self._exec(
-            ["sh", "-c", "find /testbed -mindepth 1 -maxdepth 1 ! -name .venv ! -name .git -exec rm -rf {} +"],
-            self.config.file_op_timeout_s,
-            user="root",
-        )
-        if cleared.exit_code != 0:
-            raise SandboxError("could not clear the grading container's repository")
-        try:
-            self._feed(
-                ["tar", "-xf", "-", "-C", "/testbed"],
-                work,
-                "could not copy the agent's repository in",
-                deadline=deadline,
-            )
-        except SandboxFileError as exc:
-            raise SandboxError(str(exc)) from None
-
-    def _run_hidden_tests(self, timeout: float, key: bytes | None) -> TestRun:
-        """Copy the hidden tests in (read-only for the agent), run the image's run_tests.sh as the agent, remove
-        them: with `key` its pytest runs through `report_launcher.py` (`through_launcher`) and the report is read
-        back; without, the script runs as it is. A SWE-bench
-        image's script brings its own tests (it applies the test patch); its output is read with stderr interleaved,
-        as R2E-Gym reads it (the log is cut at the echo of the test command, which `set -x` writes to stderr)."""
+    def _run_hidden_tests(self, timeout: float, key: bytes | None, fresh: bool) -> TestRun:
+        """Run the row's test script as the agent's user: an R2E-Gym row's hidden tests at TESTS_DIR (mounted in a
+        fresh grading container, copied in the episode's own), its `-m pytest` through `report_launcher.py` when
+        there is a `key` and the script has one, the report read back; a SWE-bench image's script brings its own
+        tests (it applies the test patch) and is read from its log with stderr interleaved, as R2E-Gym reads it
+        (the log is cut at the echo of the test command, which `set -x` writes to stderr)."""
         purged = self._exec(["sh", "-c", PURGE_BYTECODE], self.config.file_op_timeout_s, user="root")
         if purged.exit_code != 0:
             raise SandboxError(f"could not remove the bytecode caches: {purged.stderr.decode(errors='replace')}")
+        script = self._exec(["cat", "/root/run_tests.sh"], self.config.file_op_timeout_s, user="root")
+        if script.exit_code != 0:
+            raise SandboxError(f"could not read the test script: {script.stderr.decode(errors='replace')}")
+        text = script.stdout.decode(errors="replace")
         if self.task.kind == "swebench":
-            script = self._exec(["cat", "/root/run_tests.sh"], self.config.file_op_timeout_s, user="root")
-            if script.exit_code != 0:
-                raise SandboxError(f"could not read the test script: {script.stderr.decode(errors='replace')}")
-            return TestRun(self._exec(["bash", "-c", 'exec 2>&1; eval "$1"', "_", script.stdout.decode()], timeout))
-        copy = self._exec(["sh", "-c", _COPY_TESTS, "_", self.user], self.config.file_op_timeout_s, user="root")
-        if copy.exit_code != 0:
-            raise SandboxError(f"could not copy the hidden tests: {copy.stderr.decode(errors='replace').strip()}")
+            return TestRun(self._exec(["bash", "-c", 'exec 2>&1; eval "$1"', "_", text], timeout))
+        if not fresh:
+            copy = self._exec(["sh", "-c", _COPY_TESTS], self.config.file_op_timeout_s, user="root")
+            if copy.exit_code != 0:
+                raise SandboxError(f"could not copy the hidden tests: {copy.stderr.decode(errors='replace').strip()}")
         try:
-            if key is None:
-                return TestRun(self._exec(["bash", "-c", copy.stdout.decode()], timeout))
-            command = through_launcher(copy.stdout.decode())  # refused before anything is placed
+            if key is None or not runs_pytest(text):
+                return TestRun(self._exec(["bash", "-c", text], timeout))
             try:
                 self._feed(
-                    ["sh", "-c", 'cat > "$1"', "_", f"{GRADER_DIR}/launcher.py"],
+                    ["sh", "-c", _PLACE_LAUNCHER, "_", self.user],
                     LAUNCHER_PATH.read_bytes(),
                     "could not place the report launcher",
                 )
                 self._feed(
-                    ["sh", "-c", 'umask 077 && cat > "$1" && chown "$2" "$1"', "_", f"{GRADER_DIR}/run/key", self.user],
+                    ["sh", "-c", 'umask 077 && cat > "$1"', "_", f"{GRADER_DIR}/run/key"],
                     key,
                     "could not place the report's key",
+                    user=self.user,
                 )
             except SandboxFileError as exc:
                 raise SandboxError(str(exc)) from None
-            log = self._exec(["bash", "-c", command], timeout)
+            log = self._exec(["bash", "-c", through_launcher(text)], timeout)
+            if self.user != "root":  # nothing of the tests' may still be writing when the report is read
+                self._stop_processes(self.user)
             report = io.BytesIO()
             try:
                 self._stream_out(
-                    ["sh", "-c", f"test -f {GRADER_DIR}/run/report && cat {GRADER_DIR}/run/report"],
+                    ["sh", "-c", _READ_REPORT],
                     report,
                     time.monotonic() + self.config.file_op_timeout_s,
                     "reading the report",
                     limit=REPORT_MAX_BYTES,
+                    user=self.user,
                 )
             except SandboxError:
-                return TestRun(log, None)
-            return TestRun(log, report.getvalue())
+                return TestRun(log, None, launcher=True)
+            return TestRun(log, report.getvalue() or None, launcher=True)
         finally:
-            self._exec(["rm", "-rf", "/testbed/r2e_tests"], self.config.file_op_timeout_s, user="root")
+            if not fresh:
+                self._exec(["rm", "-rf", "/testbed/r2e_tests"], self.config.file_op_timeout_s, user="root")
 
 
 @contextlib.contextmanager
@@ -660,15 +745,16 @@ def _engine_failures(message: str):
         raise SandboxError(f"{message}: {type(exc).__name__}: {exc}") from None
 
 
+def runs_pytest(script: str) -> bool:
+    """Whether a row's test script runs `python -m pytest` (R2E-Gym's do; some run custom unittest runners, whose
+    log is then read by R2E-Gym's rule)."""
+    return "-m pytest" in script
+
+
 def through_launcher(script: str) -> str:
-    """The image's run_tests.sh with its `-m pytest` run through the report launcher instead, so the tests run with
-    the image's own interpreter, folder and flags (R2E-Gym's: `.venv/bin/python -W ignore -m pytest -rA r2e_tests`
-    from /testbed); SandboxError where the script does not run `python -m pytest`."""
-    if "-m pytest" not in script:
-        raise SandboxError(
-            "the image's run_tests.sh does not run `python -m pytest`, so the report launcher cannot "
-            "run it: grade this task with env.options.grading: r2e_gym_log"
-        )
+    """The row's test script with its `-m pytest` run through the report launcher instead, so the tests run with
+    the image's own interpreter, folder, flags and conftest files (R2E-Gym's: `.venv/bin/python -W ignore -m pytest
+    -rA r2e_tests` from /testbed)."""
     return script.replace("-m pytest", f"{GRADER_DIR}/launcher.py {GRADER_DIR}/run/key {GRADER_DIR}/run/report", 1)
 
 
@@ -713,6 +799,129 @@ def ensure_image(client, task, config: DockerConfig) -> None:
             "`python -m trainer.environments.swe.pull --tasks FILE` lists a task file's absent "
             "images"
         ) from None
+
+
+@dataclass(frozen=True)
+class ImageFacts:
+    """What the backend needs to know of an image before it creates a container from it."""
+
+    place_sizes: dict[str, tuple[int, int]]
+    """{scratch place: (bytes its files take in a tmpfs, entries)} of what the image has there."""
+    hidden_tests: Path | None
+    """A read-only host copy of the image's /r2e_tests (bind-mounted into grading containers); None without."""
+
+
+_FACTS: dict[str, ImageFacts] = {}
+_FACTS_LOCK = threading.Lock()
+_FACTS_ROOT: list[Path] = []
+
+
+def image_facts(client, image: str) -> ImageFacts:
+    """`ImageFacts` of `image`, read once per image and process from a container that is created, never started,
+    and removed (an image is immutable, so its id keys the cache)."""
+    import docker
+
+    image_id = client.images.get(image).id
+    with _FACTS_LOCK:
+        if image_id in _FACTS:
+            return _FACTS[image_id]
+    try:
+        probe = client.containers.create(image, ["true"], labels=owner_labels(), network_mode="none")
+    except docker.errors.APIError as exc:
+        raise SandboxError(f"image {image!r}: could not create a container to read it: {exc}") from None
+    own(probe.id, client)
+    try:
+        with _engine_failures(f"reading image {image!r}: the Docker engine failed"):
+            sizes = {}
+            for path in SCRATCH_PLACES:
+                try:
+                    stream, _ = probe.get_archive(path)
+                except docker.errors.NotFound:
+                    continue
+                sizes[path] = _footprint(stream)
+            hidden = None
+            try:
+                stream, _ = probe.get_archive("/r2e_tests")
+            except docker.errors.NotFound:
+                stream = None
+            if stream is not None:
+                hidden = _unpack_hidden_tests(stream, image_id)
+    finally:
+        disown(probe.id)
+        with contextlib.suppress(Exception):
+            probe.remove(force=True)
+    facts = ImageFacts(sizes, hidden)
+    with _FACTS_LOCK:
+        return _FACTS.setdefault(image_id, facts)
+
+
+def place_sizes(client, image: str) -> dict[str, tuple[int, int]]:
+    return image_facts(client, image).place_sizes
+
+
+def hidden_tests_dir(client, task) -> Path:
+    """The host copy of the task image's hidden tests; SandboxError when the image has none."""
+    hidden = image_facts(client, task.docker_image).hidden_tests
+    if hidden is None:
+        raise SandboxError(f"task {task.task_id!r}: image {task.docker_image!r} has no /r2e_tests (hidden tests)")
+    return hidden
+
+
+class _Chunks(io.RawIOBase):
+    """A file over an iterator of byte chunks (docker-py's archive stream), for tarfile's stream mode."""
+
+    def __init__(self, chunks):
+        self._chunks, self._rest = iter(chunks), b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self._rest:
+            self._rest = next(self._chunks, None)
+            if self._rest is None:
+                self._rest = b""
+                return 0
+        n = min(len(buffer), len(self._rest))
+        buffer[:n], self._rest = self._rest[:n], self._rest[n:]
+        return n
+
+
+def _footprint(chunks) -> tuple[int, int]:
+    """(bytes, entries) a tar stream's files take in a tmpfs: whole pages per file, a page per folder and symlink
+    (a margin: tmpfs keeps short links in the inode)."""
+    page = 4096
+    used = entries = 0
+    with tarfile.open(fileobj=io.BufferedReader(_Chunks(chunks), 1 << 20), mode="r|") as tar:
+        for member in tar:
+            entries += 1
+            used += -(-member.size // page) * page if member.isfile() else page
+    return used, entries
+
+
+def _unpack_hidden_tests(chunks, image_id: str) -> Path:
+    """Unpack an image's /r2e_tests (the tar of get_archive) into this process's temporary folder, readable by
+    every user (the tests may run as an unprivileged one) and writable by none."""
+    if not _FACTS_ROOT:
+        _FACTS_ROOT.append(Path(tempfile.mkdtemp(prefix="swe-hidden-tests-")))
+        atexit.register(shutil.rmtree, _FACTS_ROOT[0], True)
+    target = Path(tempfile.mkdtemp(prefix=image_id.replace(":", "-")[:24] + "-", dir=_FACTS_ROOT[0]))
+    with tarfile.open(fileobj=io.BufferedReader(_Chunks(chunks), 1 << 20), mode="r|") as tar:
+        for member in tar:
+            name = posixpath.normpath(member.name)
+            if name.startswith(("/", "..")) or not (member.isfile() or member.isdir()):
+                continue  # hidden tests are files and folders; anything else is not copied to the host
+            if member.isdir():
+                (target / name).mkdir(parents=True, exist_ok=True)
+            else:
+                (target / name).parent.mkdir(parents=True, exist_ok=True)
+                with open(target / name, "wb") as handle:
+                    shutil.copyfileobj(tar.extractfile(member), handle)
+    root = target / "r2e_tests"
+    root.mkdir(exist_ok=True)
+    for path in [root, *root.rglob("*")]:
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    return root
 
 
 def missing_images(client, tasks, config: DockerConfig) -> dict[str, str]:

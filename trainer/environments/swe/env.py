@@ -15,7 +15,9 @@ match, ...), a timeout, an output flood, or a sandbox failure. A nonzero bash ex
 only with `nonzero_exit_is_error=True`: reproducing a bug legitimately exits nonzero, so the default is the
 lenient reading (the flag keeps the strict reading available); `info.extra["exit_code"]` has it either way.
 A sandbox that fails (not the agent's doing, e.g. the engine dies) ends the episode with reward 0 and
-`extra["sandbox_error"]` set, rather than raising inside the rollout loop.
+`extra["sandbox_error"]` set, rather than raising inside the rollout loop. A container that does not start, or a
+grading that fails, is tried once more; then the episode fails alone (EpisodeStartError from `reset`, `failed` in
+`last_grading`), and the rollout leaves it out of the batch with the reason.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-from trainer.environments.protocol import StepInfo, StepResult
+from trainer.environments.protocol import EpisodeStartError, StepInfo, StepResult
 from trainer.environments.swe.docker_backend import DockerBackend, DockerConfig
 from trainer.environments.swe.grading import (
     GRADINGS,
@@ -39,6 +41,7 @@ from trainer.environments.swe.grading import (
 )
 from trainer.environments.swe.local_backend import LocalBackend, LocalConfig
 from trainer.environments.swe.sandbox import SandboxError
+from trainer.environments.swe.tamper import TAMPER_POLICIES, dynamic_flags
 from trainer.environments.swe.tasks import ROW_KINDS, SWETask
 from trainer.environments.swe.tools import Tools, ToolSettings, decode_output
 
@@ -77,13 +80,17 @@ class SWEConfig:
     `tasks.py`)."""
     max_turns: int = 40
     """Actions per episode (R2E-Gym's README runs use max_steps 40)."""
+    on_tamper: Literal["zero", "keep"] = "zero"
+    """The reward of an episode with tamper flags (`tamper.py`): 0 ("zero", for training: a forged grade must not
+    pay), or as graded ("keep", to measure how often a forgery would have paid). The flags are recorded either way."""
     grading: Literal["report", "r2e_gym_log"] = "report"
-    """How an R2E-Gym row's test statuses are read. "report" (default): from the signed report of the launcher pytest
-    runs through (`report_launcher.py`, which says which forgeries from the tested code it stops and which not);
-    the log's R2E-Gym reading is made beside it and a disagreement is logged (`grade_disagreement`). "r2e_gym_log":
-    R2E-Gym's own way, the image's run_tests.sh and its log read by substring, which the tested code can forge
-    (a failure message saying "PASSED", fake summary lines printed at exit, pytest patched at import). SWE-bench
-    rows are always read from their log (their images' scripts run other test runners)."""
+    """How an R2E-Gym row's test statuses are read. "report" (default): from the report of the launcher pytest runs
+    through (`report_launcher.py`: each test's outcome from pytest's own objects, not the log's text), with the
+    log's R2E-Gym reading made beside it (a disagreement is a tamper flag); a row whose test script does not run
+    `python -m pytest` is read from its log, and says so (`grading_reading`). "r2e_gym_log": R2E-Gym's own way,
+    the log read by substring, which the tested code can forge by printing. SWE-bench rows are always read from
+    their log (their images' scripts run other test runners). Either way the agent's changes are scanned and
+    compared (`tamper.py`)."""
     reward_timeout_s: float = 300.0
     """Wall-clock limit of the hidden test run (R2E-Gym and rllm: 300 s); a timeout grades 0."""
     grade_on_turn_limit: bool = True
@@ -125,6 +132,8 @@ class SWEConfig:
             raise ValueError(f"SWEConfig.max_episode_s must be positive or None, got {self.max_episode_s}")
         if self.grading not in GRADINGS:
             raise ValueError(f"SWEConfig.grading must be one of {GRADINGS}, got {self.grading!r}")
+        if self.on_tamper not in TAMPER_POLICIES:
+            raise ValueError(f"SWEConfig.on_tamper must be one of {TAMPER_POLICIES}, got {self.on_tamper!r}")
         if self.reward_timeout_s <= 0:
             raise ValueError(f"SWEConfig.reward_timeout_s must be positive, got {self.reward_timeout_s}")
 
@@ -145,6 +154,8 @@ class SWEEnv:
         self.done = False
         self.last_grade: Grade | None = None
         self.last_test_log = ""
+        self.last_grading: dict | None = None
+        """What grading the last episode saw (reward, reading, tamper flags, changes); None until it is graded."""
 
     @property
     def repo_dir(self) -> str:
@@ -168,10 +179,19 @@ class SWEEnv:
         self.close()
         if self.backend is None:
             self.backend = self._make_backend()
-        self.backend.start(task)
+        for attempt in (1, 2):  # a container that fails to start (the engine, a pull) is tried once more
+            try:
+                self.backend.start(task)
+                break
+            except SandboxError as exc:
+                log.warning("task %s: the sandbox did not start (try %d of 2): %s", task.task_id, attempt, exc)
+                if attempt == 2:
+                    raise EpisodeStartError(
+                        f"task {task.task_id!r}: the sandbox did not start (twice): {exc}"
+                    ) from None
         self.tools = Tools(self.backend, self.config.tools)
         self.task, self.turn, self.done, self.elapsed_s = task, 0, False, 0.0
-        self.last_grade, self.last_test_log = None, ""
+        self.last_grade, self.last_test_log, self.last_grading = None, "", None
         instruction = self.config.instruction_template.format(
             repo_dir=self.backend.repo_dir,
             issue=task.issue,
@@ -243,15 +263,28 @@ class SWEEnv:
         return reward
 
     def _grade(self, extra: dict) -> float:
+        """Run the hidden tests (a failed run is tried once more), read the statuses, collect the tamper flags
+        (`tamper.py`) and apply `on_tamper`. What grading saw goes into `extra` and `self.last_grading`."""
         hardened = self.config.grading == "report" and self.task.kind != "swebench"
         key = secrets.token_hex(32).encode() if hardened else None
-        try:
-            test_run = self.backend.run_tests(self.config.reward_timeout_s, key)
-        except SandboxError as exc:
-            extra["sandbox_error"] = str(exc)
+        test_run = None
+        for attempt in (1, 2):
+            try:
+                test_run = self.backend.run_tests(self.config.reward_timeout_s, key, exempt=self.task.fix_files)
+                break
+            except SandboxError as exc:
+                log.warning("task %s: grading failed (try %d of 2): %s", self.task.task_id, attempt, exc)
+                extra["sandbox_error"] = str(exc)
+        if test_run is None:
+            extra["episode_failed"] = f"grading failed twice: {extra['sandbox_error']}"
+            self.last_grading = {"failed": extra["episode_failed"]}
             return 0.0
+        extra.pop("sandbox_error", None)
         run = test_run.log
         self.last_test_log = decode_output(run.stdout + b"\n" + run.stderr)
+        flags = list(test_run.flags)
+        reading = "log"
+        readings: dict[str, float] = {}
         if self.task.kind == "swebench":
             parsed = (
                 {} if run.timed_out else parse_swebench_log(self.last_test_log, self.task.repo_name, self.task.version)
@@ -260,34 +293,49 @@ class SWEEnv:
                 parsed, self.task.repo_name, self.task.fail_to_pass, self.task.pass_to_pass
             )
         else:
-            parsed = {} if run.timed_out else parse_pytest_report(self.last_test_log)
-            self.last_grade = grade(parsed, self.task.expected)
-        if hardened:
-            by_log = self.last_grade
-            reading = read_report(test_run.report, key, run.exit_code)
-            self.last_grade = grade({} if run.timed_out else reading.statuses, self.task.expected)
-            if reading.problem and not run.timed_out:
-                extra["report_problem"] = reading.problem
-            if by_log.reward != self.last_grade.reward:
-                extra["grade_disagreement"] = {
-                    "report": self.last_grade.reward,
-                    "r2e_gym_log": by_log.reward,
-                    "problem": reading.problem,
-                }
-                log.warning(
-                    "task %s: the log's R2E-Gym reading gives %.0f, the launcher's report %.0f (%s)",
-                    self.task.task_id,
-                    by_log.reward,
-                    self.last_grade.reward,
-                    reading.problem or "the statuses differ",
-                )
+            by_log = grade({} if run.timed_out else parse_pytest_report(self.last_test_log), self.task.expected)
+            self.last_grade = by_log
+            readings["log"] = by_log.reward
+            if hardened and not test_run.launcher:
+                reading = "log (the row's test script does not run python -m pytest)"
+            elif test_run.launcher:
+                reading = "report"
+                report = read_report(test_run.report, key, run.exit_code)
+                self.last_grade = grade({} if run.timed_out else report.statuses, self.task.expected)
+                readings["report"] = self.last_grade.reward
+                if report.problem and not run.timed_out:
+                    extra["report_problem"] = report.problem
+                    if report.problem.startswith(("line ", "the report's records")):
+                        flags.append(f"report forged: {report.problem}")
+                flags += dynamic_flags(report.observations, set(test_run.changed))
+                if by_log.reward != self.last_grade.reward:
+                    flags.append(
+                        f"readings disagree: the report gives {self.last_grade.reward:.0f}, the log "
+                        f"{by_log.reward:.0f} ({report.problem or 'the statuses differ'})"
+                    )
+        graded = self.last_grade.reward
+        reward = 0.0 if flags and self.config.on_tamper == "zero" else graded
+        if flags:
+            log.warning("task %s: graded %.0f, tamper flags: %s", self.task.task_id, graded, "; ".join(flags))
+        self.last_grading = {
+            "reward": reward,
+            "graded_reward": graded,
+            "reading": reading,
+            "readings": readings,
+            "tamper_flags": flags,
+            "changes": test_run.changes,
+        }
         extra.update(
             tests_timed_out=run.timed_out,
             tests_missing=self.last_grade.missing,
             tests_unexpected=self.last_grade.unexpected,
             tests_mismatched=sorted(self.last_grade.mismatched),
+            tamper_flags=flags,
+            grading_reading=reading,
         )
-        return self.last_grade.reward
+        if test_run.changes is not None:
+            extra["changes"] = test_run.changes
+        return reward
 
     def _finish_episode(self) -> None:
         self.done = True

@@ -21,12 +21,15 @@ R2E-Gym's data gets the reward R2E-Gym gives it:
   `r2e_tests/test_1.py::HTTPHeadersTest::test_copy` -> `HTTPHeadersTest.test_copy`, a module-level test keeps its
   bare name (`test_four`), parametrised ids stay (`TestStat.test_len[mean]`). A collection error
   (`ERROR r2e_tests/test_x.py - ImportError`) has no "::" and becomes the empty name.
-* Reward 1 iff the parsed map has as many entries as the expected map and every non-empty parsed name is expected
-  with the same status; else 0 (so a collection error costs the count, and same-named module-level tests of two
-  files are one entry, both as in R2E-Gym). Keys of both maps lose colour codes and anything after " - ".
+* Reward 1 iff the parsed map has as many entries as the expected map and every parsed name, the empty one
+  included, is expected with the same status; else 0 (same-named module-level tests of two files are one entry,
+  as in R2E-Gym). Keys of both maps lose colour codes and anything after " - ".
 
-The one departure: the log loses every ANSI escape and carriage return before parsing (R2E-Gym removes colour
-codes from keys only), so a terminal's control bytes never become part of a name.
+Two departures: the log loses every ANSI escape and carriage return before parsing (R2E-Gym removes colour codes
+from keys only), so a terminal's control bytes never become part of a name; and the empty name is compared like
+any other. R2E-Gym (69bc953) looks it up in the expected map and raises KeyError when it is not there, so a
+collection error ends its grading; a rule that skipped it instead would pay a repository that breaks the import of
+a failing test's file (the collection error stands in for the test in the count).
 
 `pytest_command` is the pytest invocation both backends run. It hardens grading a little against a policy that
 edits /testbed to game it: it runs from inside the tests directory (so a /testbed/pytest.py cannot shadow
@@ -104,22 +107,23 @@ CATEGORY_STATUS = {"passed": "PASSED", "error": "ERROR", "failed": "FAILED"}
 
 @dataclass(frozen=True)
 class ReportReading:
-    """The statuses the launcher's report gives, or why it cannot be trusted (then `statuses` is empty)."""
+    """The statuses the launcher's report gives, or why it cannot be trusted (then `statuses` is empty), and what
+    the launcher saw change in the test runner (`report_launcher.py`; judged by `tamper.dynamic_flags`)."""
 
     statuses: dict[str, str]
     problem: str | None = None
+    observations: list[dict] = field(default_factory=list)
 
 
 def read_report(report: bytes | None, key: bytes, exit_code: int) -> ReportReading:
     """{test name: status} from `report_launcher.py`'s signed report, in R2E-Gym's key and status terms, as R2E-Gym's
     parser reads an honest `-rA` log (the test's last summary line by `SUMMARY_ORDER`; skipped, xfail and xpass
-    dropped; a collection error is the empty name).
+    dropped; a collection error is the empty name), and the launcher's observations.
 
     The reading is refused (empty statuses and the reason) when a line is not signed with `key`, records are
-    missing or out of order, the launcher saw pytest, pluggy or unittest changed or a plugin registered during the
-    tests, the session's end is missing, or a collected test was never run. Once the signed end exists, what the
-    process does after it (a crash at interpreter shutdown, another exit code) changes nothing: `exit_code` is only
-    named when the end is missing. What a refused reading means, and what no reading can rule out, is in report_launcher.py."""
+    missing or out of order, the start or the session's end is missing, or a collected test was never run. Once
+    the signed end exists, what the process does after it (a crash at interpreter shutdown, another exit code)
+    changes nothing: `exit_code` is only named when the end is missing."""
     if not report:
         return ReportReading({}, "no report: the tests did not start, or the launcher could not write")
     records = []
@@ -134,28 +138,26 @@ def read_report(report: bytes | None, key: bytes, exit_code: int) -> ReportReadi
         if not isinstance(record, dict):
             return ReportReading({}, f"line {number} of the report is not the launcher's (no valid signature)")
         records.append(record)
+    observations = [r for r in records if r.get("kind") == "observed"]
     if [r.get("seq") for r in records] != list(range(len(records))):
-        return ReportReading({}, "the report's records are missing or out of order")
+        return ReportReading({}, "the report's records are missing or out of order", observations)
     if not records or records[0].get("kind") != "start":
-        return ReportReading({}, "the report does not begin with the launcher's start")
-    tampered = [r.get("what") for r in records if r.get("kind") == "tampered"]
-    if tampered:
-        return ReportReading({}, f"pytest was tampered with while the tests ran: {', '.join(map(str, tampered))}")
+        return ReportReading({}, "the report does not begin with the launcher's start", observations)
     finish = records[-1]
     if finish.get("kind") != "finish":
-        return ReportReading({}, f"the process ended (exit code {exit_code}) before pytest's session did")
+        return ReportReading({}, f"the process ended (exit code {exit_code}) before pytest's session did", observations)
     reports = [r for r in records if r.get("kind") == "report"]
     collected = [n for r in records if r.get("kind") == "collected" for n in r.get("nodeids", [])]
     if finish.get("exitstatus") in (0, 1):
         unrun = sorted(set(collected) - {r.get("nodeid") for r in reports if r.get("when") == "teardown"})
         if unrun:
-            return ReportReading({}, f"{len(unrun)} collected tests never ran (first: {unrun[0]})")
+            return ReportReading({}, f"{len(unrun)} collected tests never ran (first: {unrun[0]})", observations)
     statuses: dict[str, str] = {}
     for category in SUMMARY_ORDER:
         for r in reports:
             if r.get("category") == category and category in CATEGORY_STATUS:
                 statuses[report_key(str(r.get("nodeid")))] = CATEGORY_STATUS[category]
-    return ReportReading(statuses)
+    return ReportReading(statuses, None, observations)
 
 
 def _normalised(statuses: dict[str, str]) -> dict[str, str]:
@@ -195,13 +197,13 @@ class Grade:
 
 
 def grade(parsed: dict[str, str], expected: dict[str, str]) -> Grade:
-    """R2E-Gym's reward: 1.0 iff `parsed` has as many tests as `expected` and every non-empty parsed name is
-    expected with the same status. The lists beside it say what differed."""
+    """R2E-Gym's reward: 1.0 iff `parsed` has as many tests as `expected` and every parsed name (the empty one of a
+    collection error included) is expected with the same status. The lists beside it say what differed."""
     parsed, expected = _normalised(parsed), _normalised(expected)
     missing = sorted(set(expected) - set(parsed))
     unexpected = sorted(set(parsed) - set(expected))
     mismatched = {k: (expected[k], parsed[k]) for k in sorted(set(expected) & set(parsed)) if expected[k] != parsed[k]}
-    ok = len(parsed) == len(expected) and all(expected.get(k) == v for k, v in parsed.items() if k)
+    ok = len(parsed) == len(expected) and all(k in expected and expected[k] == v for k, v in parsed.items())
     return Grade(1.0 if ok else 0.0, parsed, missing, unexpected, mismatched)
 
 

@@ -257,12 +257,15 @@ class LocalBackend:
             return "file"
         return "other" if target.exists() else "missing"
 
-    def run_tests(self, timeout: float, key: bytes | None = None) -> TestRun:
-        """Copy the hidden tests into the repository and run them: through `report_launcher.py` with `key` (its
-        report read back), by plain pytest without."""
+    def run_tests(self, timeout: float, key: bytes | None = None, exempt: Sequence[str] = ()) -> TestRun:
+        """Restore the test infrastructure the agent changed (`workdiff.py`; `exempt`: never restored), copy the
+        hidden tests into the repository and run them: through `report_launcher.py` with `key` (its report read
+        back), by plain pytest without. The agent's changes are compared with the task's fixture and scanned
+        (`tamper.py`), as on the Docker backend."""
         from trainer.environments.swe.grading import LAUNCHER_PATH, pytest_command
 
         self._require_started()
+        plan, flags = self._restore(exempt)
         tests_dir = Path(self.repo_dir) / "r2e_tests"
         shutil.rmtree(tests_dir, ignore_errors=True)
         if tests_dir.exists() or tests_dir.is_symlink():
@@ -287,11 +290,35 @@ class LocalBackend:
             if key is not None and report_file.is_file():
                 with report_file.open("rb") as handle:
                     report = handle.read(REPORT_MAX_BYTES)
-            return TestRun(log, report)
+            return TestRun(
+                log,
+                report,
+                launcher=key is not None,
+                changes=plan.summary(),
+                changed=tuple(plan.changed),
+                flags=tuple(flags),
+            )
         finally:
             shutil.rmtree(tests_dir, ignore_errors=True)
             shutil.rmtree(home, ignore_errors=True)
             shutil.rmtree(channel, ignore_errors=True)
+
+    def _restore(self, exempt: Sequence[str]):
+        """(the grading plan, static tamper flags) of the agent's repository against the task's fixture, with the
+        plan's test infrastructure put back in place."""
+        from trainer.environments.swe.tamper import scan_plan
+        from trainer.environments.swe.workdiff import TarTree, plan_grading, restore_in_place, tree_tar
+
+        with tempfile.TemporaryFile() as original_tar, tempfile.TemporaryFile() as agent_tar:
+            tree_tar(self.task.repo_path, original_tar)
+            tree_tar(self.repo_dir, agent_tar)
+            original_tar.seek(0)
+            agent_tar.seek(0)
+            with TarTree(original_tar) as original, TarTree(agent_tar) as agent:
+                plan = plan_grading(original, agent, exempt)
+                flags = scan_plan(plan, original, agent)
+                restore_in_place(plan, original, self.repo_dir)
+        return plan, flags
 
     def _require_started(self) -> None:
         if self.root is None:

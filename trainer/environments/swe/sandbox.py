@@ -58,13 +58,23 @@ class ExecResult:
 
 @dataclass(frozen=True)
 class TestRun:
-    """What grading's test run gave: its log, and the launcher's signed report when it ran through the launcher
-    (None otherwise, or when the report could not be read)."""
+    """What grading's test run gave: its log, the launcher's signed report when pytest ran through it (None
+    otherwise, or when the report could not be read), and what grading saw of the agent's changes
+    (`workdiff.GradingPlan`, `tamper.scan_changes`)."""
 
     __test__ = False  # not a pytest test class
 
     log: ExecResult
     report: bytes | None = None
+    launcher: bool = False
+    """Whether pytest ran through the report launcher (False: no key was given, or the row's test script does not
+    run `python -m pytest`, so only the log can be read)."""
+    changes: dict | None = None
+    """`GradingPlan.summary()`: counts of the agent's changes, the test infrastructure restored, what was left out."""
+    changed: tuple[str, ...] = ()
+    """Every path of the repository the agent added, changed or removed."""
+    flags: tuple[str, ...] = ()
+    """Static tamper flags of the agent's changes."""
 
 
 REPORT_MAX_BYTES = 16 * 1024**2

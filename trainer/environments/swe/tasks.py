@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainer.environments.swe.grading import parse_expected, swebench_test_command
+from trainer.environments.swe.workdiff import is_test_file
 
 SPLITS = ("train", "heldout")
 ROW_KINDS = ("auto", "r2e", "swebench")
@@ -93,6 +94,9 @@ class SWETask:
     gold_patch: str = ""
     p2p_breaking_patch: str = ""
     """A patch that fixes the bug but breaks a pass-to-pass test (for the harness's own tests)."""
+    fix_files: tuple[str, ...] = ()
+    """Files the row's own fix changes (`parsed_commit_content`'s files outside R2E-Gym's test files): grading never
+    restores them, since the hidden tests rely on their new version (`workdiff.plan_grading`)."""
     extra: dict = field(default_factory=dict)
 
     @property
@@ -230,8 +234,33 @@ def task_from_record(record: dict, base_dir: Path | None = None, where: str = "t
         pass_to_pass=_names(record, "PASS_TO_PASS", where),
         gold_patch=_string(record, "gold_patch", where, False),
         p2p_breaking_patch=_string(record, "p2p_breaking_patch", where, False),
+        fix_files=tuple(commit_fix(record["parsed_commit_content"], where))
+        if _present(record, "parsed_commit_content")
+        else (),
         extra={k: v for k, v in record.items() if k not in _KNOWN},
     )
+
+
+def commit_fix(parsed_commit_content, where: str = "task") -> dict[str, str | None]:
+    """The row's own fix from R2E-Gym's `parsed_commit_content` (its `ParsedCommit`, a JSON string or the object):
+    {path: the file's new text, None where the commit deletes it} for every file outside R2E-Gym's test files
+    (`workdiff.is_test_file`), binary files aside. ValueError naming the field when it is not a parsed commit."""
+    try:
+        commit = json.loads(parsed_commit_content) if isinstance(parsed_commit_content, str) else parsed_commit_content
+        diffs = commit["file_diffs"]
+        fix = {}
+        for diff in diffs:
+            path = diff["header"]["file"]["path"]
+            if is_test_file(path) or diff.get("is_binary_file"):
+                continue
+            deleted = (diff.get("plus_file") or {}).get("path") == "/dev/null"
+            fix[path] = None if deleted else str(diff["new_file_content"])
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(
+            f"{where}: field 'parsed_commit_content' is not R2E-Gym's parsed commit (file_diffs with header.file.path "
+            f"and new_file_content): {type(exc).__name__}: {exc}"
+        ) from None
+    return fix
 
 
 def load_tasks(path: str | Path, kind: str = "auto") -> list[SWETask]:

@@ -1,0 +1,116 @@
+"""Every attack on the grade (`swe_attacks.ATTACKS`), run as an agent would: the code appended to the unfixed
+repository, graded by the real sandbox and grader. Each must be real (graded 1 under its proof settings with
+`on_tamper: keep`) and, under the default settings, exactly as its table says: contained, detected or undetected.
+
+Three places: the local backend (the harness's own test command, quick: the fast tier has it), the Docker backend
+on the shipped roman image (Debian's pytest 7, the agent unprivileged), and on an R2E-Gym stand-in (uv-style
+interpreter, pytest 6.2, the repository's conftest honoured, the agent root). docs/sandbox.md's counts are this
+table's, as these tests hold it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import pytest
+from swe_attacks import ATTACKS, Attack, applies, attack_actions
+
+from trainer.environments.swe import DockerConfig, SWEConfig, SWEEnv, SWETasks, ToolSettings
+
+ROMAN = next(t for t in SWETasks().all if t.task_id == "swe-harness__roman-1")
+
+
+def outcome(make_env, task, attack: Attack, proof: bool) -> dict:
+    """Play the attack on `task`: under the defaults, or under its proof settings with on_tamper keep. Returns the
+    episode's reward and what grading saw."""
+    env = make_env(attack.proof if proof else {}, "keep" if proof else "zero")
+    try:
+        env.reset(task)
+        for action in attack_actions(task, env.repo_dir, attack):
+            last = env.step(action)
+    finally:
+        env.close()
+    assert last.done and "sandbox_error" not in last.info.extra, last.info.extra
+    return {"reward": last.reward, **env.last_grading, "log": env.last_test_log[-3000:]}
+
+
+def check(make_env, task, attack: Attack) -> None:
+    proof = outcome(make_env, task, attack, proof=True)
+    assert proof["graded_reward"] == 1.0, f"the attack is a dud under {attack.proof}: {proof}"
+    default = outcome(make_env, task, attack, proof=False)
+    label = "contained" if default["graded_reward"] == 0.0 else "detected" if default["tamper_flags"] else "undetected"
+    assert label == attack.expected, default
+    assert default["reward"] == (1.0 if label == "undetected" else 0.0)
+    if label == "detected":
+        assert default["reward"] == 0.0 and default["tamper_flags"]
+
+
+def _local(overrides: dict, on_tamper: str) -> SWEEnv:
+    keys = {k: v for k, v in overrides.items() if k != "docker"}
+    return SWEEnv(SWEConfig(backend="local", on_tamper=on_tamper, **keys))
+
+
+LOCAL = [a for a in ATTACKS if applies(a, "shipped", ROMAN) and "docker" not in a.proof]
+
+
+@pytest.mark.parametrize("attack", LOCAL, ids=[a.name for a in LOCAL])
+def test_an_attack_on_the_local_backend_is_what_its_table_says(attack):
+    check(_local, ROMAN, attack)
+
+
+def _docker_env(client):
+    def make(overrides: dict, on_tamper: str) -> SWEEnv:
+        docker = DockerConfig(memory="1g", pids=256, **overrides.get("docker", {}))
+        keys = {k: v for k, v in overrides.items() if k != "docker"}
+        return SWEEnv(
+            SWEConfig(
+                backend="docker", on_tamper=on_tamper, tools=ToolSettings(command_timeout_s=60), docker=docker, **keys
+            ),
+            docker_client=client,
+        )
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def client():
+    from trainer.environments.swe.containers import docker_client
+
+    try:
+        engine = docker_client(timeout=300)
+        engine.images.get(ROMAN.docker_image)
+    except Exception as exc:
+        message = f"{exc} (run `bash .ci/docker-setup.sh` as root to start Docker and build the images)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true, so the docker tests must run, but: {message}")
+        pytest.skip(message)
+    return engine
+
+
+SHIPPED = [a for a in ATTACKS if applies(a, "shipped", ROMAN)]
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.parametrize("attack", SHIPPED, ids=[a.name for a in SHIPPED])
+def test_an_attack_on_the_shipped_image_is_what_its_table_says(client, attack):
+    check(_docker_env(client), ROMAN, attack)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.parametrize("attack", ATTACKS, ids=[a.name for a in ATTACKS])
+def test_an_attack_on_an_r2e_gym_stand_in_is_what_its_table_says(client, standin_tasks, attack):
+    task = standin_tasks["py39-pytest62"]
+    if not applies(attack, "r2e", task):
+        pytest.skip(f"{attack.name!r} applies to {attack.where} only")
+    check(_docker_env(client), task, attack)
+
+
+def test_the_table_names_what_each_label_means():
+    """The counts docs/sandbox.md gives are the table's: every attack has a probe and a label."""
+    assert {a.expected for a in ATTACKS} == {"contained", "detected", "undetected"}
+    assert {a.probe for a in ATTACKS} <= {"first probe", "second probe", "residual"}
+    assert len({a.name for a in ATTACKS}) == len(ATTACKS)
+    assert all(replace(a).where for a in ATTACKS)
