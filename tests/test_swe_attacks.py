@@ -59,6 +59,16 @@ def test_an_attack_on_the_local_backend_is_what_its_table_says(attack):
     check(_local, ROMAN, attack)
 
 
+@pytest.mark.parametrize("attack", LOCAL, ids=[a.name for a in LOCAL])
+def test_what_each_attack_does_without_the_report_launcher(attack):
+    """The launcher's worth, measured: the same attack under `grading: r2e_gym_log` (the log's reading and the static
+    scan only). The attacks on the launcher itself have nothing to forge there; what it alone stops shows as
+    "undetected" here and not under the defaults."""
+    result = outcome(lambda overrides, on_tamper: _local({"grading": "r2e_gym_log"}, on_tamper), ROMAN, attack, False)
+    label = "contained" if result["graded_reward"] == 0.0 else "detected" if result["tamper_flags"] else "undetected"
+    assert label == attack.without_launcher, result
+
+
 def _docker_env(client):
     def make(overrides: dict, on_tamper: str) -> SWEEnv:
         docker = DockerConfig(memory="1g", pids=256, **overrides.get("docker", {}))
