@@ -341,6 +341,77 @@ def test_grading_that_passes_its_deadline_fails_the_episode_with_the_reason(clie
     assert seconds < 30, seconds
 
 
+NESTED = """python3 -c "
+import os
+os.chdir('/testbed')
+for i in range(2000):
+    os.mkdir('d'); os.chdir('d')
+open('leaf', 'w').write('x')
+" """
+LEFTOVERS = {
+    "nothing": "true",
+    "2,000 nested folders": NESTED,
+    "sparse files (4 GB of holes)": "for i in $(seq 16); do truncate -s 250M /testbed/holes$i.bin; done",
+    "a /testbed full to its bytes": "i=0; while head -c 4194304 /dev/zero > /testbed/fill$i 2>/dev/null; do i=$((i+1)); done",
+    "a /testbed full to its inodes": (
+        "python3 -c \"import os\nos.makedirs('/testbed/many', exist_ok=True)\nn = 0\ntry:\n"
+        "    while True:\n        open('/testbed/many/%d' % n, 'w').close(); n += 1\nexcept OSError: pass\"\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("leftover", list(LEFTOVERS))
+def test_a_correct_fix_keeps_its_reward_beside_the_agents_leftovers(client, leftover):
+    """Grading's cost and outcome do not depend on what else the agent left: the copy names the top-level entries
+    (no exclude pattern tried against 2,000-deep names), sparse files are left out rather than inflated, the hidden
+    tests are a mount (no room needed in /testbed) and the grading container's /testbed has room for the tests'
+    own files beside a full one."""
+    env = make_env(
+        client, docker=DockerConfig(memory="512m", pids=128, scratch_bytes=24 * 1024**2, scratch_inodes=5000)
+    )
+    try:
+        env.reset(TASKS[0])
+        actions = oracle_actions(TASKS[0], env.repo_dir)
+        for action in actions[:-1]:
+            env.step(action)
+        env.step(bash(LEFTOVERS[leftover]))
+        start = time.monotonic()
+        last = env.step(actions[-1])
+        seconds = time.monotonic() - start
+    finally:
+        env.close()
+    assert last.reward == 1.0 and last.info.extra["tamper_flags"] == [], (last.info.extra, env.last_test_log[-1500:])
+    assert seconds < 30, seconds
+    if leftover.startswith("sparse"):
+        assert len(last.info.extra["changes"]["dropped"]) == 16
+
+
+@pytest.mark.parametrize("swap", ["a symlink to a root-only file", "a FIFO"])
+def test_what_the_tests_leave_in_the_reports_place_is_not_followed(client, swap):
+    """The report is read as the user the tests ran as, only if it is a regular file: a symlink to /root's test
+    script reads nothing (and a FIFO does not hang the read); the reading is refused, so the reward is 0."""
+    make = "os.symlink('/root/run_tests.sh', r)" if swap.startswith("a symlink") else "os.mkfifo(r)"
+    code = (
+        "\nimport atexit as _a, os as _o\n"
+        "def _swap():\n    r = '/run/swe-grader/run/report'\n    os = _o\n"
+        f"    if os.path.exists(r):\n        os.unlink(r)\n        {make}\n"
+        "_a.register(_swap)\n"
+    )
+    env = make_env(client, docker=DockerConfig(memory="512m", pids=128))
+    try:
+        env.reset(TASKS[0])
+        actions = oracle_actions(TASKS[0], env.repo_dir)
+        for action in actions[:-1]:
+            env.step(action)
+        env.step(bash(f"printf '%s' {shlex.quote(code)} >> roman.py"))
+        start = time.monotonic()
+        last = env.step(actions[-1])
+    finally:
+        env.close()
+    assert last.reward == 0.0 and last.info.extra["report_problem"].startswith("no report"), last.info.extra
+    assert time.monotonic() - start < 60
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # adversarial suite
 # ----------------------------------------------------------------------------------------------------------------

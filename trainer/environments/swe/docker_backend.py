@@ -167,14 +167,14 @@ def memory_bytes(size: str | int) -> int:
 
 
 TREE_OUT = (
-    "tar -C /testbed --anchored --no-wildcards --exclude=./.venv --exclude=./.git --exclude=./r2e_tests "
-    "--sparse -cf - ."
+    "cd /testbed && find . -mindepth 1 -maxdepth 1 ! -name .venv ! -name .git ! -name r2e_tests -print0 "
+    "| tar --null -T - --sparse -cf -"
 )
 """The repository as `workdiff.TarTree` reads it: /testbed without the environment and history (the grader takes
 them from the image: a `.pth` planted in /testbed/.venv would otherwise run at interpreter start) and the tests'
-folder. Anchored literal excludes cost nothing per path (unanchored patterns are tried against every component of
-every name: 336 s for 1,000 nested folders); `--sparse` sends a sparse file's data only, so 4 GB of holes do not
-become 4 GB on the host."""
+folder. They are left out by naming the top-level entries to archive, not by exclude patterns, which GNU tar
+matches against every prefix of every name (23 s for 2,000 nested folders even anchored; 0.06 s this way);
+`--sparse` sends a sparse file's data only, so 4 GB of holes do not become 4 GB on the host."""
 
 _DELETE = (
     'cd /testbed && while IFS= read -r -d "" p; do '

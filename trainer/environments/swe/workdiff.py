@@ -282,9 +282,8 @@ def plan_grading(original: TarTree, agent: TarTree, exempt: Iterable[str] = ()) 
     needed = {posixpath.dirname(p) for p in kept}
     needed |= {a for p in needed for a in _ancestors(p)}
     inside = set(plan.restored)
-    blocked = [
-        p for p in plan.write if (p in needed and new[p].kind != "dir") or any(a in inside for a in _ancestors(p))
-    ]
+    inside = tuple(p + "/" for p in inside)
+    blocked = [p for p in plan.write if (p in needed and new[p].kind != "dir") or (inside and p.startswith(inside))]
     for path in blocked:
         plan.write.remove(path)
         plan.dropped.append((path, "in the way of restored test infrastructure"))
