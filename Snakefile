@@ -4,7 +4,8 @@
 #   snakemake --cores all --configfile configs/NAME.yaml   another study (it replaces config.yaml, see below)
 #   snakemake --cores all --profile slurm                  the same on a SLURM cluster (slurm/profile.yaml)
 #
-# DAG: warm start per tiny model family -> cell config -> train (one job per cell) -> summarize -> figures.
+# DAG: warm start per tiny model family -> cell config -> train (one job per cell) -> summarize -> figures; a
+# study that plays R2E-Gym-style tasks in Docker first runs the preflight (rules/preflight.smk).
 # `study:` picks the analysis (main, companion, stability, horizon); a study file may name a `base` study.
 # Rules: workflow/rules/*.smk; helpers and the results layout: workflow/rules/common.smk.
 import os
@@ -31,6 +32,7 @@ workdir: os.path.join(workflow.basedir, config["workdir"])
 
 
 include: "workflow/rules/warm_start.smk"
+include: "workflow/rules/preflight.smk"
 include: "workflow/rules/train.smk"
 # The analysis differs by study (`study:` main, companion, stability, horizon); one pair of rules serves them all.
 include: "workflow/rules/analysis.smk"

@@ -118,6 +118,19 @@ def test_an_attack_on_an_r2e_gym_stand_in_is_what_its_table_says(client, standin
     check(_docker_env(client), task, attack)
 
 
+def test_docs_sandbox_counts_are_the_tables():
+    """docs/sandbox.md gives the counts this table holds (and these tests check), not a number of its own."""
+    from collections import Counter
+    from pathlib import Path
+
+    counts = Counter(a.expected for a in ATTACKS)
+    line = (
+        f"Attacks tried: {len(ATTACKS)} (contained {counts['contained']}, detected {counts['detected']}, "
+        f"undetected {counts['undetected']})."
+    )
+    assert line in (Path(__file__).resolve().parents[1] / "docs" / "sandbox.md").read_text()
+
+
 def test_the_table_names_what_each_label_means():
     """The counts docs/sandbox.md gives are the table's: every attack has a probe and a label."""
     assert {a.expected for a in ATTACKS} == {"contained", "detected", "undetected"}

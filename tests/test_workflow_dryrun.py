@@ -65,8 +65,10 @@ def test_paper_study_uses_checkpoints_instead_of_a_warm_start(scratch_repo):
         shutil.rmtree(scratch_repo / "data")
     assert r.returncode == 0, r.stderr[-3000:]
     out = r.stdout + r.stderr
-    # the study file replaces config.yaml: no tiny models, no warm start
-    assert job_counts(out) == {"cell_config": 60, "train": 60, "summarize": 1, "figures": 1, "all": 1}
+    # the study file replaces config.yaml: no tiny models, no warm start; R2E-Gym tasks in Docker: the preflight
+    # (a CPU job) before any cell
+    assert job_counts(out) == {"preflight": 1, "cell_config": 60, "train": 60, "summarize": 1, "figures": 1, "all": 1}
+    assert "python -m trainer.environments.swe.preflight" in out and "--min-gold-share 0.9" in out
     assert "model=Qwen3.5-4B/recipe=full/optimizer=muon/seed=2" in out and "tiny" not in out
     assert "gpu=8" in out and "runtime=2880" in out and "cpus_per_task=56" in out  # 7 processes x 8 threads
     assert "python -m torch.distributed.run --standalone --nproc-per-node=7 -m trainer train" in out  # -p

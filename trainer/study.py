@@ -350,6 +350,26 @@ class Resources(Section):
 
 
 @dataclass
+class PreflightConfig(Section):
+    """`preflight:` of a study whose cells play R2E-Gym-style tasks in Docker (env `swe`, `backend: docker`): every
+    cell waits for `snakemake preflight` (trainer/environments/swe/preflight.py), a CPU job that pulls the task file's
+    images and grades the first rows of each repository, their own fix and no change, through the real sandbox
+    and grader with the cells' settings; the study stops there when too few fixes grade 1."""
+
+    blank_is_absent = True
+
+    min_gold_share: float = knob(0.9, ge=0, le=1)
+    """The study starts only when at least this share of the sampled rows grade their own fix 1."""
+    rows_per_repository: int = knob(2, ge=1)
+    """Rows graded per repository (the first ones of the task file)."""
+    workers: int = knob(4, ge=1)
+    """Rows graded (and images pulled) side by side: the job's threads."""
+    mem_mb: int = knob(8000, ge=100)
+    runtime: int = knob(120, ge=1)
+    """Minutes (SLURM's runtime)."""
+
+
+@dataclass
 class StudyConfig(Section):
     """A study file's keys (its `base` merged first): which models, which cells, the trainer settings shared by
     every cell, the warm start, job resources and analysis settings. Built by `check_study` before any job starts;
@@ -386,6 +406,7 @@ class StudyConfig(Section):
     a base policy whose held-out success missed the band; otherwise the rule fails)."""
     resources: Resources = field(default_factory=Resources)
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
+    preflight: PreflightConfig = field(default_factory=PreflightConfig)
 
     def validate(self) -> None:
         super().validate()
@@ -879,6 +900,14 @@ class Study:
         loaded = cls(paths_from_workdir(study, root, workdir), root)
         loaded.check_cells()
         return loaded
+
+    @property
+    def preflight_options(self) -> dict | None:
+        """The cells' `env.options` where the study plays its tasks in Docker (env `swe`, `backend: docker`), which
+        the preflight grades with; None for any other study (no preflight)."""
+        env = self.data.get("cell", {}).get("env", {})
+        options = env.get("options") or {}
+        return dict(options) if env.get("name") == "swe" and options.get("backend") == "docker" else None
 
     @property
     def threads(self) -> int:

@@ -9,6 +9,7 @@
 #       cell.yaml  metrics.parquet  episodes.parquet  train.log   (checkpoints/ only while the cell is unfinished)
 #   results/summary.csv, summary.md, runs.parquet, results/logs/   figures/*.png, *.pdf
 #   results/selected_lr.yaml                      (stability study: the selected lr per model and optimizer)
+import json
 import os
 import re
 import sys
@@ -109,6 +110,17 @@ def figure_report(path):
 def figure_reports():
     """The figures rule's outputs, each with its caption and category for the Snakemake report."""
     return [figure_report(path) for path in figure_files()]
+
+
+def preflight_options_json():
+    """The cells' env.options as JSON for the preflight rule ("{}" where the study has no preflight)."""
+    return json.dumps(STUDY.preflight_options or {})
+
+
+def preflight_input(wildcards):
+    """The preflight's table is an input of every cell of a study that plays its tasks in Docker, so no cell starts
+    (and no GPU is booked) before the task file's rows are known to grade."""
+    return ["results/preflight.tsv"] if STUDY.preflight_options is not None else []
 
 
 def policy_input(wildcards):

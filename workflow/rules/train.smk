@@ -37,6 +37,7 @@ rule train:
     input:
         cell=f"{CELL}/cell.yaml",
         policy=policy_input,
+        preflight=preflight_input,
     output:
         metrics=f"{CELL}/metrics.parquet",
         episodes=f"{CELL}/episodes.parquet",

@@ -3,9 +3,13 @@
 Modules, each readable alone: `tools` (action parsing, the four tools, observation strings), `sandbox` (the
 protocol the tools run on and its shared types), `supervisor` (the program every command runs under),
 `local_backend` and `docker_backend` (the two sandboxes), `containers` (the Docker containers' ownership and
-cleanup, the engine client), `grading` (pytest log -> statuses -> reward), `tasks` (task entries from JSONL or
-Parquet; the shipped tasks), `oracle` (scripted agents acting through the tools), `env` (SWEEnv, the protocol),
-`image` (building the Docker images: `python -m trainer.environments.swe.image`).
+cleanup, the engine client), `grading` (pytest log or the launcher's report -> statuses -> reward),
+`report_launcher` (pytest run inside the sandbox, its outcomes reported), `workdiff` (what the agent changed; the
+tree the hidden tests run on, its test infrastructure restored), `tamper` (tamper flags), `tasks` (task entries from
+JSONL or Parquet; the shipped tasks), `oracle` (scripted agents acting through the tools), `env` (SWEEnv, the
+protocol), `image` (building the shipped Docker images: `python -m trainer.environments.swe.image`), `standins`
+(R2E-Gym-layout stand-in images and rows), `pull` (a task file's images), `preflight` (each repository's rows
+graded with their own fix and none, before a study).
 """
 
 from trainer.environments.swe.containers import cleanup_stale_containers

@@ -73,12 +73,14 @@ def cleanup_stale_containers(client) -> list[str]:
     import docker
 
     removed = []
-    for container in client.containers.list(all=True, filters={"label": f"{LABEL}=1"}):
-        if _owner_alive(container.labels):
+    # the low-level listing: `containers.list` inspects each container it lists, and raises NotFound when another
+    # thread removes one of them in between
+    for container in client.api.containers(all=True, filters={"label": f"{LABEL}=1"}):
+        if _owner_alive(container.get("Labels") or {}):
             continue
         try:
-            container.remove(force=True)
-            removed.append(container.id)
+            client.api.remove_container(container["Id"], force=True)
+            removed.append(container["Id"])
         except docker.errors.NotFound:
             pass
         except docker.errors.APIError as exc:
