@@ -52,13 +52,22 @@ def _local(overrides: dict, on_tamper: str) -> SWEEnv:
 
 
 LOCAL = [a for a in ATTACKS if applies(a, "shipped", ROMAN) and "docker" not in a.proof]
+QUICK = {
+    "a failure message saying PASSED",
+    "pytest's Function.runtest patched at import",
+    "json.dumps patched, so the launcher signs passes",
+    "values whose __eq__ is always true, written so the scan does not see a constant",
+}
+"""One attack of each kind the fast tier plays (seconds each); the slow tier plays them all."""
+LOCAL_PARAMS = [pytest.param(a, id=a.name, marks=() if a.name in QUICK else pytest.mark.slow) for a in LOCAL]
 
 
-@pytest.mark.parametrize("attack", LOCAL, ids=[a.name for a in LOCAL])
+@pytest.mark.parametrize("attack", LOCAL_PARAMS)
 def test_an_attack_on_the_local_backend_is_what_its_table_says(attack):
     check(_local, ROMAN, attack)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attack", LOCAL, ids=[a.name for a in LOCAL])
 def test_what_each_attack_does_without_the_report_launcher(attack):
     """The launcher's worth, measured: the same attack under `grading: r2e_gym_log` (the log's reading and the static
