@@ -704,3 +704,31 @@ def test_sigkill_at_random_moments_then_resume_matches_uninterrupted_run(tmp_pat
         pd.testing.assert_frame_equal(read_log(log_path)[0], reference, check_exact=True, obj=where)
         for a, b in zip(model.parameters(), ref_model.parameters()):
             assert torch.equal(a, b), where
+
+
+def test_an_episodes_grading_goes_into_its_row_and_the_updates_tamper_rate():
+    """What the environment's grading saw (`last_grading`, copied onto the episode) fills `graded_reward` and
+    `tamper_flags`; the update's `tamper_rate` is the share of graded episodes with flags, null when no episode was
+    graded that way (every family but swe)."""
+    from trainer.logs.rows import episode_row, tamper_rate
+    from trainer.rl.config import ShapingConfig
+    from trainer.rollout.episode import Episode
+
+    def episode(grading):
+        e = Episode(task_id="t")
+        if grading is not None:
+            e.extra["grading"] = grading
+        return e
+
+    flagged = episode({"graded_reward": 1.0, "tamper_flags": ["exit hooks: a.py:3: atexit", "monkeypatch: a.py:4: x"]})
+    clean = episode({"graded_reward": 1.0, "tamper_flags": []})
+    plain = episode(None)
+    rows = [
+        episode_row(e, update=0, split="train", staleness=0, shaping=ShapingConfig()) for e in (flagged, clean, plain)
+    ]
+    assert [(r["graded_reward"], r["tamper_flags"]) for r in rows] == [
+        (1.0, "exit hooks: a.py:3: atexit; monkeypatch: a.py:4: x"),
+        (1.0, ""),
+        (None, None),
+    ]
+    assert tamper_rate([flagged, clean, plain]) == 0.5 and tamper_rate([plain]) is None

@@ -361,3 +361,29 @@ def test_scratch_places_hold_the_images_interpreters_and_repository(images, stan
         assert room * 0.9 < free <= room * 1.1
     finally:
         env.close()
+
+
+def test_a_root_command_stopped_by_the_host_leaves_the_scratch_places_as_they_were(images, standin_tasks):
+    """R2E-Gym's images run the agent as root: a command the host must stop (here its output floods) is stopped
+    by killing every process but the container's own two, not by restarting the container, which would empty the
+    scratch places and lose the agent's work."""
+    client, _ = images
+    env = SWEEnv(
+        SWEConfig(
+            backend="docker", tools=ToolSettings(command_timeout_s=30), docker=DockerConfig(max_output_bytes=2**20)
+        ),
+        docker_client=client,
+    )
+    env.reset(standin_tasks["py39-pytest62"])
+    try:
+        main = env.backend.main_pid
+        _bash(env, "echo work > /testbed/mine.txt")
+        flood = env.step(format_action("execute_bash", {"cmd": "setsid sleep 300 & yes"}))
+        assert not flood.done
+        after = _bash(
+            env, "cat /testbed/mine.txt; ls /testbed/.venv/bin/python; for p in /proc/[0-9]*; do cat $p/comm; done"
+        )
+        assert "work" in after and "/testbed/.venv/bin/python" in after, after
+        assert after.count("sleep") == 1 and env.backend.main_pid == main  # the daemon is gone, no restart
+    finally:
+        env.close()

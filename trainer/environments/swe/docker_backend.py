@@ -217,12 +217,12 @@ chmod -R a+rX,go-w /testbed/r2e_tests
 """Run as root before the hidden tests of an R2E-Gym row graded in the episode's own container."""
 
 _KILL_ALL = (
-    'keep="$$ $(cat /proc/1/task/1/children 2>/dev/null)"; for p in /proc/[0-9]*; do p=${p#/proc/}; '
-    'case " 1 $keep " in *" $p "*) ;; *) kill -9 "$p" 2>/dev/null;; esac; done; true'
+    'for p in /proc/[0-9]*; do p=${p#/proc/}; case " 1 $$ $1 " in *" $p "*) ;; *) kill -9 "$p" 2>/dev/null;; esac; '
+    "done; true"
 )
-"""Kills every process in the container but Docker's init (pid 1), its child (`sleep infinity`, which keeps the
-container running) and itself: how a root command is stopped without restarting the container (a restart empties
-the scratch places)."""
+"""Kills every process in the container but Docker's init (pid 1), the container's main process ($1: `sleep
+infinity`, recorded when the container starts; init adopts orphans too, so its children are not enough) and
+itself: how a root command is stopped without restarting the container (a restart empties the scratch places)."""
 
 _READ_REPORT = f'r={GRADER_DIR}/run/report; if [ -f "$r" ] && [ ! -L "$r" ]; then exec cat -- "$r"; fi'
 """Read as the user the tests ran as, so a symlink left in the report's place leads nowhere that user cannot
@@ -285,6 +285,9 @@ class DockerBackend:
         self.client = client or docker_client(self.config.start_timeout_s)
         cleanup_stale_containers(self.client)
         self.container = None
+        self.main_pid = 0
+        """The container's main process (`sleep infinity`) in its own pid namespace: kept when root commands are
+        stopped."""
         self.user = "root"
         self.ids = (0, 0)
         self.home = "/root"
@@ -359,6 +362,8 @@ class DockerBackend:
                             seed.seek(0)
                             seeds.append((seed, "/root" if path == "/r2e_tests" else posixpath.dirname(path)))
                 self.container.start()
+                main = self.container.exec_run(["cat", "/proc/1/task/1/children"], user="root").output.split()
+                self.main_pid = int(main[0]) if main and main[0].isdigit() else 0
                 for seed, into in seeds:  # the hidden tests' mount shows in a created container's archive
                     self._feed(
                         ["tar", "--anchored", "--no-wildcards", "--exclude=testbed/r2e_tests", "-xf", "-", "-C", into],
@@ -539,8 +544,8 @@ class DockerBackend:
         """Kill every process of `user` (as that user; for root, every process but the container's own two);
         restart the container if that is impossible."""
         try:
-            script = "kill -9 -1" if user != "root" else _KILL_ALL
-            result = self.container.exec_run(["sh", "-c", script], user=user, workdir="/")
+            argv = ["sh", "-c", "kill -9 -1"] if user != "root" else ["sh", "-c", _KILL_ALL, "_", str(self.main_pid)]
+            result = self.container.exec_run(argv, user=user, workdir="/")
             if result.exit_code in (0, 1) and b"OCI runtime" not in (result.output or b""):
                 return
         except Exception:
@@ -551,6 +556,8 @@ class DockerBackend:
         """Kill all processes in the container and start it again. Its image layer's files stay; the scratch
         places are emptied with it, so a scratch container's episode cannot go on (SandboxError)."""
         self.container.restart(timeout=0)
+        main = self.container.exec_run(["cat", "/proc/1/task/1/children"], user="root").output.split()
+        self.main_pid = int(main[0]) if main and main[0].isdigit() else 0
         if self.config.scratch:
             raise SandboxError(
                 "the container's processes could not be stopped (its pids limit is full?), and restarting it emptied "
