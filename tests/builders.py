@@ -182,3 +182,22 @@ def metrics_of(out: Path):
     """A finished cell's metrics without their timing columns."""
     df, _ = read_log(out / "metrics.parquet")
     return df.drop(columns=TIMING)
+
+
+def docker_engine(*images: str):
+    """A Docker client with `images` present, or the test skipped with the reason (failed under CI=true, where the
+    engine and the shipped images must be there: `bash .ci/docker-setup.sh`)."""
+    import pytest
+
+    from trainer.environments.swe.containers import docker_client
+
+    try:
+        client = docker_client(timeout=300)
+        for image in images:
+            client.images.get(image)
+    except Exception as exc:
+        message = f"{exc} (run `bash .ci/docker-setup.sh` as root to start Docker and build the images)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true, so the docker tests must run, but: {message}")
+        pytest.skip(message)
+    return client

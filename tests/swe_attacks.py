@@ -71,6 +71,31 @@ def _fake_summary():
 _FAKE = _fake_summary() if "pytest" in " ".join(__import__("sys").argv) or "launcher" in " ".join(__import__("sys").argv) else None
 '''
 
+_FLIP = """
+import sys as _sys
+
+def _flip(frame, event, arg):
+    if event == "call" and frame.f_code.co_name == "_write":
+        record = frame.f_locals.get("record")
+        if isinstance(record, dict) and record.get("kind") == "report":
+            record["outcome"] = "passed"
+            record["category"] = "passed" if record.get("when") == "call" else ""
+    return None
+
+_sys.HOOK(_flip)
+"""
+"""A trace or profile function (HOOK) that flips the launcher's records as it writes them."""
+
+_PRINTED_AT_EXIT = (
+    _FAKE_SUMMARY
+    + """
+import atexit as _atexit, sys as _sys
+if _FAKE:
+    _atexit.register(lambda: (_sys.STREAM.write(_FAKE), _sys.STREAM.flush()))
+"""
+)
+"""Fake PASSED lines for every hidden test, printed to STREAM when the tests' process exits."""
+
 _WRAP_PUBLIC = r"""
 import functools as _functools
 
@@ -178,12 +203,7 @@ for _name, _value in list(globals().items()):
         "first probe",
         "contained",
         without_launcher="detected",
-        code=_FAKE_SUMMARY
-        + """
-import atexit as _atexit, sys as _sys
-if _FAKE:
-    _atexit.register(lambda: (_sys.stdout.write(_FAKE), _sys.stdout.flush()))
-""",
+        code=_PRINTED_AT_EXIT.replace("STREAM", "stdout"),
         proof={"grading": "r2e_gym_log"},
         where=("shipped",),  # R2E-Gym's pytest cuts long summary lines at the terminal's width
     ),
@@ -192,12 +212,7 @@ if _FAKE:
         "first probe",
         "contained",
         without_launcher="detected",
-        code=_FAKE_SUMMARY
-        + """
-import atexit as _atexit, sys as _sys
-if _FAKE:
-    _atexit.register(lambda: (_sys.stderr.write(_FAKE), _sys.stderr.flush()))
-""",
+        code=_PRINTED_AT_EXIT.replace("STREAM", "stderr"),
         proof={"grading": "r2e_gym_log"},
         where=("shipped",),  # R2E-Gym's pytest cuts long summary lines at the terminal's width
     ),
@@ -361,37 +376,14 @@ if len(_sys.argv) > 2 and _sys.argv[0].endswith("launcher.py"):
         "second probe",
         "detected",
         without_launcher="contained",
-        code="""
-import sys as _sys
-
-def _flip(frame, event, arg):
-    if event == "call" and frame.f_code.co_name == "_write":
-        record = frame.f_locals.get("record")
-        if isinstance(record, dict) and record.get("kind") == "report":
-            record["outcome"] = "passed"
-            record["category"] = "passed" if record.get("when") == "call" else ""
-    return None
-
-_sys.settrace(_flip)
-""",
+        code=_FLIP.replace("HOOK", "settrace"),
     ),
     Attack(
         "sys.setprofile flips the outcome in the launcher's records",
         "second probe",
         "detected",
         without_launcher="contained",
-        code="""
-import sys as _sys
-
-def _flip(frame, event, arg):
-    if event == "call" and frame.f_code.co_name == "_write":
-        record = frame.f_locals.get("record")
-        if isinstance(record, dict) and record.get("kind") == "report":
-            record["outcome"] = "passed"
-            record["category"] = "passed" if record.get("when") == "call" else ""
-
-_sys.setprofile(_flip)
-""",
+        code=_FLIP.replace("HOOK", "setprofile"),
     ),
     Attack(
         "TestReport.outcome added as a property (not replaced)",

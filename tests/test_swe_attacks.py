@@ -10,10 +10,10 @@ table's, as these tests hold it.
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 import pytest
+from builders import docker_engine
 from swe_attacks import ATTACKS, Attack, applies, attack_actions
 
 from trainer.environments.swe import DockerConfig, SWEConfig, SWEEnv, SWETasks, ToolSettings
@@ -94,17 +94,7 @@ def _docker_env(client):
 
 @pytest.fixture(scope="module")
 def client():
-    from trainer.environments.swe.containers import docker_client
-
-    try:
-        engine = docker_client(timeout=300)
-        engine.images.get(ROMAN.docker_image)
-    except Exception as exc:
-        message = f"{exc} (run `bash .ci/docker-setup.sh` as root to start Docker and build the images)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true, so the docker tests must run, but: {message}")
-        pytest.skip(message)
-    return engine
+    return docker_engine(ROMAN.docker_image)
 
 
 SHIPPED = [a for a in ATTACKS if applies(a, "shipped", ROMAN)]

@@ -5,12 +5,12 @@ below its gold share. On the shipped rows, on the R2E-Gym stand-ins, and as the 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from builders import docker_engine
 from workflow_runner import copy_repo, job_counts, require_snakemake, snakemake
 
 from trainer.environments.swe.preflight import gold_share, sample
@@ -55,17 +55,7 @@ def preflight(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def engine():
-    from trainer.environments.swe.containers import docker_client
-
-    try:
-        client = docker_client(timeout=120)
-        client.images.get(load_tasks(shipped_tasks_path())[0].docker_image)
-    except Exception as exc:
-        message = f"{exc} (run `bash .ci/docker-setup.sh` as root to start Docker and build the images)"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI=true, so the docker tests must run, but: {message}")
-        pytest.skip(message)
-    return client
+    return docker_engine(load_tasks(shipped_tasks_path())[0].docker_image)
 
 
 def read_table(path: Path) -> list[dict]:
