@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.environments.swe.tamper import scan_changes
+from trainer.environments.swe.tamper import scan_changes, scan_plan
 from trainer.environments.swe.workdiff import (
     TarTree,
     delta_tar,
@@ -297,3 +297,18 @@ def test_a_sparse_archive_is_what_gnu_tar_writes(tmp_path):
     subprocess.run(["tar", "--sparse", "-C", str(tmp_path), "-cf", str(tmp_path / "a.tar"), "holes.bin"], check=True)
     with tarfile.open(tmp_path / "a.tar") as tar:
         assert tar.getmember("holes.bin").issparse()
+
+
+def test_an_added_script_nothing_imports_is_not_scanned_and_one_the_fix_imports_is(trees):
+    """The agent's reproduction script may print "PASSED" and run subprocesses: it does not run during grading. The
+    same code in a module the changed package imports does."""
+    original, agent = trees
+    script = "import subprocess\nprint('PASSED')\nsubprocess.run(['python', '-m', 'pytest'])\n"
+    (agent / "reproduce_issue.py").write_text(script)
+    plan = plan_grading(tree(original), tree(agent))
+    assert scan_plan(plan, tree(original), tree(agent)) == []
+    (agent / "helper.py").write_text("import gc\n")
+    (agent / "pkg/core.py").write_text("import helper\n\ndef inc(x):\n    return x + 1\n")
+    (agent / "cmd.py").write_text("import _pytest\n")  # shadows the standard library: loaded on its own
+    flags = scan_plan(plan_grading(tree(original), tree(agent)), tree(original), tree(agent))
+    assert [f.split(":")[:2] for f in flags] == [["test runner internals", " cmd.py"], ["process memory", " helper.py"]]
