@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from trainer.environments.protocol import EpisodeStartError
 from trainer.environments.swe import (
     DockerConfig,
     SandboxError,
@@ -130,7 +131,8 @@ def test_fix_that_breaks_a_p2p_test_gets_0(client, task):
     [("never", "is not present locally and docker.pull is 'never'"), ("missing", "is absent and pulling it failed")],
 )
 def test_missing_image_is_a_clear_error(client, pull, message):
-    """No registry is reachable here: pulling fails, named; `never` does not try."""
+    """No registry is reachable here: pulling fails, named; `never` does not try. Tried twice, the episode fails
+    alone (EpisodeStartError, which the rollout turns into an episode left out with the reason)."""
     task = SWETask(
         task_id="ghost",
         docker_image="swe-harness/does-not-exist:latest",
@@ -138,7 +140,7 @@ def test_missing_image_is_a_clear_error(client, pull, message):
         expected={"t.py::a": "PASSED"},
     )
     env = make_env(client, docker=DockerConfig(memory="512m", pids=128, pull=pull))
-    with pytest.raises(SandboxError, match=message):
+    with pytest.raises(EpisodeStartError, match=f"did not start \\(twice\\).*{re.escape(message)}"):
         env.reset(task)
     assert not owned(client)
 
