@@ -104,6 +104,38 @@ def test_paths_are_rebased_from_the_repository_root_to_the_studys_workdir(tmp_pa
         cc.check_study(only_a, root=tmp_path / "studies" / "p")
 
 
+def test_a_models_options_reach_its_cells_and_a_template_file_is_checked_and_rebased(tmp_path):
+    """`models.NAME.model_options`: how that family's checkpoint loads, merged over cell.model into its cells only;
+    a template file is looked for from the repository root and rebased like the checkpoint; a shipped name is not."""
+    (tmp_path / "checkpoints" / "A").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "B").mkdir(parents=True)
+    (tmp_path / "t.jinja").write_text("{{ messages }}")
+    study = {
+        "models": {
+            "a": {"path": "checkpoints/A", "model_options": {"chat_template": "t.jinja", "trust_remote_code": True}},
+            "b": {"path": "checkpoints/B", "model_options": {"chat_template": "qwen3-stable"}},
+        },
+        "grid": [{"recipes": ["full"], "seeds": [0]}],
+        "cell": {"model": {"template_options": {"enable_thinking": False}}},
+    }
+    checked = cc.check_study(study, root=tmp_path)
+    rebased = cc.paths_from_workdir(checked, tmp_path, tmp_path / "studies" / "p")
+    cells = {m: cc.cell_config(rebased, m, "full", "muon", 0, rebased["models"][m]["path"], 1)["model"] for m in "ab"}
+    assert cells["a"] == {
+        "template_options": {"enable_thinking": False},
+        "chat_template": "../../t.jinja",
+        "trust_remote_code": True,
+        "path": "../../checkpoints/A",
+    }
+    assert cells["b"]["chat_template"] == "qwen3-stable" and "trust_remote_code" not in cells["b"]
+    study["models"]["a"]["model_options"]["chat_template"] = "missing.jinja"
+    with pytest.raises(cc.StudyError, match="models.a.model_options.chat_template: 'missing.jinja'"):
+        cc.check_study(study, root=tmp_path)
+    study["models"]["a"]["model_options"] = {"path": "elsewhere"}
+    with pytest.raises(cc.StudyError, match="model_options.path: give the model's path as the entry's own"):
+        cc.check_study(study, root=tmp_path)
+
+
 @pytest.mark.slow
 def test_a_study_with_a_workdir_and_a_checkpoint_writes_cells_that_find_it(tmp_path):
     """configs/companion-paper.yaml: repository-relative checkpoint and game paths, jobs in studies/companion-paper/.

@@ -7,6 +7,7 @@ Outside CI these skip when Snakemake is missing; with CI=true that is a failure.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import signal
@@ -163,7 +164,12 @@ def test_smoke_study_trains_every_cell(smoke_run):
             threads=1,
         )
         assert (path.parent / "episodes.parquet").is_file() and (path.parent / "train.log").is_file()
-        assert not (path.parent / "checkpoints").exists()  # a finished cell keeps no checkpoints
+        assert not (path.parent / "checkpoints").exists()  # a finished cell keeps no working checkpoints
+        # but what it trained: the final policy and (configs/smoke.yaml keep.checkpoint) the last update's state
+        assert json.loads((path.parent / "policy" / "harness_policy.json").read_text())["trained"]["update"] == 2
+        assert (path.parent / "policy" / "model.safetensors").is_file()
+        assert [p.name for p in (path.parent / "last_checkpoint").iterdir()] == ["ckpt-00000002.pt"]
+        assert not (path.parent / "policy.partial").exists()
     for model in ("minicpm-tiny", "qwen-tiny"):
         assert (repo / SMOKE_DIR / "results" / "policies" / model / "warm_start.json").is_file()
     assert not (repo / "results").exists()  # the default study's folder is untouched

@@ -1,7 +1,7 @@
 """Command line: `python -m trainer {train,sft,eval} ...`. The workflow calls only this.
 
     python -m trainer train --config CELL.yaml --out DIR [--resume] [--set loss.tis_cap=null ...] [--exit-with PID]
-                            [--save-policy POLICY_DIR]
+                            [--save-policy POLICY_DIR] [--checkpoint-last]
     python -m trainer sft   --config SFT.yaml  --out DIR [--exit-with PID]
     python -m trainer eval  --config CELL.yaml --policy DIR [--update N] [--tasks 64] [--show 3]
     python -m trainer plan  --config CELL.yaml [--gpus N] [--tokens T] [--no-checkpointing] [--head-chunk C]
@@ -75,7 +75,7 @@ def evaluate_cli(cfg, policy: str, *, update: int | None = None, tasks: int | No
     import torch
 
     from trainer.environments.suite import make_suite
-    from trainer.policy.load import load_policy, policy_meta
+    from trainer.policy.load import load_policy, policy_meta, policy_options
     from trainer.rollout.evaluation import eval_generator, evaluate, transcript
     from trainer.rollout.sampling import SamplingParams
 
@@ -83,7 +83,7 @@ def evaluate_cli(cfg, policy: str, *, update: int | None = None, tasks: int | No
         update = policy_meta(policy).get("trained", {}).get("update", 0)
     torch.set_num_threads(cfg.run.threads)
     suite = make_suite(cfg.env)
-    model, fmt = load_policy(policy, cfg.model.dtype)
+    model, fmt = load_policy(policy, cfg.model.dtype, **policy_options(cfg.model))
     held_out = suite.tasks.tasks("heldout", tasks or cfg.env.eval_tasks)
     success, episodes = evaluate(
         model,
@@ -141,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--no-progress", action="store_true")
     t.add_argument("--exit-with", type=int, metavar="PID", help="stop when process PID ends (the workflow's head)")
     t.add_argument("--save-policy", metavar="DIR", help="write the final policy into DIR (for `eval`, `model.path`)")
+    t.add_argument(
+        "--checkpoint-last", action="store_true", help="checkpoint after the last update too (a cell to continue)"
+    )
 
     s = sub.add_parser("sft", help="supervised warm start of a tiny base policy")
     s.add_argument("--config", required=True)
@@ -184,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                 resume=args.resume,
                 progress=False if args.no_progress else None,
                 save_policy_to=args.save_policy,
+                checkpoint_last=args.checkpoint_last,
             )
             if os.environ.get("RANK", "0") == "0":  # one line, also under torchrun
                 print(f"wrote {path}")

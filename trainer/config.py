@@ -40,6 +40,18 @@ class ModelConfig(Section):
     1e-6 on a weight of 0.01 is 0.01%) rounds away and the model does not move (the trainer warns)."""
     init_seed: int = knob(0, ge=0)
     """Seed of the random initialisation when building from a preset without `path`."""
+    trust_remote_code: bool = False
+    """Run the checkpoint's own modelling code (the `auto_map` of its config.json), as `from_pretrained(...,
+    trust_remote_code=True)` does: what a family transformers does not ship needs (MiniCPM's dense models). Off
+    unless the study says so: that code runs with the trainer's rights."""
+    chat_template: str | None = None
+    """The chat template the policy speaks: None keeps the checkpoint's own; a shipped name (`qwen3-stable`, in
+    trainer/policy/templates/) or the path of a Jinja file. The rollout appends each turn's tokens to the
+    conversation, so the template must be prefix-stable (Qwen3's own drops earlier turns' reasoning and is refused;
+    `qwen3-stable` keeps it)."""
+    template_options: dict = field(default_factory=dict)
+    """Variables every rendering of the template gets, e.g. `{enable_thinking: false}` for Qwen3's non-thinking
+    mode (the empty reasoning block in the generation prompt)."""
 
 
 @dataclass

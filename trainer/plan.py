@@ -168,7 +168,9 @@ def cell_model_config(cfg):
     from transformers import AutoConfig
 
     if cfg.model.path:
-        return AutoConfig.from_pretrained(cfg.model.path)
+        return AutoConfig.from_pretrained(
+            cfg.model.path, local_files_only=True, trust_remote_code=cfg.model.trust_remote_code
+        )
     from trainer.policy.tiny import TINY_PRESETS
 
     kwargs = dict(TINY_PRESETS[cfg.model.preset])

@@ -72,6 +72,7 @@ from trainer.config import (
 )
 from trainer.environments.suite import family_config
 from trainer.knobs import Section, knob
+from trainer.policy.templates import shipped_templates
 from trainer.policy.tiny import TINY_PRESETS
 from trainer.recipes import RECIPE_ESTIMATOR, RECIPE_OPTIMIZER, RECIPES
 from trainer.rl.config import ESTIMATOR_SECTIONS, GROUP_ESTIMATORS, SECTION_CLASSES, SPO_ESTIMATORS
@@ -219,6 +220,10 @@ class ModelEntry(Section):
     """Environment options of this model's cells and warm start, merged key by key over cell.env.options (checked
     by the environment family as merged): e.g. {min_bugs: 4, max_bugs: 4} for a family that trains on longer
     tasks. Two entries with the same preset and different env_options are two warm-started families."""
+    model_options: dict | None = None
+    """Keys of trainer/config.py's `model` section for this model's cells, over cell.model: how its checkpoint
+    loads (`trust_remote_code`, `chat_template`, `template_options`), which differ between families. Not
+    `preset` or `path`, which this entry gives."""
     warm_start_seed: int | None = knob(None, ge=0)
     """Seed of this model's warm start and of its tiny model's initialisation (a `preset` model only; default:
     warm_start.seed and cell.model.init_seed): several models with one preset and different seeds are several
@@ -241,6 +246,9 @@ class ModelEntry(Section):
             self.refuse(
                 "preset", f"{self.preset!r} is not a tiny preset of trainer/policy/tiny.py ({sorted(TINY_PRESETS)})"
             )
+        for key in ("preset", "path"):
+            if key in (self.model_options or {}):
+                self.refuse(f"model_options.{key}", f"give the model's {key} as the entry's own `{key}`")
         if self.warm_start_seed is not None and self.preset is None:
             self.refuse("warm_start_seed", f"only a model with a `preset` is warm-started (this one has {kinds[0]!r})")
 
@@ -370,6 +378,21 @@ class PreflightConfig(Section):
 
 
 @dataclass
+class KeepConfig(Section):
+    """`keep:` what a finished cell leaves beside its logs; its working checkpoints are removed either way."""
+
+    blank_is_absent = True
+
+    policy: bool = True
+    """The final policy as a Hugging Face model directory (weights, tokenizer, chat template): CELL/policy/, which
+    `python -m trainer eval`, `model.path` and vLLM load as it is. A few MB for a tiny model, ~16 GB for a 4B
+    model in float32."""
+    checkpoint: bool = False
+    """The run's state after its last update (weights and optimizer state, as `run.checkpoint_format` writes it):
+    CELL/last_checkpoint/, which `python -m trainer export` reads; about three times the policy with AdamW."""
+
+
+@dataclass
 class StudyConfig(Section):
     """A study file's keys (its `base` merged first): which models, which cells, the trainer settings shared by
     every cell, the warm start, job resources and analysis settings. Built by `check_study` before any job starts;
@@ -407,6 +430,7 @@ class StudyConfig(Section):
     resources: Resources = field(default_factory=Resources)
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
+    keep: KeepConfig = field(default_factory=KeepConfig)
 
     def validate(self) -> None:
         super().validate()
@@ -598,6 +622,12 @@ class StudyConfig(Section):
                 raise ConfigError(
                     f"models.{name}.path: {entry.path!r} does not exist (paper scale needs the checkpoint on a local path)"
                 )
+            template = (entry.model_options or {}).get("chat_template")
+            if template is not None and template not in shipped_templates() and not (root / template).is_file():
+                raise ConfigError(
+                    f"models.{name}.model_options.chat_template: {template!r} is neither a shipped template "
+                    f"({', '.join(shipped_templates())}) nor a file"
+                )
         options = self.cell.get("env", {}).get("options", {})
         for key in PATH_OPTIONS:
             if options.get(key) and not (root / options[key]).exists():
@@ -761,7 +791,11 @@ def cell_config(
     shared = deep_merge(study.get("cell", {}), own)
     own_lrs = {k: v for k, v in (own.get("optim") or {}).items() if k in ("lr", "matrix_lr")}
     cell = {"recipe": recipe}
-    cell["model"] = {**shared.pop("model", {}), "path": model_path}
+    cell["model"] = {
+        **shared.pop("model", {}),
+        **(study["models"][model].get("model_options") or {}),
+        "path": model_path,
+    }
     cell["optim"] = {**shared.pop("optim", {}), "name": optimizer, **optim_lrs(study, optimizer, lr), **own_lrs}
     run = {**shared.pop("run", {}), "seed": int(seed), "threads": int(threads)}
     if "env" in shared or study["models"][model].get("env_options"):
@@ -815,6 +849,9 @@ def paths_from_workdir(study: dict, root: str | Path, workdir: str | Path) -> di
     for entry in out["models"].values():
         if entry.get("path") is not None:
             entry["path"] = rebase(entry["path"])
+        template = (entry.get("model_options") or {}).get("chat_template")
+        if template is not None and template not in shipped_templates():
+            entry["model_options"]["chat_template"] = rebase(template)
     for options in [
         out.get("cell", {}).get("env", {}).get("options", {}),
         *(entry.get("env_options", {}) for entry in out["models"].values()),

@@ -53,7 +53,7 @@ from trainer.logs.provenance import collect_provenance
 from trainer.logs.rows import episode_row, update_row
 from trainer.optim.hybrid import build_muon_adamw, route_parameters
 from trainer.optim.muon import resolve_ns_dtype
-from trainer.policy.load import DTYPES, load_policy, new_tiny_policy, save_policy
+from trainer.policy.load import DTYPES, load_policy, new_tiny_policy, policy_options, save_policy
 from trainer.rl.estimators import make_estimator
 from trainer.rollout.driver import RolloutDriver, TaskSampler
 from trainer.rollout.evaluation import eval_generator, evaluate
@@ -103,7 +103,7 @@ def build_policy(cfg: TrainConfig, suite, device: str | None = None):
     """(model, chat format) a cell starts from: `model.path`, or a fresh tiny model whose tokenizer is trained on
     the suite's texts (deterministic in `model.init_seed`), in `model.dtype` on `device` (default `run.device`)."""
     if cfg.model.path is not None:
-        model, fmt = load_policy(cfg.model.path, cfg.model.dtype)
+        model, fmt = load_policy(cfg.model.path, cfg.model.dtype, **policy_options(cfg.model))
     else:
         model, fmt = new_tiny_policy(
             cfg.model.preset,
@@ -223,6 +223,7 @@ class Trainer:
                 gpu_memory_utilization=r.vllm_gpu_memory_utilization,
                 max_model_len=r.max_episode_tokens,
                 enforce_eager=r.vllm_enforce_eager,
+                trust_remote_code=cfg.model.trust_remote_code,
             )
         if r.engine == "reference":
             from trainer.rollout.reference_llm import reference_engine
@@ -462,9 +463,16 @@ class Trainer:
         return success
 
     # -- the loop ----------------------------------------------------------------------------------------------
-    def run(self, resume: bool = False, progress: bool | None = None, save_policy_to: str | Path | None = None) -> Path:
+    def run(
+        self,
+        resume: bool = False,
+        progress: bool | None = None,
+        save_policy_to: str | Path | None = None,
+        checkpoint_last: bool = False,
+    ) -> Path:
         """Train to `run.updates` (from the newest checkpoint with `resume`); with `save_policy_to`, write the final
-        policy there (a policy directory `eval` and `model.path` read). Returns the metrics file."""
+        policy there (a policy directory `eval` and `model.path` read); with `checkpoint_last`, checkpoint the
+        finished run too (its optimizer state, for a cell to be continued). Returns the metrics file."""
         self.t_start = time.perf_counter()
         cfg = self.cfg.run
         bar = None
@@ -497,7 +505,9 @@ class Trainer:
                 bar.set_postfix(
                     success=f"{row['success_rate']:.2f}", tok_s=f"{row['gen_tokens'] / max(row['rollout_s'], 1e-9):.0f}"
                 )
-                if cfg.checkpoint_every and self.update % cfg.checkpoint_every == 0 and not last:
+                if (cfg.checkpoint_every and self.update % cfg.checkpoint_every == 0 and not last) or (
+                    last and checkpoint_last
+                ):
                     self.checkpoint()
         finally:
             if bar is not None:
@@ -528,5 +538,8 @@ def train(
     resume: bool = False,
     progress: bool | None = None,
     save_policy_to: str | Path | None = None,
+    checkpoint_last: bool = False,
 ) -> Path:
-    return Trainer(cfg, out_dir).run(resume=resume, progress=progress, save_policy_to=save_policy_to)
+    return Trainer(cfg, out_dir).run(
+        resume=resume, progress=progress, save_policy_to=save_policy_to, checkpoint_last=checkpoint_last
+    )

@@ -123,6 +123,12 @@ class TinyFormat:
         return self.tokenizer.decode([int(i) for i in ids if int(i) not in self.special_ids], skip_special_tokens=False)
 
 
+_STABLE_HINT = (
+    "; give the policy a prefix-stable template (model.chat_template: a Jinja file, or a shipped one: "
+    "qwen3-stable for the Qwen3/Qwen3.5 families)"
+)
+
+
 class HFChatFormat:
     """A Hugging Face tokenizer's chat template, rendered incrementally (see the module docstring for the delta)."""
 
@@ -130,11 +136,19 @@ class HFChatFormat:
     _USER_B, _ASSISTANT_B = "Second dummy question, longer.", "Second dummy answer."
     _PROBE = "Probe observation."
 
-    def __init__(self, hf_tokenizer, *, system_prompt: str | None = None, extra_stop_ids: Iterable[int] = ()):
+    def __init__(
+        self,
+        hf_tokenizer,
+        *,
+        system_prompt: str | None = None,
+        extra_stop_ids: Iterable[int] = (),
+        template_options: dict | None = None,
+    ):
         if not getattr(hf_tokenizer, "chat_template", None):
             raise ValueError("HFChatFormat: the tokenizer has no chat_template")
         self.tokenizer = hf_tokenizer
         self.system_prompt = system_prompt
+        self.template_options = dict(template_options or {})
         self._head = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
 
         # The assistant tail: what the template writes after an assistant message's content.
@@ -183,7 +197,7 @@ class HFChatFormat:
         if self._delta_text(self._PROBE, history) != self._delta_text(self._PROBE, longer):
             raise ValueError(
                 "HFChatFormat: the template renders a new user message differently depending on the "
-                "history, so observations cannot be appended incrementally"
+                "history, so observations cannot be appended incrementally" + _STABLE_HINT
             )
 
     @property
@@ -194,7 +208,9 @@ class HFChatFormat:
     # -- rendering ------------------------------------------------------------------------------------------
 
     def _render(self, messages: list[dict], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=generation_prompt, **self.template_options
+        )
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -205,7 +221,7 @@ class HFChatFormat:
         if not after.startswith(before):
             raise ValueError(
                 "HFChatFormat: the template rewrites earlier turns when a user message is added "
-                "(rendered text is not a prefix), so observations cannot be appended incrementally"
+                "(rendered text is not a prefix), so observations cannot be appended incrementally" + _STABLE_HINT
             )
         return after[len(before) :]
 

@@ -4,8 +4,10 @@ A policy directory written by `save_policy` holds the Hugging Face model (`save_
 tiny models' `tokenizers` file `tokenizer.json`, or a real checkpoint's own tokenizer files) and
 `harness_policy.json`: which chat format it speaks, and what made it (the warm start's report, or the update and
 seed of a trained cell, which `python -m trainer eval` reads). A real checkpoint (MiniCPM5-2B, Qwen3.5-4B,
-Qwen2.5-0.5B-Instruct) is any directory `from_pretrained` can read locally; its own tokenizer and chat template are
-used. Nothing is ever downloaded (`local_files_only=True`).
+Qwen2.5-0.5B-Instruct) is any directory `from_pretrained` can read locally; its own tokenizer is used, with its own
+chat template or the one the study names (a shipped one from templates/, or a file), which a saved policy then
+carries. Nothing is ever downloaded (`local_files_only=True`); a checkpoint's own code runs only where the study
+sets `model.trust_remote_code`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from trainer.knobs import ConfigError
+from trainer.policy.templates import read_chat_template
 from trainer.policy.tiny import TinyModelSpec, build_tiny_model
 
 POLICY_META = "harness_policy.json"
@@ -41,7 +45,8 @@ def save_policy(model, fmt, directory: str | Path, extra: dict | None = None) ->
     if not isinstance(fmt, (TinyFormat, HFChatFormat)):
         raise TypeError(f"save_policy: unknown chat format {type(fmt).__name__}")
     if isinstance(fmt, HFChatFormat) and (
-        fmt.system_prompt is not None or fmt.stop_ids != HFChatFormat(fmt.tokenizer).stop_ids
+        fmt.system_prompt is not None
+        or fmt.stop_ids != HFChatFormat(fmt.tokenizer, template_options=fmt.template_options).stop_ids
     ):
         raise ValueError(
             "save_policy: a chat format with a system prompt or extra stop tokens would not be read "
@@ -54,8 +59,10 @@ def save_policy(model, fmt, directory: str | Path, extra: dict | None = None) ->
         (directory / TOKENIZER_FILE).write_text(fmt.tokenizer.to_str())
     else:
         fmt.tokenizer.save_pretrained(directory)
-    kind = "tiny" if isinstance(fmt, TinyFormat) else "hf"
-    (directory / POLICY_META).write_text(json.dumps({"format": kind, **(extra or {})}, indent=2))
+    meta = {"format": "tiny"} if isinstance(fmt, TinyFormat) else {"format": "hf"}
+    if isinstance(fmt, HFChatFormat) and fmt.template_options:
+        meta["template_options"] = fmt.template_options
+    (directory / POLICY_META).write_text(json.dumps({**meta, **(extra or {})}, indent=2))
 
 
 def policy_meta(path: str | Path) -> dict:
@@ -64,8 +71,25 @@ def policy_meta(path: str | Path) -> dict:
     return json.loads(meta_file.read_text()) if meta_file.exists() else {}
 
 
-def load_policy(path: str | Path, dtype: str = "float32"):
-    """(model, chat format) from a policy directory or a Hugging Face checkpoint directory."""
+def policy_options(model_cfg) -> dict:
+    """`load_policy`'s keyword arguments from a cell's `ModelConfig`."""
+    return dict(
+        trust_remote_code=model_cfg.trust_remote_code,
+        chat_template=model_cfg.chat_template,
+        template_options=model_cfg.template_options,
+    )
+
+
+def load_policy(
+    path: str | Path,
+    dtype: str = "float32",
+    *,
+    trust_remote_code: bool = False,
+    chat_template: str | None = None,
+    template_options: dict | None = None,
+):
+    """(model, chat format) from a policy directory or a Hugging Face checkpoint directory; `chat_template` and
+    `template_options` as `ModelConfig`'s (options saved with a policy apply unless given again)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trainer.policy.chat_format import HFChatFormat, TinyFormat
@@ -73,9 +97,27 @@ def load_policy(path: str | Path, dtype: str = "float32"):
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"policy directory {str(path)!r} does not exist")
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=DTYPES[dtype])
-    if policy_meta(path).get("format") == "tiny":
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code
+        )
+    except ValueError as exc:
+        if "trust_remote_code" not in str(exc):
+            raise
+        raise ConfigError(
+            f"{path}: the checkpoint's architecture is defined by its own code (auto_map in config.json), which "
+            "runs only with model.trust_remote_code: true in the study"
+        ) from None
+    meta = policy_meta(path)
+    if meta.get("format") == "tiny":
         from tokenizers import Tokenizer
 
         return model, TinyFormat(Tokenizer.from_str((path / TOKENIZER_FILE).read_text()))
-    return model, HFChatFormat(AutoTokenizer.from_pretrained(path, local_files_only=True))
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
+    if chat_template is not None:
+        tokenizer.chat_template = read_chat_template(chat_template)
+    options = {**meta.get("template_options", {}), **(template_options or {})}
+    try:
+        return model, HFChatFormat(tokenizer, template_options=options)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None

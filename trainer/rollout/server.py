@@ -230,6 +230,7 @@ def build_server(
     gpu_memory_utilization: float,
     logprobs_mode: str,
     enforce_eager: bool = False,
+    trust_remote_code: bool = False,
 ) -> RolloutServer:
     if backend == "vllm":
         from trainer.rollout.vllm_engine import import_vllm, start_vllm, vllm_on_cpu
@@ -242,6 +243,7 @@ def build_server(
             max_model_len=max_model_len,
             logprobs_mode=logprobs_mode,
             enforce_eager=enforce_eager,
+            trust_remote_code=trust_remote_code,
         )
         return RolloutServer(
             llm,
@@ -257,7 +259,9 @@ def build_server(
 
     if not Path(model_path).is_dir():  # the model only: token ids in and out, no chat format needed
         raise FileNotFoundError(f"rollout server: model directory {str(model_path)!r} does not exist")
-    model = AutoModelForCausalLM.from_pretrained(model_path, local_files_only=True, dtype=DTYPES[dtype])
+    model = AutoModelForCausalLM.from_pretrained(
+        model_path, local_files_only=True, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code
+    )
     model.to(device)
     return RolloutServer(
         ReferenceLLM(model, logprobs_mode),
@@ -285,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--logprobs-mode", choices=LOGPROBS_MODES, default="processed_logprobs")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--enforce-eager", action="store_true", help="vllm backend: no torch.compile, no CUDA graphs")
+    ap.add_argument("--trust-remote-code", action="store_true", help="run the checkpoint's own modelling code")
     args = ap.parse_args(argv)
     key = os.environ.get(AUTHKEY_ENV)
     if not key:
@@ -308,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         gpu_memory_utilization=args.gpu_memory_utilization,
         logprobs_mode=args.logprobs_mode,
         enforce_eager=args.enforce_eager,
+        trust_remote_code=args.trust_remote_code,
     )
     with Listener(("127.0.0.1", 0), authkey=bytes.fromhex(key)) as listener:
         print(json.dumps({"protocol": PROTOCOL, "address": list(listener.address)}), file=handshake, flush=True)

@@ -252,6 +252,7 @@ def launch_server(
     trainer_device: str = "cpu",
     threads: int = 1,
     enforce_eager: bool = False,
+    trust_remote_code: bool = False,
     start_timeout_s: float = 1800.0,
 ) -> ServerClient:
     """Start `python -m trainer.rollout.server` (stderr to `log_path`), connect, and return the client."""
@@ -290,6 +291,8 @@ def launch_server(
         cmd += ["--max-model-len", str(max_model_len)]
     if enforce_eager:
         cmd.append("--enforce-eager")
+    if trust_remote_code:
+        cmd.append("--trust-remote-code")
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
@@ -352,6 +355,7 @@ def start_cell_server(cfg, fmt, model: torch.nn.Module, out_dir: str | Path) -> 
             cuda_device=gpu,
             max_model_len=r.max_episode_tokens,
             enforce_eager=r.vllm_enforce_eager,
+            trust_remote_code=cfg.model.trust_remote_code,
             gpu_memory_utilization=r.vllm_gpu_memory_utilization,
             **common,
         )

@@ -440,6 +440,7 @@ def start_vllm(
     enforce_eager: bool = False,
     enable_prefix_caching: bool = True,
     logprobs_mode: str = "processed_logprobs",
+    trust_remote_code: bool = False,
 ):
     """A `vllm.LLM` on this process's first visible GPU, started as the engine needs it (see `VLLMEngine`)."""
     if logprobs_mode not in LOGPROBS_MODES:
@@ -470,6 +471,7 @@ def start_vllm(
         logprobs_mode=logprobs_mode,
         generation_config="vllm",
         tensor_parallel_size=1,
+        trust_remote_code=trust_remote_code,
         **options,
     )
 
@@ -554,6 +556,7 @@ class VLLMEngine:
         enforce_eager: bool = False,
         enable_prefix_caching: bool = True,
         logprobs_mode: str = "processed_logprobs",
+        trust_remote_code: bool = False,
     ):
         """Start vLLM on the checkpoint directory `model_path` (its tokenizer is loaded there too).
 
@@ -571,6 +574,7 @@ class VLLMEngine:
             enforce_eager=enforce_eager,
             enable_prefix_caching=enable_prefix_caching,
             logprobs_mode=logprobs_mode,
+            trust_remote_code=trust_remote_code,
         )
         self._setup(llm, fmt, import_vllm().SamplingParams, max_model_len, logprobs_mode)
 

@@ -169,6 +169,13 @@ def figure_params():
 # -- how a train job starts (rules/train.smk) ------------------------------------------------------------
 
 
+def keep_flags(keep: dict, out) -> str:
+    """The trainer flags a cell's `keep:` asks for: its final policy into CELL/policy.partial (the rule renames it),
+    a checkpoint after its last update."""
+    flags = [f"--save-policy {out}/policy.partial"] if keep["policy"] else []
+    return " ".join(flags + (["--checkpoint-last"] if keep["checkpoint"] else []))
+
+
 def trainer_launcher(res: dict) -> str:
     """The command that starts `-m trainer train`: python; torchrun on one node; srun + torchrun on several."""
     procs, nodes = res["processes"], res["nodes"]

@@ -24,6 +24,8 @@ rule cell_config:
 # which a rebuilt warm start always changes): checkpoints written under another key are deleted first, and a
 # finished cell deletes its own, so a forced rerun, a TRAINER_VERSION bump or a new base policy starts from
 # scratch. The trainer itself also refuses a checkpoint of a different config.
+# `keep:` (trainer/study.py KeepConfig): the final policy is written beside the logs as policy/ (through a
+# temporary folder, so a policy/ is always whole) and the last update's checkpoint moved to last_checkpoint/.
 # `--exit-with $PPID`: the job's shell is a child of the process running it (the head locally, the job's own
 # snakemake on SLURM); the trainer stops when that process is gone, so a killed head leaves no orphan training.
 # `cpus_per_task`: on SLURM, Snakemake caps `threads` at the head's --cores, while run.threads in cell.yaml is
@@ -55,6 +57,8 @@ rule train:
         out=subpath(output.metrics, parent=True),
         trainer_version=TRAINER_VERSION,
         launcher=trainer_launcher(config["resources"]["train"]),
+        keep=lambda wildcards, output: keep_flags(config["keep"], Path(output.metrics).parent),
+        keep_checkpoint="yes" if config["keep"]["checkpoint"] else "no",
     shell:
         """
         policy=""
@@ -64,7 +68,16 @@ rule train:
             rm -rf {params.out}/checkpoints
         fi
         mkdir -p {params.out}/checkpoints && echo "$key" > {params.out}/checkpoints/RESUME_KEY
+        rm -rf {params.out}/policy.partial
         {params.launcher} -m trainer train --config {input.cell} --out {params.out} --resume --no-progress \
-            --exit-with $PPID > {log} 2>&1
+            --exit-with $PPID {params.keep} > {log} 2>&1
+        if [ -d {params.out}/policy.partial ]; then
+            rm -rf {params.out}/policy && mv {params.out}/policy.partial {params.out}/policy
+        fi
+        last="$(ls -d {params.out}/checkpoints/ckpt-* 2>/dev/null | sort | tail -n1)"
+        if [ {params.keep_checkpoint} = yes ] && [ -n "$last" ]; then
+            rm -rf {params.out}/last_checkpoint && mkdir {params.out}/last_checkpoint
+            mv "$last" {params.out}/last_checkpoint/
+        fi
         rm -rf {params.out}/checkpoints
         """
