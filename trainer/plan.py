@@ -189,9 +189,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-checkpointing", action="store_true", help="keep every layer's activations")
     parser.add_argument("--head-chunk", type=int, default=2048, help="LM-head chunk in tokens; 0: unchunked")
-    parser.add_argument("--gpu-memory-gib", type=float, default=H200_GIB, help="memory of one GPU (default H200)")
+    parser.add_argument(
+        "--gpu-memory-gib",
+        type=float,
+        default=None,
+        help="memory of one of the cell's GPUs (default: the first visible GPU's; required where none is visible)",
+    )
     parser.add_argument(
         "--reserve-gib", type=float, default=0.0, help="memory kept for other uses (a colocated rollout server's share)"
+    )
+
+
+def gpu_memory_gib(given: float | None) -> tuple[float, str]:
+    """(GiB, where it came from): `--gpu-memory-gib`, else the first visible GPU's memory. The planner runs where
+    the user is, often a login node without GPUs: there it asks instead of assuming a card."""
+    from trainer.config import ConfigError
+
+    if given is not None:
+        if given <= 0:
+            raise ConfigError(f"--gpu-memory-gib must be > 0, got {given}")
+        return given, "--gpu-memory-gib"
+    import torch
+
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        return props.total_memory / GiB, f"visible GPU 0, {props.name}"
+    raise ConfigError(
+        "plan: no GPU is visible here; give one GPU's memory of the nodes the cell runs on with --gpu-memory-gib "
+        f"(an H200: {H200_GIB}, an H100 80GB: ~79.1)"
     )
 
 
@@ -203,6 +228,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--gpus and --tokens must be >= 1 and --head-chunk >= 0, got {args.gpus}, {args.tokens}, {args.head_chunk}"
         )
+    capacity, source = gpu_memory_gib(args.gpu_memory_gib)
     cfg = load_config(args.config)
     counts = model_counts(cell_model_config(cfg))
     tokens = args.tokens or cfg.rollout.max_episode_tokens
@@ -214,13 +240,14 @@ def run(args: argparse.Namespace) -> int:
         head_chunk_tokens=args.head_chunk or None,
         adam_only=cfg.optim.name != "muon",
         master_bytes=4 if cfg.model.dtype == "float32" else 2,
-        capacity_gib=args.gpu_memory_gib,
+        capacity_gib=capacity,
         reserve_gib=args.reserve_gib,
     )
     print(
         f"{args.config}: {counts.params / 1e9:.2f}B parameters ({counts.muon_params / 1e9:.2f}B on Muon), "
         f"{tokens:,} tokens per micro-batch, {args.gpus} GPU(s){', sharded' if args.gpus > 1 else ''}, "
-        f"activation checkpointing {'off' if args.no_checkpointing else 'on'}, head chunk {args.head_chunk or 'none'}"
+        f"activation checkpointing {'off' if args.no_checkpointing else 'on'}, head chunk {args.head_chunk or 'none'}, "
+        f"{capacity:.1f} GiB per GPU ({source})"
     )
     print(plan.table())
     return 0 if plan.fits else 1

