@@ -1,16 +1,16 @@
 """One prepared check of the trainer on a CUDA GPU (`run.device: cuda`): the paper-scale path, vLLM aside.
 
     python benchmarks/gpu_check_trainer.py [--out result.json] [--updates 5] [--keep DIR] [--memory-probe [SHAPE ...]]
-                                            [--long-episodes] [--skip-trainer] [--device cpu]
+                                            [--long-episodes] [--skip-trainer] [--device cpu] [--shape small]
 
 It downloads nothing and needs no vLLM (benchmarks/gpu_check_vllm.py checks that engine). It
 
 1. steps `trainer.optim.muon.Muon` and `torch.optim.Muon` side by side on the GPU, fp32 and bf16 parameters, and
    compares the parameters after 5 steps with torch's and with ours on the CPU (thresholds below), and checks the
    singular values of one orthogonalised update by an fp64 SVD;
-2. writes a real-checkpoint-like directory: a Qwen3 model built from a config (random weights, saved in bf16) and
-   a `PreTrainedTokenizerFast` with a ChatML chat template trained locally, so the trainer meets it through
-   `HFChatFormat`, as it meets MiniCPM5-2B or Qwen3.5-4B;
+2. writes a checkpoint of the Qwen3 family as released (`--shape`, default Qwen3-0.6B's widths and depth; random
+   weights saved in bf16; the family's tokenizer layout and Qwen's own chat template, trainer/policy/standins.py),
+   which the cells load with the shipped `qwen3-stable` template, as configs/paper.yaml loads Qwen3.5-4B;
 3. builds a cell config as the workflow does (trainer/study.py; paper-like settings: fp32 master
    weights, bf16 compute, lagged or async rollouts, but the HF engine for vLLM, minirepo for swe, lr 1e-5) and runs
    `python -m trainer train` on it on the GPU, recipe no_tool: with Muon in lagged mode with checkpoints, and with
@@ -53,11 +53,8 @@ sys.path.insert(0, str(ROOT))
 
 from trainer.study import cell_config, write_yaml  # noqa: E402
 
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+QWEN3_OWN_TEMPLATE = ROOT / "tests" / "data" / "templates" / "qwen3.jinja"
+"""Qwen3's chat template as its checkpoints ship it: the check's checkpoint carries it, the cell replaces it."""
 MUON_VS_TORCH = {torch.float32: 1e-3, torch.bfloat16: 5e-2}
 """Largest allowed ||ours - torch.optim.Muon|| / ||how far torch's parameters moved|| after 5 steps. fp32: 0 on
 CPU. bf16: 0.011-0.020 on CPU, by design: our momentum buffer is fp32, torch's has the parameter's dtype."""
@@ -70,6 +67,7 @@ SINGULAR_BAND = (0.5, 1.5)
 """One orthogonalised update's singular values (lr factor removed) must lie here (Jordan's quintic: ~0.7-1.2)."""
 STUDY_CELL = {  # the paper's cell settings (configs/paper.yaml) at a size one GPU runs in seconds, HF engine
     "model": {"dtype": "float32"},  # master weights; the checkpoint on disk is bf16, as the real ones are
+    # (the checkpoint's template: models.NAME.model_options below, as configs/paper.yaml gives it)
     "env": {
         "name": "minirepo",
         "options": {"seed": 0, "max_depth": 0, "max_turns": 6, "bug_kinds": ["op"]},
@@ -142,33 +140,20 @@ def muon_checks(results: list) -> None:
     )
 
 
-def write_checkpoint(directory: Path) -> int:
-    """A Qwen3 model from a config (random bf16 weights) and a ChatML tokenizer; returns its parameter count."""
-    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+def write_checkpoint(directory: Path, shape: str) -> int:
+    """A Qwen3 checkpoint as released (trainer/policy/standins.py: the family's config at `shape`, its tokenizer
+    layout, Qwen's own chat template, random bf16 weights); returns its parameter count. The cell loads it with the
+    shipped `qwen3-stable` template, as configs/paper.yaml loads Qwen3.5-4B."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trainer.config import EnvConfig
     from trainer.environments.suite import make_suite
-    from trainer.policy.chat_format import build_tokenizer
+    from trainer.policy.standins import write_standin_checkpoint
 
     texts = make_suite(EnvConfig(**STUDY_CELL["env"])).sample_texts()
-    bpe = build_tokenizer(texts, vocab_size=1024, min_frequency=1, special_tokens=SPECIALS)
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
-    tok.chat_template = CHATML
-    tok.save_pretrained(directory)
-    cfg = AutoConfig.for_model(
-        "qwen3",
-        vocab_size=len(tok),
-        hidden_size=512,
-        intermediate_size=1536,
-        num_hidden_layers=8,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=64,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg).eval()
+    write_standin_checkpoint("qwen3", directory, texts, chat_template=QWEN3_OWN_TEMPLATE.read_text(), shape=shape)
+    tok = AutoTokenizer.from_pretrained(directory)
+    model = AutoModelForCausalLM.from_pretrained(directory).eval()
     with torch.no_grad():
         # Random weights never stop an action (1 token in 1,024), so every turn would be cut at the same length and
         # every advantage would be equal (zero after standardisation): no update could be seen. The stop token's
@@ -206,11 +191,14 @@ def run_cell(config: Path, out: Path, resume: bool) -> float:
     return time.perf_counter() - t0
 
 
-def trainer_checks(results: list, work: Path, updates: int) -> None:
+def trainer_checks(results: list, work: Path, updates: int, shape: str) -> None:
     ckpt = work / "checkpoint"
-    n_params = write_checkpoint(ckpt)
-    results.append({"check": "checkpoint_parameters", "value": n_params, "ok": True, "threshold": "reported"})
-    study = {"models": {"gpu-qwen3": {"path": str(ckpt)}}, "cell": json.loads(json.dumps(STUDY_CELL))}
+    n_params = write_checkpoint(ckpt, shape)
+    results.append(
+        {"check": "checkpoint_parameters", "value": n_params, "ok": True, "threshold": f"reported ({shape})"}
+    )
+    entry = {"path": str(ckpt), "model_options": {"chat_template": "qwen3-stable"}}
+    study = {"models": {"gpu-qwen3": entry}, "cell": json.loads(json.dumps(STUDY_CELL))}
     study["cell"]["run"]["updates"] = updates
     runs = {}
     # Recipe no_tool: a random policy's every action is invalid, so the tool penalty is the same on every turn; the
@@ -533,6 +521,11 @@ def main() -> int:
     )
     ap.add_argument("--keep", default=None, metavar="DIR", help="work here and keep the runs (default: a temp dir)")
     ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cpu: a dry run of the script")
+    ap.add_argument(
+        "--shape",
+        default="Qwen3-0.6B",
+        help="the cells' checkpoint: a released Qwen3 shape (Qwen3-0.6B, Qwen3-4B) or `small` (CPU dry runs)",
+    )
     args = ap.parse_args()
     global DEVICE
     DEVICE = STUDY_CELL["run"]["device"] = args.device
@@ -550,7 +543,7 @@ def main() -> int:
             work = Path(args.keep or tmp)
             work.mkdir(parents=True, exist_ok=True)
             if not args.skip_trainer:
-                trainer_checks(results, work, args.updates)
+                trainer_checks(results, work, args.updates, args.shape)
         if args.long_episodes:
             long_episode_probe(results)
             nccl_muon_parity(results)

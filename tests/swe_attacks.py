@@ -492,11 +492,15 @@ for _o in _gc.get_objects():
         without_launcher="contained",
         code=_THEFT
         + """
+import atexit as _atexit
 import time as _time
 _r = _reporter()
 if _r is not None and not _os.environ.get("FORGED_CHILD"):
     _os.environ["FORGED_CHILD"] = "1"
-    if _os.fork() == 0:
+    _child = _os.fork()
+    if _child:  # the session waits for its child at exit, so the rewrite lands before anything kills the child
+        _atexit.register(_os.waitpid, _child, 0)
+    else:
         _os.setsid()
         _path, _key = _r._out.name, _r._key
         for _ in range(20000):

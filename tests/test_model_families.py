@@ -148,6 +148,14 @@ def test_a_checkpoint_with_its_own_code_loads_only_where_the_study_trusts_it(tmp
     assert fmt.prompt_ids("fix it")
 
 
+def test_a_vision_language_checkpoint_is_refused_before_its_weights_load(tmp_path):
+    from transformers import AutoConfig
+
+    AutoConfig.for_model("qwen3_5").save_pretrained(tmp_path / "vl")  # Qwen3.5 with its vision encoder; no weights
+    with pytest.raises(ConfigError, match="vl/config.json: a vision-language checkpoint.*language model alone"):
+        load_policy(tmp_path / "vl")
+
+
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "trainer", *args], capture_output=True, text=True, timeout=900)
 

@@ -80,6 +80,21 @@ def policy_options(model_cfg) -> dict:
     )
 
 
+def check_text_only(path: Path) -> None:
+    """ConfigError for a vision-language checkpoint (a `vision_config` in config.json, as Qwen3.5's releases with
+    an image encoder have): transformers would load its language model alone, but vLLM serves the whole model,
+    under other parameter names (`model.language_model.*`) and with the vision tower's parameters, which the
+    trainer's weight push never sends; the first push would be refused hours into a cell. Refused up front."""
+    config_file = path / "config.json"
+    config = json.loads(config_file.read_text()) if config_file.is_file() else {}
+    if "vision_config" in config:
+        raise ConfigError(
+            f"{config_file}: a vision-language checkpoint ({', '.join(config.get('architectures') or ['?'])}); the "
+            "harness trains and serves text-only causal LMs: give model.path a checkpoint of its language model "
+            "alone (its text config and `model.*` weights)"
+        )
+
+
 def load_policy(
     path: str | Path,
     dtype: str = "float32",
@@ -97,6 +112,7 @@ def load_policy(
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"policy directory {str(path)!r} does not exist")
+    check_text_only(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path, local_files_only=True, dtype=DTYPES[dtype], trust_remote_code=trust_remote_code

@@ -2,8 +2,8 @@
 harness (`config.json` of the family's architecture, a tokenizer with the family's special tokens and chat template,
 `save_pretrained` files), for tests on CPU and the GPU check, where no real checkpoint can be downloaded.
 
-`shape="small"` shrinks the widths and depth (a CPU cell trains it in seconds); `shape="real"` keeps the released
-model's (the GPU check). The vocabulary is a byte-level BPE trained on sample texts plus the family's special tokens,
+`shape="small"` shrinks the widths and depth (a CPU cell trains it in seconds); a released model's name
+(`"Qwen3-0.6B"`, `"Qwen3-4B"`) keeps its widths and depth (the GPU check). The vocabulary is a byte-level BPE trained on sample texts plus the family's special tokens,
 so ids differ from the released tokenizer's; the template is the one given (a file's text), by default the shipped
 prefix-stable one.
 """
@@ -20,14 +20,24 @@ special (they decode as text)."""
 FAMILIES: dict[str, dict] = {
     "qwen3": dict(
         model_type="qwen3",
-        real=dict(  # Qwen3-4B's config.json
-            hidden_size=2560,
-            intermediate_size=9728,
-            num_hidden_layers=36,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=128,
-        ),
+        real={
+            "Qwen3-0.6B": dict(
+                hidden_size=1024,
+                intermediate_size=3072,
+                num_hidden_layers=28,
+                num_attention_heads=16,
+                num_key_value_heads=8,
+                head_dim=128,
+            ),
+            "Qwen3-4B": dict(
+                hidden_size=2560,
+                intermediate_size=9728,
+                num_hidden_layers=36,
+                num_attention_heads=32,
+                num_key_value_heads=8,
+                head_dim=128,
+            ),
+        },
         common=dict(
             max_position_embeddings=40960,
             rope_theta=1000000.0,
@@ -39,11 +49,13 @@ FAMILIES: dict[str, dict] = {
     ),
     "qwen3.5": dict(
         model_type="qwen3_5_text",
-        real=None,  # the released 4B's widths are not known here: small only
+        real={},  # the released 4B's widths are not known here: small only
         common=dict(max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=True),
         hybrid=True,  # three Gated DeltaNet layers, then one full attention layer
     ),
 }
+"""Per family: the transformers model type, the released models' widths and depths (their config.json), and the
+keys every size shares."""
 
 SMALL = dict(
     hidden_size=128,
@@ -96,14 +108,14 @@ def write_standin_checkpoint(
 
     if family not in FAMILIES:
         raise ValueError(f"unknown model family {family!r}; known: {sorted(FAMILIES)}")
-    if shape not in ("small", "real"):
-        raise ValueError(f"shape must be 'small' or 'real', got {shape!r}")
     spec = FAMILIES[family]
-    if shape == "real" and spec["real"] is None:
-        raise ValueError(f"model family {family!r} has no real shape here (small only)")
     linear = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
-    small = {k: v for k, v in SMALL.items() if spec.get("hybrid") or k not in linear}
-    dims = spec["real"] if shape == "real" else small
+    if shape == "small":
+        dims = {k: v for k, v in SMALL.items() if spec.get("hybrid") or k not in linear}
+    elif shape in spec["real"]:
+        dims = spec["real"][shape]
+    else:
+        raise ValueError(f"{family} has no shape {shape!r}; known: small, {', '.join(spec['real']) or '(none)'}")
     tok = family_tokenizer(texts, chat_template if chat_template is not None else read_chat_template("qwen3-stable"))
     config = AutoConfig.for_model(
         spec["model_type"],
