@@ -98,6 +98,26 @@ def test_greedy_episodes_equal_the_hf_engine(served):
     assert sum(len(e.turns) for e in got) >= 2 * len(TASKS)
 
 
+def test_a_qwen3_release_with_the_shipped_template_serves_as_the_hf_engine_plays_it(tmp_path):
+    """A Qwen3-family checkpoint as released (its config, tokenizer layout and Qwen's own template; random weights),
+    loaded with `qwen3-stable` and saved as a policy (what a finished cell keeps): vLLM serves that directory and
+    plays the greedy episodes the Hugging Face engine plays."""
+    from trainer.policy.load import load_policy
+    from trainer.policy.standins import write_standin_checkpoint
+
+    own = (ROOT / "tests" / "data" / "templates" / "qwen3.jinja").read_text()
+    ckpt = write_standin_checkpoint("qwen3", tmp_path / "ckpt", TEXTS, chat_template=own, seed=3)
+    model, fmt = load_policy(ckpt, chat_template="qwen3-stable", template_options={"enable_thinking": False})
+    save_policy(model, fmt, tmp_path / "policy")
+    model.eval()
+    engine = VLLMEngine(str(tmp_path / "policy"), fmt, dtype="float32", seed=0, enforce_eager=True, max_model_len=512)
+    got = engine.play([TallyEnv() for _ in TASKS], TASKS, sampling=GREEDY, policy_version=0)
+    ref = HFEngine(model, fmt).play([TallyEnv() for _ in TASKS], TASKS, sampling=GREEDY, policy_version=0)
+    assert_same_episodes(got, ref)
+    think = fmt.tokenizer.encode("<think>\n\n</think>\n\n", add_special_tokens=False)
+    assert all(e.tokens[: e.turns[0].start][-len(think) :] == think for e in got)  # thinking off: the empty block
+
+
 @pytest.mark.parametrize("turn,budget", [(1, 30), (3, 41), (6, 57), (8, 90)])
 def test_turn_limits_and_token_budgets_end_episodes_as_the_hf_engine_does(served, turn, budget):
     """Actions cut at the turn limit, episodes cut at the token budget mid-action (recorded, not executed) or
