@@ -94,58 +94,42 @@ def test_a_qwen3_checkpoint_loads_with_the_shipped_template_and_a_saved_policy_k
     assert json.loads((tmp_path / "policy" / "harness_policy.json").read_text())["template_options"] == options
 
 
-CUSTOM_CONFIG = """
-from transformers import LlamaConfig
+def test_a_minicpm_release_loads_its_own_code_only_where_the_study_trusts_it(tmp_path):
+    """MiniCPM's dense checkpoints carry their modelling code (`auto_map`): the stand-in carries
+    trainer/policy/minicpm/'s, which scales the embeddings, the residual branches and the head's input."""
+    ckpt = write_standin_checkpoint("minicpm", tmp_path / "minicpm", TEXTS)
+    with pytest.raises(ConfigError, match="minicpm.*model.trust_remote_code: true"):
+        load_policy(ckpt)
+    model, fmt = load_policy(ckpt, trust_remote_code=True)
+    assert type(model).__module__.startswith("transformers_modules.")  # the checkpoint's copy, not the package's
+    assert (model.config.scale_emb, model.config.dim_model_base, model.config.scale_depth) == (12.0, 256, 1.4)
+    assert fmt.end_of_turn_id == fmt.tokenizer.convert_tokens_to_ids("<|im_end|>")
 
 
-class StandinConfig(LlamaConfig):
-    model_type = "standin_custom"
+def test_minicpm_code_is_llama_when_its_scalings_are_one_and_another_function_otherwise():
+    """Against transformers' Llama with the same weights: equal (bit for bit) when the three scalings are the
+    identity (scale_emb 1, scale_depth sqrt(layers), dim_model_base = hidden), different with MiniCPM's."""
+    import math
 
-    def __init__(self, scale_emb=12.0, **kwargs):
-        self.scale_emb = scale_emb
-        super().__init__(**kwargs)
-"""
-CUSTOM_MODEL = """
-from transformers import LlamaForCausalLM
+    import torch
+    from transformers import LlamaForCausalLM
 
-from .configuration_standin import StandinConfig
+    from trainer.policy.minicpm.configuration_minicpm import MiniCPMConfig
+    from trainer.policy.minicpm.modeling_minicpm import MiniCPMForCausalLM
 
-
-class StandinForCausalLM(LlamaForCausalLM):
-    config_class = StandinConfig
-"""
-
-
-def test_a_checkpoint_with_its_own_code_loads_only_where_the_study_trusts_it(tmp_path):
-    """MiniCPM's dense checkpoints carry their modelling code (`auto_map`); a stand-in with code of its own."""
-    from trainer.policy.tiny import TINY_PRESETS
-
-    directory = tmp_path / "custom"
-    directory.mkdir()
-    (directory / "configuration_standin.py").write_text(CUSTOM_CONFIG)
-    (directory / "modeling_standin.py").write_text(CUSTOM_MODEL)
-    tok = family_tokenizer(TEXTS, STABLE)
-    dims = {k: v for k, v in TINY_PRESETS["minicpm-tiny"].items() if k != "model_type"}
-    config = {
-        "model_type": "standin_custom",
-        "architectures": ["StandinForCausalLM"],
-        "auto_map": {
-            "AutoConfig": "configuration_standin.StandinConfig",
-            "AutoModelForCausalLM": "modeling_standin.StandinForCausalLM",
-        },
-        "vocab_size": len(tok),
-        **dims,
-    }
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), **dims)).save_pretrained(directory)  # the weights' layout
-    (directory / "config.json").write_text(json.dumps(config))
-    tok.save_pretrained(directory)
-    with pytest.raises(ConfigError, match="custom.*model.trust_remote_code: true"):
-        load_policy(directory)
-    model, fmt = load_policy(directory, trust_remote_code=True)
-    assert type(model).__name__ == "StandinForCausalLM" and model.config.scale_emb == 12.0
-    assert fmt.prompt_ids("fix it")
+    dims = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)
+    ids = torch.tensor([[3, 9, 27, 17, 5, 44]])
+    identity = MiniCPMConfig(scale_emb=1.0, scale_depth=math.sqrt(2), dim_model_base=32, **dims)
+    for config, same in (
+        (identity, True),
+        (MiniCPMConfig(scale_emb=12.0, scale_depth=1.4, dim_model_base=8, **dims), False),
+    ):
+        torch.manual_seed(0)
+        minicpm = MiniCPMForCausalLM(config).eval()
+        llama = LlamaForCausalLM(config).eval()
+        llama.load_state_dict(minicpm.state_dict())
+        with torch.no_grad():
+            assert torch.equal(minicpm(input_ids=ids).logits, llama(input_ids=ids).logits) is same
 
 
 def test_a_vision_language_checkpoint_is_refused_before_its_weights_load(tmp_path):
@@ -161,14 +145,20 @@ def _cli(*args):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["qwen3", "qwen3.5"])
+@pytest.mark.parametrize("family", ["qwen3", "qwen3.5", "minicpm"])
 def test_a_family_checkpoint_trains_a_cpu_cell_exports_and_evaluates(family, tmp_path):
-    """The path a paper cell takes with a released checkpoint, at small size: load with the study's template,
-    rollouts, updates, a checkpoint, the exported policy, `eval` on it."""
-    ckpt = write_standin_checkpoint(family, tmp_path / "ckpt", TEXTS, chat_template=QWEN3)
+    """The path a paper cell takes with a released checkpoint, at small size: load as configs/paper.yaml says
+    (Qwen: the shipped template over Qwen's own; MiniCPM: its own code and template), rollouts, updates, a
+    checkpoint, the saved and the exported policy, `eval` on both."""
+    if family == "minicpm":
+        ckpt = write_standin_checkpoint(family, tmp_path / "ckpt", TEXTS)
+        model = {"path": str(ckpt), "trust_remote_code": True}
+    else:
+        ckpt = write_standin_checkpoint(family, tmp_path / "ckpt", TEXTS, chat_template=QWEN3)
+        model = {"path": str(ckpt), "chat_template": "qwen3-stable", "template_options": {"enable_thinking": False}}
     cell = {
         **MINIREPO_CELL,
-        "model": {"path": str(ckpt), "chat_template": "qwen3-stable", "template_options": {"enable_thinking": False}},
+        "model": model,
         "run": {**MINIREPO_CELL["run"], "updates": 2, "checkpoint_every": 1, "eval_every": 2},
         "rollout": {**MINIREPO_CELL["rollout"], "max_episode_tokens": 320},
     }
@@ -178,7 +168,10 @@ def test_a_family_checkpoint_trains_a_cpu_cell_exports_and_evaluates(family, tmp
     r = _cli("train", "--config", str(config), "--out", str(out), "--no-progress", "--save-policy", str(policy))
     assert r.returncode == 0, r.stderr[-3000:]
     assert (policy / "config.json").exists() and (policy / "chat_template.jinja").exists()
-    assert "<think>" in (policy / "chat_template.jinja").read_text()
+    if family == "minicpm":  # the policy carries the code it needs
+        assert (policy / "modeling_minicpm.py").exists()
+    else:
+        assert "<think>" in (policy / "chat_template.jinja").read_text()
     exported = tmp_path / "exported"
     newest = sorted((out / "checkpoints").glob("ckpt-*"))[-1]
     r = _cli("export", str(newest), "--out", str(exported))

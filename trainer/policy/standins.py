@@ -1,21 +1,33 @@
 """Checkpoints of the paper's model families with random weights: what a user's local checkpoint looks like to the
 harness (`config.json` of the family's architecture, a tokenizer with the family's special tokens and chat template,
-`save_pretrained` files), for tests on CPU and the GPU check, where no real checkpoint can be downloaded.
+`save_pretrained` files; for MiniCPM, its own modelling code behind `auto_map`, trainer/policy/minicpm/), for tests
+on CPU and the GPU check, where no real checkpoint can be downloaded.
 
 `shape="small"` shrinks the widths and depth (a CPU cell trains it in seconds); a released model's name
 (`"Qwen3-0.6B"`, `"Qwen3-4B"`) keeps its widths and depth (the GPU check). The vocabulary is a byte-level BPE trained on sample texts plus the family's special tokens,
-so ids differ from the released tokenizer's; the template is the one given (a file's text), by default the shipped
-prefix-stable one.
+so ids differ from the released tokenizer's; the template is the one given (a file's text), by default the family's
+(Qwen: the shipped prefix-stable one; MiniCPM: the ChatML layout MiniCPM3 and MiniCPM4 ship, assumed for MiniCPM5).
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
-QWEN3_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 QWEN3_ADDED = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
-"""Qwen3's tokenizer marks the first three special; the reasoning and tool markers are added tokens that are not
-special (they decode as text)."""
+"""Qwen3's reasoning and tool markers: added tokens that are not special (they decode as text)."""
+
+MINICPM_CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+"""The ChatML layout of MiniCPM3's and MiniCPM4's chat templates, less their tool-call rendering."""
+
+MINICPM_CODE = Path(__file__).with_name("minicpm")
+
+QWEN3_TOKENIZER = dict(specials=("<|endoftext|>", "<|im_start|>", "<|im_end|>"), eos="<|im_end|>", pad="<|endoftext|>")
+"""Qwen3's special tokens, EOS (the instruct checkpoints' choice) and pad; its reasoning and tool markers are added
+as plain tokens (QWEN3_ADDED)."""
 
 FAMILIES: dict[str, dict] = {
     "qwen3": dict(
@@ -46,11 +58,27 @@ FAMILIES: dict[str, dict] = {
             attention_bias=False,
             hidden_act="silu",
         ),
+        tokenizer=QWEN3_TOKENIZER,
+    ),
+    "minicpm": dict(
+        model_type="minicpm",  # transformers has no such type: the checkpoint's own code defines it (auto_map)
+        real={},  # MiniCPM5-2B's widths are not known here: small only
+        common=dict(
+            scale_emb=12.0,  # MiniCPM-2B's scalings
+            dim_model_base=256,
+            scale_depth=1.4,
+            max_position_embeddings=4096,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=True,
+            hidden_act="silu",
+        ),
+        tokenizer=dict(specials=("<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"), eos="<|im_end|>", pad="<unk>"),
     ),
     "qwen3.5": dict(
         model_type="qwen3_5_text",
         real={},  # the released 4B's widths are not known here: small only
         common=dict(max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=True),
+        tokenizer=QWEN3_TOKENIZER,
         hybrid=True,  # three Gated DeltaNet layers, then one full attention layer
     ),
 }
@@ -71,19 +99,21 @@ SMALL = dict(
 )
 
 
-def family_tokenizer(texts: list[str], chat_template: str, vocab_size: int = 512):
-    """A `PreTrainedTokenizerFast` laid out as Qwen3's: ChatML markers special, `<|im_end|>` the EOS (the instruct
-    checkpoints' choice), `<|endoftext|>` the pad, reasoning and tool markers added as plain tokens."""
+def family_tokenizer(texts: list[str], chat_template: str, family: str = "qwen3", vocab_size: int = 512):
+    """A `PreTrainedTokenizerFast` laid out as `family`'s: its special tokens, EOS and pad (FAMILIES), Qwen's
+    reasoning and tool markers added as plain tokens, over a byte-level BPE trained on `texts`."""
     from transformers import AddedToken, PreTrainedTokenizerFast
 
     from trainer.policy.chat_format import build_tokenizer
 
+    layout = FAMILIES[family]["tokenizer"]
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=build_tokenizer(texts, vocab_size=vocab_size, special_tokens=QWEN3_SPECIALS),
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
+        tokenizer_object=build_tokenizer(texts, vocab_size=vocab_size, special_tokens=layout["specials"]),
+        eos_token=layout["eos"],
+        pad_token=layout["pad"],
     )
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN3_ADDED])
+    if layout is QWEN3_TOKENIZER:
+        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN3_ADDED])
     tok.chat_template = chat_template
     return tok
 
@@ -99,7 +129,7 @@ def write_standin_checkpoint(
     dtype: str = "float32",
 ) -> Path:
     """Write a checkpoint of `family` (FAMILIES) with random weights into `directory`, as `from_pretrained` reads
-    one; `chat_template` None ships the prefix-stable `qwen3-stable`."""
+    one; `chat_template` None ships the family's own (see the module docstring)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -116,19 +146,30 @@ def write_standin_checkpoint(
         dims = spec["real"][shape]
     else:
         raise ValueError(f"{family} has no shape {shape!r}; known: small, {', '.join(spec['real']) or '(none)'}")
-    tok = family_tokenizer(texts, chat_template if chat_template is not None else read_chat_template("qwen3-stable"))
-    config = AutoConfig.for_model(
-        spec["model_type"],
-        vocab_size=len(tok),
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        **spec["common"],
-        **dims,
-    )
+    if chat_template is None:
+        chat_template = MINICPM_CHATML if family == "minicpm" else read_chat_template("qwen3-stable")
+    tok = family_tokenizer(texts, chat_template, family)
+    keys = dict(vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **spec["common"])
+    if family == "minicpm":
+        from trainer.policy.minicpm.configuration_minicpm import MiniCPMConfig
+        from trainer.policy.minicpm.modeling_minicpm import MiniCPMForCausalLM
+
+        config = MiniCPMConfig(**keys, **dims)
+        config.auto_map = {
+            "AutoConfig": "configuration_minicpm.MiniCPMConfig",
+            "AutoModelForCausalLM": "modeling_minicpm.MiniCPMForCausalLM",
+        }
+        build = lambda: MiniCPMForCausalLM(config).to(DTYPES[dtype])  # noqa: E731
+    else:
+        config = AutoConfig.for_model(spec["model_type"], **keys, **dims)
+        build = lambda: AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype])  # noqa: E731
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype])
+        model = build()
     directory = Path(directory)
     model.save_pretrained(directory)
     tok.save_pretrained(directory)
+    if family == "minicpm":  # the release's own code, which auto_map names
+        for name in ("configuration_minicpm.py", "modeling_minicpm.py"):
+            shutil.copyfile(MINICPM_CODE / name, directory / name)
     return directory

@@ -1,9 +1,10 @@
 """Tiny causal LMs built from Hugging Face architecture configs: the embedded study's stand-ins.
 
 The paper trains MiniCPM5-2B and Qwen3.5-4B. At embedded scale each family is a ~1M-parameter model of a
-different architecture and size, so "two model families" still means two different networks: a Llama-style
-decoder for MiniCPM (MiniCPM's dense models are Llama-architecture) and a Qwen3 decoder (QK-norm, its own
-attention layout) for Qwen3.5. The companion study's Qwen2.5-0.5B-Instruct gets a Qwen2 decoder (biased QKV
+different architecture and size, so "two model families" still means two different networks: a Llama decoder
+for MiniCPM (MiniCPM's dense models are Llama decoders with scaled embeddings, residual branches and head input,
+trainer/policy/minicpm/; the embedded preset, whose results the studies report, leaves the scalings out) and a
+Qwen3 decoder (QK-norm, its own attention layout) for Qwen3.5. The companion study's Qwen2.5-0.5B-Instruct gets a Qwen2 decoder (biased QKV
 projections, no QK-norm). Built from a config, no weights downloaded.
 """
 
