@@ -8,10 +8,14 @@
 #      already works;
 #   3. /etc/slurm/slurm.conf naming this host (CPUs and memory measured here, MinJobAge=600 so that `squeue` still
 #      sees finished jobs when the snakemake slurm plugin polls; no accounting database, no cgroups), written
-#      only when its content changes; a changed file restarts the daemons;
+#      only when its content changes; a changed file restarts the daemons (and stops the two loopback nodes of
+#      .ci/slurm-two-nodes.sh, which that script starts again);
 #   4. slurmctld and slurmd as root, unless `scontrol ping` answers and this node is up; wait (SLURM_WAIT s,
 #      default 60) until `sinfo` shows the node idle/mixed/allocated, and resume it if it came up "down".
 # Environment: SLURM_LOG_DIR (default /var/log/slurm), SLURM_WAIT (default 60), SLURM_PARTITION (default "main").
+# The same slurm.conf also declares partition "two": nodes harness-n1 and harness-n2, which only
+# .ci/slurm-two-nodes.sh starts (each slurmd in namespaces of its own, on 127.0.0.2 and 127.0.0.3); until then
+# they are down and the partition idle, which the one-node tests never notice (they use the default partition).
 # Why these choices: the README promises `snakemake --profile slurm`, so it is tested for real. One node that is both the
 # controller and the compute node is the smallest real cluster; proctrack/linuxproc and task/none need no cgroup
 # support (containers and sandboxes often lack it); accounting_storage/none means `sacct` has nothing to say, which
@@ -69,6 +73,13 @@ cpus="$(nproc)"
 mem_mb="$(awk '/^MemTotal:/ {print int($2 / 1024)}' /proc/meminfo)"
 real_mem=$(( mem_mb > 2048 ? mem_mb - 1024 : mem_mb ))
 mkdir -p /etc/slurm /var/spool/slurmctld /var/spool/slurmd "$log_dir"
+# The loopback nodes of partition "two" (.ci/slurm-two-nodes.sh reads their names, addresses and ports from
+# slurm.conf): one CPU each, so that a 2-node job of one task per node fits this machine's cores.
+two_node_lines=""
+for spec in harness-n1:127.0.0.2:6821 harness-n2:127.0.0.3:6822; do
+    IFS=: read -r name addr port <<<"$spec"
+    two_node_lines+="NodeName=${name} NodeHostname=${name} NodeAddr=${addr} Port=${port} CPUs=1 RealMemory=4000 State=UNKNOWN"$'\n'
+done
 conf_new="$(mktemp)"
 cat >"$conf_new" <<EOF
 # Written by .ci/slurm-setup.sh: a one-node cluster for the workflow's SLURM tests.
@@ -84,11 +95,12 @@ TaskPlugin=task/none
 SwitchType=switch/none
 ReturnToService=2
 SlurmctldPidFile=/run/slurmctld.pid
-SlurmdPidFile=/run/slurmd.pid
+# %n: the node's name, so that the slurmd of this host and those of the loopback nodes keep apart
+SlurmdPidFile=/run/slurmd-%n.pid
 StateSaveLocation=/var/spool/slurmctld
-SlurmdSpoolDir=/var/spool/slurmd
+SlurmdSpoolDir=/var/spool/slurmd/%n
 SlurmctldLogFile=${log_dir}/slurmctld.log
-SlurmdLogFile=${log_dir}/slurmd.log
+SlurmdLogFile=${log_dir}/slurmd-%n.log
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
@@ -105,6 +117,7 @@ KillWait=5
 Waittime=0
 NodeName=${host} CPUs=${cpus} RealMemory=${real_mem} State=UNKNOWN
 PartitionName=${partition} Nodes=${host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+${two_node_lines}PartitionName=two Nodes=harness-n[1-2] Default=NO MaxTime=INFINITE State=UP OverSubscribe=NO
 EOF
 changed=0
 if ! cmp -s "$conf_new" /etc/slurm/slurm.conf; then
@@ -120,25 +133,31 @@ node_ready() {
     state="$(sinfo -h -n "$host" -o %T 2>/dev/null | head -n1)"
     case "$state" in idle*|mixed*|allocated*|completing*) return 0 ;; *) return 1 ;; esac
 }
-stop_daemon() {  # by the pid file each daemon wrote, never by name
+stop_daemon() {  # by the pid file each daemon wrote, never by name; $2: the signal (default TERM)
     local pidfile="$1"
     if [ -s "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
-        kill "$(cat "$pidfile")"
-        for _ in $(seq 1 20); do kill -0 "$(cat "$pidfile")" 2>/dev/null || break; sleep 0.5; done
+        kill -"${2:-TERM}" "$(cat "$pidfile")"
+        for _ in $(seq 1 20); do kill -0 "$(cat "$pidfile" 2>/dev/null)" 2>/dev/null || break; sleep 0.5; done
     fi
     rm -f "$pidfile"
 }
 if [ "$changed" -eq 1 ]; then
-    stop_daemon /run/slurmd.pid
+    stop_daemon "/run/slurmd-${host}.pid"
+    stop_daemon /run/slurmd.pid  # where an older slurm.conf of this script had it
+    # the loopback nodes (.ci/slurm-two-nodes.sh): each file holds the pid of the `unshare` that holds a node's
+    # namespaces; it ignores SIGTERM, and its SIGKILL takes everything in them along (unshare --kill-child)
+    for pidfile in /run/slurm-two-nodes/*.pid; do
+        if [ -e "$pidfile" ]; then stop_daemon "$pidfile" KILL; fi
+    done
     stop_daemon /run/slurmctld.pid
 fi
 if ! { [ -s /run/slurmctld.pid ] && kill -0 "$(cat /run/slurmctld.pid)" 2>/dev/null; }; then
     log "starting slurmctld (log: ${log_dir}/slurmctld.log)"
     /usr/sbin/slurmctld -i
 fi
-if ! { [ -s /run/slurmd.pid ] && kill -0 "$(cat /run/slurmd.pid)" 2>/dev/null; }; then
-    log "starting slurmd (log: ${log_dir}/slurmd.log)"
-    /usr/sbin/slurmd
+if ! { [ -s "/run/slurmd-${host}.pid" ] && kill -0 "$(cat "/run/slurmd-${host}.pid")" 2>/dev/null; }; then
+    log "starting slurmd (log: ${log_dir}/slurmd-${host}.log)"
+    /usr/sbin/slurmd -N "$host"
 fi
 for _ in $(seq 1 "$((wait_s * 2))"); do
     node_ready && break
@@ -148,7 +167,7 @@ for _ in $(seq 1 "$((wait_s * 2))"); do
 done
 if ! node_ready; then
     log "node ${host} is not up after ${wait_s}s: sinfo says '$(sinfo -h -n "$host" -o '%T %E' 2>&1 | head -n1)'"
-    tail -n 20 "${log_dir}/slurmctld.log" "${log_dir}/slurmd.log" >&2 || true
+    tail -n 20 "${log_dir}/slurmctld.log" "${log_dir}/slurmd-${host}.log" >&2 || true
     exit 1
 fi
-log "cluster up: $(sinfo -h -o '%P %D %T %C' | head -n1) (partition/nodes/state/cpus A/I/O/T)"
+log "cluster up: $(sinfo -h -p "$partition" -o '%P %D %T %C' | head -n1) (partition/nodes/state/cpus A/I/O/T)"
