@@ -1,8 +1,8 @@
 """Command line: `python -m trainer {train,sft,eval} ...`. The workflow calls only this.
 
-    python -m trainer train --config CELL.yaml --out DIR [--resume] [--set loss.tis_cap=null ...] [--exit-with PID]
-                            [--save-policy POLICY_DIR] [--checkpoint-last]
-    python -m trainer sft   --config SFT.yaml  --out DIR [--exit-with PID]
+    python -m trainer train --config CELL.yaml --out DIR [--resume] [--set loss.tis_cap=null ...]
+                            [--exit-with PID|parent] [--save-policy POLICY_DIR] [--checkpoint-last]
+    python -m trainer sft   --config SFT.yaml  --out DIR [--exit-with PID|parent]
     python -m trainer eval  --config CELL.yaml --policy DIR [--update N] [--tasks 64] [--show 3]
     python -m trainer plan  --config CELL.yaml [--gpus N] [--tokens T] [--no-checkpointing] [--head-chunk C]
     python -m trainer export CHECKPOINT --out POLICY_DIR
@@ -52,10 +52,22 @@ def _overrides(pairs: list[str]) -> dict:
     return out
 
 
-def exit_with(pid: int, every_s: float = 1.0) -> None:
-    """End this process (exit status 143, as SIGTERM) once process `pid` is gone: the workflow passes its head's
-    pid, so that a head killed outright does not leave its jobs training as orphans beside the ones a rerun
-    starts. Logs and checkpoints are written by rename, so stopping at any instant leaves no half-written file."""
+def exit_with(pid: int | str, every_s: float = 1.0) -> None:
+    """End this process (exit status 143, as SIGTERM) once process `pid` is gone, so that a job whose owner was
+    killed outright does not train on as an orphan beside the one a rerun starts. Logs and checkpoints are written
+    by rename, so stopping at any instant leaves no half-written file.
+
+    `pid` is a process of this machine: the workflow passes its job's own parent (`$PPID`: the head locally, the
+    job's snakemake on one SLURM node). `"parent"` watches the process that started this one, wherever it runs:
+    the workflow's choice for a cell over several nodes, where a pid of the batch host means nothing on the other
+    nodes (another pid space; at best a missing process, at worst an unrelated one). There each trainer's parent
+    is the torchrun agent that `srun` started on its node: SLURM ends the agents when the job ends or fails, and
+    a worker whose agent was killed outright (SIGKILL, the OOM killer) is an orphan that SLURM's process
+    tracking can lose (proctrack/linuxproc follows the process tree), so it stops itself here."""
+    if pid == "parent":
+        pid = os.getppid()
+        if pid == 0:  # the first process of a pid namespace (a container's): its parent is outside it
+            raise ConfigError("--exit-with parent: this process has no parent in its pid namespace")
     born = process_start_time(pid)
     if born is None:
         raise ConfigError(f"--exit-with: process {pid} does not exist")
@@ -67,6 +79,16 @@ def exit_with(pid: int, every_s: float = 1.0) -> None:
         os._exit(143)
 
     threading.Thread(target=watch, name="exit-with", daemon=True).start()
+
+
+def _exit_target(value: str) -> int | str:
+    """`--exit-with`'s value: a process id, or `parent`."""
+    if value == "parent":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a process id or 'parent', got {value!r}") from None
 
 
 def evaluate_cli(cfg, policy: str, *, update: int | None = None, tasks: int | None = None, show: int = 0) -> dict:
@@ -139,7 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     t.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override config fields")
     t.add_argument("--no-progress", action="store_true")
-    t.add_argument("--exit-with", type=int, metavar="PID", help="stop when process PID ends (the workflow's head)")
+    t.add_argument(
+        "--exit-with",
+        type=_exit_target,
+        metavar="PID|parent",
+        help="stop when process PID ends (the workflow's head), or the process that started this one (`parent`)",
+    )
     t.add_argument("--save-policy", metavar="DIR", help="write the final policy into DIR (for `eval`, `model.path`)")
     t.add_argument(
         "--checkpoint-last", action="store_true", help="checkpoint after the last update too (a cell to continue)"
@@ -151,7 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
     s.add_argument("--no-progress", action="store_true")
     s.add_argument("--allow-out-of-band", action="store_true", help="exit 0 even if held-out success missed the band")
-    s.add_argument("--exit-with", type=int, metavar="PID", help="stop when process PID ends (the workflow's head)")
+    s.add_argument(
+        "--exit-with",
+        type=_exit_target,
+        metavar="PID|parent",
+        help="stop when process PID ends (the workflow's head), or the process that started this one (`parent`)",
+    )
 
     e = sub.add_parser("eval", help="held-out success of a policy")
     e.add_argument("--config", required=True)

@@ -177,25 +177,36 @@ def keep_flags(keep: dict, out) -> str:
 
 
 def trainer_launcher(res: dict) -> str:
-    """The command that starts `-m trainer train`: python; torchrun on one node; srun + torchrun on several."""
+    """The command that starts `-m trainer train`: python; torchrun on one node; srun + torchrun on several.
+
+    On several nodes, `srun` starts one torchrun per node, and each finds the rendezvous host, the step's first
+    node, inside its own task (`SLURM_STEP_NODELIST`, set by srun on every node): the job's shell cannot say it,
+    since the slurm jobstep plugin strips every SLURM_* variable but the job's id from it (SLURM_JOB_NODELIST
+    included). The port follows the job id, so that two cells whose first node is the same one do not meet on
+    one port. `--kill-on-bad-exit`: a node whose torchrun fails ends the step on the others too, rather than
+    leaving them waiting in a collective; `--label` prefixes each line of train.log with its task (node) number."""
     procs, nodes = res["processes"], res["nodes"]
     if nodes > 1:
-        head = '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)'
-        return (
-            f"srun --nodes={nodes} --ntasks-per-node=1 python -m torch.distributed.run --nnodes={nodes} "
-            f"--nproc-per-node={procs} --rdzv-backend=c10d --rdzv-endpoint={head}:29500 "
-            "--rdzv-id=$SLURM_JOB_ID"
+        per_node = (
+            "exec python -m torch.distributed.run "
+            f"--nnodes={nodes} --nproc-per-node={procs} --rdzv-backend=c10d "
+            '--rdzv-endpoint="$(scontrol show hostnames "$SLURM_STEP_NODELIST" | head -n1)'
+            ':$((20000 + SLURM_JOB_ID % 10000))" '
+            '--rdzv-id="$SLURM_JOB_ID" "$@"'
         )
+        return f"srun --nodes={nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 --label bash -c '{per_node}' torchrun"
     if procs > 1:
         return f"python -m torch.distributed.run --standalone --nproc-per-node={procs}"
     return "python"
 
 
 def train_placement(res: dict) -> dict:
-    """SLURM placement resources of a train job (the slurm executor plugin's names): GPUs, and for several nodes
-    one task per node with the job's shell left to start its own `srun` (`mpi`)."""
+    """SLURM placement resources of a train job (the slurm executor plugin's names): GPUs on one node (`nodes: 1`,
+    so that SLURM never spreads a torchrun's GPUs over two nodes), and for several nodes one task per node with
+    the job's shell left to start its own `srun` (`mpi`). No exclusive placement: no study key asks for it (a
+    cluster that wants it gives `slurm_extra: "--exclusive"` in the profile's set-resources)."""
     if res["nodes"] == 1:
-        return {"gpu": res["gpu"]}
+        return {"gpu": res["gpu"], "nodes": 1}
     placement = {"nodes": res["nodes"], "tasks": res["nodes"], "mpi": "srun", "tasks_per_gpu": 0}
     if res["gpu"]:
         placement["gres"] = f"gpu:{res['gpu']}"

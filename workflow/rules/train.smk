@@ -28,6 +28,9 @@ rule cell_config:
 # temporary folder, so a policy/ is always whole) and the last update's checkpoint moved to last_checkpoint/.
 # `--exit-with $PPID`: the job's shell is a child of the process running it (the head locally, the job's own
 # snakemake on SLURM); the trainer stops when that process is gone, so a killed head leaves no orphan training.
+# On several nodes that pid is the batch host's, which the other nodes do not have: there each trainer watches
+# its own parent instead (`--exit-with parent`: its node's torchrun, which srun started and SLURM ends with the
+# job), so a watchdog runs on every node without looking across nodes (trainer/__main__.py exit_with).
 # `cpus_per_task`: on SLURM, Snakemake caps `threads` at the head's --cores, while run.threads in cell.yaml is
 # the study's value; the plugin takes this resource as given, so the job gets the CPUs the trainer will use
 # (threads x processes when the update is sharded).
@@ -59,6 +62,7 @@ rule train:
         launcher=trainer_launcher(config["resources"]["train"]),
         keep=lambda wildcards, output: keep_flags(config["keep"], Path(output.metrics).parent),
         keep_checkpoint="yes" if config["keep"]["checkpoint"] else "no",
+        exit_with="parent" if config["resources"]["train"]["nodes"] > 1 else "$PPID",
     shell:
         """
         policy=""
@@ -70,7 +74,7 @@ rule train:
         mkdir -p {params.out}/checkpoints && echo "$key" > {params.out}/checkpoints/RESUME_KEY
         rm -rf {params.out}/policy.partial
         {params.launcher} -m trainer train --config {input.cell} --out {params.out} --resume --no-progress \
-            --exit-with $PPID {params.keep} > {log} 2>&1
+            --exit-with {params.exit_with} {params.keep} > {log} 2>&1
         if [ -d {params.out}/policy.partial ]; then
             rm -rf {params.out}/policy && mv {params.out}/policy.partial {params.out}/policy
         fi
