@@ -62,3 +62,32 @@ def job_counts(output: str) -> dict[str, int]:
     """The 'Job stats' table of a snakemake run or dry-run, as {rule: count}."""
     table = output.split("Job stats:", 1)[1]
     return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)$", table, re.MULTILINE) if m[1] != "total"}
+
+
+def require_slurm_nodes(partition: str, count: int, setup: str) -> None:
+    """Skip (fail under CI=true) unless SLURM's `partition` has `count` nodes up; `setup` is the script that
+    starts them, named in the message."""
+    if importlib.util.find_spec("snakemake_executor_plugin_slurm") is None:
+        problem = "the snakemake slurm executor plugin is not installed"
+    elif shutil.which("sbatch") is None or shutil.which("sinfo") is None:
+        problem = f"no SLURM client (sbatch, sinfo); run `bash {setup}` as root"
+    else:
+        r = subprocess.run(
+            ["sinfo", "-h", "-N", "-p", partition, "-o", "%N %T"],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        states = [line.split() for line in r.stdout.splitlines()]
+        up = [s[0] for s in states if len(s) == 2 and s[1].startswith(("idle", "mixed", "allocated"))]
+        problem = None
+        if r.returncode != 0 or len(up) < count:
+            problem = (
+                f"SLURM partition {partition!r} has {len(up)} of {count} nodes up "
+                f"(sinfo: {(r.stdout + r.stderr).strip()!r}); run `bash {setup}` as root"
+            )
+    if problem:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true, so the SLURM tests must run, but: {problem}")
+        pytest.skip(problem)
