@@ -368,7 +368,15 @@ def test_the_checked_study_has_every_default_and_only_the_keys_given():
         "cell": {},
         "warm_start": {"allow_out_of_band": False},
         "resources": {
-            job: {"threads": 1, "mem_mb": 4000, "runtime": 120, "gpu": 0, "processes": 1, "nodes": 1}
+            job: {
+                "threads": 1,
+                "mem_mb": 4000,
+                "runtime": 120,
+                "gpu": 0,
+                "processes": 1,
+                "nodes": 1,
+                "exclusive": False,
+            }
             for job in ("train", "warm_start")
         },
         "analysis": {"window_fraction": 0.1, "bootstrap_seed": 0, "ema_span": 5, "collapse": {}},

@@ -226,12 +226,14 @@ def test_a_two_node_cells_job_meets_in_its_step_and_watches_each_node(tmp_path):
     assert "--exit-with parent" in srun[0] and "$PPID" not in srun[0]
     assert "nodes=2, tasks=2, mpi=srun" in out
 
-    one_node = dict(TWO_NODES, resources={"train": {"threads": 1, "processes": 2}})
+    assert "--exclusive" not in out
+
+    one_node = dict(TWO_NODES, resources={"train": {"threads": 1, "processes": 2, "exclusive": True}})
     (repo / "two_nodes.yaml").write_text(yaml.safe_dump(one_node))
     r = snakemake(repo, "-n", "-p", TARGET, "--configfile", "configs/smoke.yaml", "two_nodes.yaml")
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-3000:]
-    assert "gpu=0, nodes=1," in out and "srun" not in out
+    assert "gpu=0, nodes=1, slurm_extra=--exclusive," in out and "srun" not in out
     assert "--standalone --nproc-per-node=2 -m trainer train" in out and "--exit-with $PPID" in out
 
 

@@ -345,6 +345,9 @@ class JobResources(Section):
     nodes: int = knob(1, ge=1)
     """Nodes of one job: above 1, torchrun runs on each node under `srun` and the processes meet at the first node
     (c10d rendezvous). Train jobs only."""
+    exclusive: bool = False
+    """Whole nodes for one job (SLURM --exclusive): no other job shares their CPUs, memory or network. Train jobs
+    only."""
 
 
 @dataclass

@@ -203,11 +203,11 @@ def trainer_launcher(res: dict) -> str:
 def train_placement(res: dict) -> dict:
     """SLURM placement resources of a train job (the slurm executor plugin's names): GPUs on one node (`nodes: 1`,
     so that SLURM never spreads a torchrun's GPUs over two nodes), and for several nodes one task per node with
-    the job's shell left to start its own `srun` (`mpi`). No exclusive placement: no study key asks for it (a
-    cluster that wants it gives `slurm_extra: "--exclusive"` in the profile's set-resources)."""
+    the job's shell left to start its own `srun` (`mpi`); whole nodes with `exclusive`."""
+    extra = {"slurm_extra": "--exclusive"} if res["exclusive"] else {}
     if res["nodes"] == 1:
-        return {"gpu": res["gpu"], "nodes": 1}
-    placement = {"nodes": res["nodes"], "tasks": res["nodes"], "mpi": "srun", "tasks_per_gpu": 0}
+        return {"gpu": res["gpu"], "nodes": 1, **extra}
+    placement = {"nodes": res["nodes"], "tasks": res["nodes"], "mpi": "srun", "tasks_per_gpu": 0, **extra}
     if res["gpu"]:
         placement["gres"] = f"gpu:{res['gpu']}"
     return placement
