@@ -51,6 +51,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from trainer.policy.standins import FAMILIES  # noqa: E402
 from trainer.study import cell_config, write_yaml  # noqa: E402
 
 QWEN3_OWN_TEMPLATE = ROOT / "tests" / "data" / "templates" / "qwen3.jinja"
@@ -277,12 +278,7 @@ PROBE_SHAPES = {
         "qwen3",
         dict(
             vocab_size=151936,
-            hidden_size=2560,
-            intermediate_size=9728,
-            num_hidden_layers=36,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=128,
+            **FAMILIES["qwen3"]["real"]["Qwen3-4B"],
             tie_word_embeddings=True,
             max_position_embeddings=65536,
         ),

@@ -14,6 +14,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from trainer.policy.tiny import TINY_PRESETS
+
 QWEN3_ADDED = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 """Qwen3's reasoning and tool markers: added tokens that are not special (they decode as text)."""
 
@@ -85,18 +87,8 @@ FAMILIES: dict[str, dict] = {
 """Per family: the transformers model type, the released models' widths and depths (their config.json), and the
 keys every size shares."""
 
-SMALL = dict(
-    hidden_size=128,
-    intermediate_size=352,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-    linear_key_head_dim=32,
-    linear_value_head_dim=32,
-)
+SMALL = {k: v for k, v in TINY_PRESETS["qwen3.5-tiny"].items() if k not in ("model_type", "tie_word_embeddings")}
+"""The small shape: the embedded qwen3.5-tiny preset's widths (its linear-attention keys used by the hybrid only)."""
 
 
 def family_tokenizer(texts: list[str], chat_template: str, family: str = "qwen3", vocab_size: int = 512):
