@@ -72,6 +72,7 @@ def test_paper_study_uses_checkpoints_instead_of_a_warm_start(scratch_repo):
     assert "model=Qwen3.5-4B/recipe=full/optimizer=muon/seed=2" in out and "tiny" not in out
     assert "gpu=8" in out and "runtime=2880" in out and "cpus_per_task=56" in out  # 7 processes x 8 threads
     assert "nodes=1, slurm_extra=--exclusive" in out  # a whole node, never spread over two
+    assert "--save-policy results/cells/model=Qwen3.5-4B/" in out and "--checkpoint-last" in out  # keep: both
     assert "python -m torch.distributed.run --standalone --nproc-per-node=7 -m trainer train" in out  # -p
 
 
