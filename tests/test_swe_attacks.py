@@ -1,6 +1,7 @@
 """Every attack on the grade (`swe_attacks.ATTACKS`), run as an agent would: the code appended to the unfixed
-repository, graded by the real sandbox and grader. Each must be real (graded 1 under its proof settings with
-`on_tamper: keep`) and, under the default settings, exactly as its table says: contained, detected or undetected.
+repository, graded by the real sandbox and grader. Each must be real (graded 1 under its proof settings, the grade
+before `on_tamper` applies: one play where those are the defaults) and, under the default settings, exactly as its
+table says: contained, detected or undetected.
 
 Three places: the local backend (the harness's own test command, quick: the fast tier has it), the Docker backend
 on the shipped roman image (Debian's pytest 7, the agent unprivileged), and on an R2E-Gym stand-in (uv-style
@@ -36,9 +37,10 @@ def outcome(make_env, task, attack: Attack, proof: bool) -> dict:
 
 
 def check(make_env, task, attack: Attack) -> None:
-    proof = outcome(make_env, task, attack, proof=True)
-    assert proof["graded_reward"] == 1.0, f"the attack is a dud under {attack.proof}: {proof}"
     default = outcome(make_env, task, attack, proof=False)
+    # the grade is taken before on_tamper applies: an attack proved under the default settings needs no second play
+    proof = outcome(make_env, task, attack, proof=True) if attack.proof else default
+    assert proof["graded_reward"] == 1.0, f"the attack is a dud under {attack.proof or 'the defaults'}: {proof}"
     label = "contained" if default["graded_reward"] == 0.0 else "detected" if default["tamper_flags"] else "undetected"
     assert label == attack.expected, default
     assert default["reward"] == (1.0 if label == "undetected" else 0.0)

@@ -117,6 +117,23 @@ def test_sigkill_then_resume_ends_with_the_same_metrics(tmp_path, reference_run)
 
 
 @pytest.mark.slow
+def test_a_finished_cell_continues_from_its_last_checkpoint_as_one_longer_run(tmp_path, reference_run):
+    """`--checkpoint-last` (a study's keep.checkpoint) keeps the state after the last update; the same cell with
+    more `run.updates` resumes from it and logs what one run of that length logs. Fewer updates are refused."""
+    out = tmp_path / "short"
+    short = {**MINIREPO_CELL, "run": {**MINIREPO_CELL["run"], "updates": 2}}
+    r = _cli("train", "--config", str(_write(tmp_path, short)), "--out", str(out), "--no-progress", "--checkpoint-last")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (out / "checkpoints").iterdir())[-1] == "ckpt-00000002.pt"
+    r = _cli("train", "--config", str(_write(tmp_path, MINIREPO_CELL)), "--out", str(out), "--no-progress", "--resume")
+    assert r.returncode == 0, r.stderr
+    pd.testing.assert_frame_equal(metrics_of(out), metrics_of(reference_run))
+    fewer = {**MINIREPO_CELL, "run": {**MINIREPO_CELL["run"], "updates": 1}}
+    r = _cli("train", "--config", str(_write(tmp_path, fewer, "fewer.yaml")), "--out", str(out), "--resume")
+    assert r.returncode != 0 and "run.updates: 4 then, 1 now" in r.stderr
+
+
+@pytest.mark.slow
 def test_a_short_empty_or_missing_log_fails_the_summary_check(tmp_path, reference_run):
     """A finished cell's logs replaced by shorter valid files, or its episode log deleted, are named, not dropped."""
     import shutil

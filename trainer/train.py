@@ -327,7 +327,9 @@ class Trainer:
 
     def _config_difference(self, stored: dict) -> str | None:
         """None when a checkpoint's config is this run's, else the first difference. Read through today's
-        dataclasses, so a knob added since the checkpoint was written counts as its default, not as a difference."""
+        dataclasses, so a knob added since the checkpoint was written counts as its default, not as a difference.
+        `run.updates` may grow: it only says where the loop stops, so a finished cell's last checkpoint
+        (`--checkpoint-last`) continues to more updates as one longer run would have gone on."""
         try:
             then = config_to_dict(config_from_dict(stored))
         except (ConfigError, TypeError) as err:
@@ -337,6 +339,8 @@ class Trainer:
             for key in now[section] if isinstance(now[section], dict) else [None]:
                 a = then.get(section) if key is None else (then.get(section) or {}).get(key)
                 b = now[section] if key is None else now[section][key]
+                if (section, key) == ("run", "updates") and a is not None and b >= a:
+                    continue
                 if a != b:
                     return f"{section if key is None else f'{section}.{key}'}: {a!r} then, {b!r} now"
         return None
