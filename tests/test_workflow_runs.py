@@ -60,6 +60,28 @@ def test_companion_smoke_study_writes_its_table_and_figures_in_its_own_folder(tm
 
 
 @pytest.mark.slow
+def test_a_cell_without_checkpoints_keeps_its_policy_and_nothing_else(tmp_path):
+    """`keep: {checkpoint: false}` and a cell that never checkpoints (`checkpoint_every: 0`): the job succeeds,
+    leaves its policy and no checkpoint folder (configs/smoke.yaml tests the other case on every cell)."""
+    require_snakemake()
+    repo = copy_repo(tmp_path / "repo")
+    study = {
+        "base": "configs/smoke.yaml",
+        "grid": [{"models": ["qwen-tiny"], "recipes": ["full"], "optimizer": "muon", "seeds": [0]}],
+        "cell": {"run": {"checkpoint_every": 0}},
+        "keep": {"checkpoint": False},
+    }
+    (repo / "no_checkpoints.yaml").write_text(yaml.safe_dump(study))
+    cell = SMOKE_DIR / "results/cells/model=qwen-tiny/recipe=full/optimizer=muon/seed=0"
+    r = snakemake(
+        repo, f"{cell.relative_to(SMOKE_DIR)}/metrics.parquet", "--cores", "1", "--configfile", "no_checkpoints.yaml"
+    )
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert (repo / cell / "policy" / "model.safetensors").is_file()
+    assert not (repo / cell / "last_checkpoint").exists() and not (repo / cell / "checkpoints").exists()
+
+
+@pytest.mark.slow
 def test_stability_smoke_study_sweeps_lrs_and_writes_the_selected_lrs(tmp_path):
     """`snakemake --cores all --configfile configs/stability-smoke.yaml`: 8 cells (2 optimizers x 2 lrs x 2 seeds)
     in lr= folders, each trained at its folder's lr, then the stability table, selected lrs and figure."""

@@ -78,8 +78,8 @@ rule train:
         if [ -d {params.out}/policy.partial ]; then
             rm -rf {params.out}/policy && mv {params.out}/policy.partial {params.out}/policy
         fi
-        last="$(ls -d {params.out}/checkpoints/ckpt-* 2>/dev/null | sort | tail -n1)"
-        if [ {params.keep_checkpoint} = yes ] && [ -n "$last" ]; then
+        if [ {params.keep_checkpoint} = yes ]; then  # --checkpoint-last wrote one after the last update
+            last="$(ls -d {params.out}/checkpoints/ckpt-* | sort | tail -n1)"
             rm -rf {params.out}/last_checkpoint && mkdir {params.out}/last_checkpoint
             mv "$last" {params.out}/last_checkpoint/
         fi
