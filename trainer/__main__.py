@@ -91,6 +91,15 @@ def _exit_target(value: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a process id or 'parent', got {value!r}") from None
 
 
+def _add_exit_with(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--exit-with",
+        type=_exit_target,
+        metavar="PID|parent",
+        help="stop when process PID ends (the workflow's head), or the process that started this one (`parent`)",
+    )
+
+
 def evaluate_cli(cfg, policy: str, *, update: int | None = None, tasks: int | None = None, show: int = 0) -> dict:
     """`eval`: the held-out success of the policy in `policy` under the cell config `cfg`, computed as the trainer's
     evaluation after `update` updates computes it (threads, device, dtype, tasks, sampling, generator)."""
@@ -161,12 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
     t.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="override config fields")
     t.add_argument("--no-progress", action="store_true")
-    t.add_argument(
-        "--exit-with",
-        type=_exit_target,
-        metavar="PID|parent",
-        help="stop when process PID ends (the workflow's head), or the process that started this one (`parent`)",
-    )
+    _add_exit_with(t)
     t.add_argument("--save-policy", metavar="DIR", help="write the final policy into DIR (for `eval`, `model.path`)")
     t.add_argument(
         "--checkpoint-last", action="store_true", help="checkpoint after the last update too (a cell to continue)"
@@ -178,12 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
     s.add_argument("--no-progress", action="store_true")
     s.add_argument("--allow-out-of-band", action="store_true", help="exit 0 even if held-out success missed the band")
-    s.add_argument(
-        "--exit-with",
-        type=_exit_target,
-        metavar="PID|parent",
-        help="stop when process PID ends (the workflow's head), or the process that started this one (`parent`)",
-    )
+    _add_exit_with(s)
 
     e = sub.add_parser("eval", help="held-out success of a policy")
     e.add_argument("--config", required=True)

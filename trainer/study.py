@@ -72,7 +72,7 @@ from trainer.config import (
 )
 from trainer.environments.suite import family_config
 from trainer.knobs import Section, knob
-from trainer.policy.templates import shipped_templates
+from trainer.policy.templates import find_chat_template, shipped_templates
 from trainer.policy.tiny import TINY_PRESETS
 from trainer.recipes import RECIPE_ESTIMATOR, RECIPE_OPTIMIZER, RECIPES
 from trainer.rl.config import ESTIMATOR_SECTIONS, GROUP_ESTIMATORS, SECTION_CLASSES, SPO_ESTIMATORS
@@ -626,11 +626,11 @@ class StudyConfig(Section):
                     f"models.{name}.path: {entry.path!r} does not exist (paper scale needs the checkpoint on a local path)"
                 )
             template = (entry.model_options or {}).get("chat_template")
-            if template is not None and template not in shipped_templates() and not (root / template).is_file():
-                raise ConfigError(
-                    f"models.{name}.model_options.chat_template: {template!r} is neither a shipped template "
-                    f"({', '.join(shipped_templates())}) nor a file"
-                )
+            if template is not None:
+                try:
+                    find_chat_template(template, root)
+                except ConfigError as err:
+                    raise ConfigError(f"models.{name}.model_options.chat_template: {err}") from None
         options = self.cell.get("env", {}).get("options", {})
         for key in PATH_OPTIONS:
             if options.get(key) and not (root / options[key]).exists():

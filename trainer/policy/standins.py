@@ -27,9 +27,10 @@ MINICPM_CHATML = (
 
 MINICPM_CODE = Path(__file__).with_name("minicpm")
 
-QWEN3_TOKENIZER = dict(specials=("<|endoftext|>", "<|im_start|>", "<|im_end|>"), eos="<|im_end|>", pad="<|endoftext|>")
-"""Qwen3's special tokens, EOS (the instruct checkpoints' choice) and pad; its reasoning and tool markers are added
-as plain tokens (QWEN3_ADDED)."""
+QWEN3_TOKENIZER = dict(
+    specials=("<|endoftext|>", "<|im_start|>", "<|im_end|>"), eos="<|im_end|>", pad="<|endoftext|>", added=QWEN3_ADDED
+)
+"""Qwen3's special tokens, EOS (the instruct checkpoints' choice), pad, and the markers added as plain tokens."""
 
 FAMILIES: dict[str, dict] = {
     "qwen3": dict(
@@ -74,7 +75,9 @@ FAMILIES: dict[str, dict] = {
             tie_word_embeddings=True,
             hidden_act="silu",
         ),
-        tokenizer=dict(specials=("<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"), eos="<|im_end|>", pad="<unk>"),
+        tokenizer=dict(
+            specials=("<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"), eos="<|im_end|>", pad="<unk>", added=()
+        ),
     ),
     "qwen3.5": dict(
         model_type="qwen3_5_text",
@@ -92,8 +95,8 @@ SMALL = {k: v for k, v in TINY_PRESETS["qwen3.5-tiny"].items() if k not in ("mod
 
 
 def family_tokenizer(texts: list[str], chat_template: str, family: str = "qwen3", vocab_size: int = 512):
-    """A `PreTrainedTokenizerFast` laid out as `family`'s: its special tokens, EOS and pad (FAMILIES), Qwen's
-    reasoning and tool markers added as plain tokens, over a byte-level BPE trained on `texts`."""
+    """A `PreTrainedTokenizerFast` laid out as `family`'s (FAMILIES): its special tokens, EOS, pad and the markers
+    it adds as plain tokens, over a byte-level BPE trained on `texts`."""
     from transformers import AddedToken, PreTrainedTokenizerFast
 
     from trainer.policy.chat_format import build_tokenizer
@@ -104,8 +107,7 @@ def family_tokenizer(texts: list[str], chat_template: str, family: str = "qwen3"
         eos_token=layout["eos"],
         pad_token=layout["pad"],
     )
-    if layout is QWEN3_TOKENIZER:
-        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN3_ADDED])
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in layout["added"]])
     tok.chat_template = chat_template
     return tok
 

@@ -23,13 +23,18 @@ def shipped_templates() -> list[str]:
     return sorted(p.stem for p in TEMPLATES_DIR.glob("*.jinja"))
 
 
+def find_chat_template(spec: str, root: str | Path = ".") -> Path:
+    """The file of the shipped template named `spec`, or the Jinja file at path `spec` (relative to `root`);
+    ConfigError naming the spec when it is neither (the caller puts its key before the message)."""
+    for path in (TEMPLATES_DIR / f"{spec}.jinja", Path(root) / spec):
+        if path.is_file():
+            return path
+    raise ConfigError(f"{spec!r} is neither a shipped template ({', '.join(shipped_templates())}) nor a file")
+
+
 def read_chat_template(spec: str) -> str:
     """The text of a shipped template named `spec`, or of the Jinja file at path `spec`."""
-    shipped = TEMPLATES_DIR / f"{spec}.jinja"
-    if shipped.is_file():
-        return shipped.read_text()
-    if Path(spec).is_file():
-        return Path(spec).read_text()
-    raise ConfigError(
-        f"model.chat_template: {spec!r} is neither a shipped template ({', '.join(shipped_templates())}) nor a file"
-    )
+    try:
+        return find_chat_template(spec).read_text()
+    except ConfigError as err:
+        raise ConfigError(f"model.chat_template: {err}") from None
