@@ -99,3 +99,24 @@ def test_the_command_reads_a_cell(tmp_path, capsys):
     if not torch.cuda.is_available():  # a login node: the planner asks rather than assume a card
         assert main(["plan", "--config", str(cell), "--gpus", "8"]) == 2
         assert "no GPU is visible here; give one GPU's memory" in capsys.readouterr().err
+
+
+def test_the_command_reads_a_checkpoint_with_its_own_code(tmp_path, capsys):
+    """A MiniCPM release (its modelling code behind auto_map): counted with the study's trust_remote_code, without a
+    prompt; the count is the loaded model's."""
+    from builders import TEXTS
+
+    from trainer.config import load_config
+    from trainer.plan import cell_model_config
+    from trainer.policy.load import load_policy
+    from trainer.policy.standins import write_standin_checkpoint
+
+    ckpt = write_standin_checkpoint("minicpm", tmp_path / "minicpm", TEXTS)
+    cell = tmp_path / "cell.yaml"
+    model = {"path": str(ckpt), "trust_remote_code": True}
+    cell.write_text(yaml.safe_dump({"model": model, "env": {"name": "minirepo"}}))
+    assert main(["plan", "--config", str(cell), "--gpu-memory-gib", "79.1"]) == 0
+    assert ": fits" in capsys.readouterr().out
+    loaded, _ = load_policy(ckpt, trust_remote_code=True)
+    counted = model_counts(cell_model_config(load_config(cell)), trust_remote_code=True)
+    assert counted.params == sum(p.numel() for p in loaded.parameters())

@@ -55,8 +55,8 @@ class ModelCounts:
     """Per token, the bytes one decoder layer keeps for its backward (the largest layer)."""
 
 
-def model_counts(config) -> ModelCounts:
-    """Count a transformers config's model on the meta device."""
+def model_counts(config, trust_remote_code: bool = False) -> ModelCounts:
+    """Count a transformers config's model on the meta device (its own code's, with `trust_remote_code`)."""
     import torch
     from torch import nn
     from transformers import AutoModelForCausalLM
@@ -64,7 +64,7 @@ def model_counts(config) -> ModelCounts:
     from trainer.optim.hybrid import route_parameters
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
     route = route_parameters(model)
     layers = list(model.model.layers)
     hidden = int(config.hidden_size)
@@ -230,7 +230,7 @@ def run(args: argparse.Namespace) -> int:
         )
     capacity, source = gpu_memory_gib(args.gpu_memory_gib)
     cfg = load_config(args.config)
-    counts = model_counts(cell_model_config(cfg))
+    counts = model_counts(cell_model_config(cfg), trust_remote_code=cfg.model.trust_remote_code)
     tokens = args.tokens or cfg.rollout.max_episode_tokens
     plan = plan_memory(
         counts,
