@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from trainer.optim.hybrid import MuonAdamW, build_muon_adamw, route_parameters
+from trainer.optim.hybrid import MuonAdamW, build_adamw_by_role, build_muon_adamw, route_parameters
 from trainer.optim.muon import Muon
 
 
@@ -268,3 +268,36 @@ def test_a_spectrally_matched_muon_cell_matches_the_cells_own_adamw():
         torch.linalg.matrix_norm((w.detach() - before).double(), ord=2) for w in (model.down.weight, reference)
     )
     assert float(ours) == pytest.approx(float(theirs), rel=0.05)
+
+
+def test_adamw_by_role_moves_the_hidden_matrices_at_matrix_lr_and_the_rest_at_lr():
+    """AdamW's first step is lr x g / (|g| + eps) (bias-corrected moments of one gradient): a step of ~lr on every
+    entry with a gradient, so each parameter's largest move names the lr of its group."""
+    torch.manual_seed(0)
+    model = Toy()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = build_adamw_by_role(model, lr=1e-3, matrix_lr=4e-3, weight_decay=0.0)
+    model(torch.randint(17, (3, 5))).square().mean().backward()
+    opt.step()
+    moved = {n: (p.detach() - before[n]).abs().max().item() for n, p in model.named_parameters()}
+    hidden = {"up.weight", "down.weight"}
+    assert set(_names(route_parameters(model).muon)) == hidden
+    for name, step in moved.items():
+        assert step == pytest.approx(4e-3 if name in hidden else 1e-3, rel=1e-3), name
+
+
+def test_adamw_by_role_without_matrix_lr_is_torchs_adamw_bit_for_bit():
+    torch.manual_seed(0)
+    a, b = Toy(), Toy()
+    b.load_state_dict(a.state_dict())
+    opts = (
+        build_adamw_by_role(a, lr=3e-4, betas=(0.9, 0.95)),
+        torch.optim.AdamW(b.parameters(), lr=3e-4, betas=(0.9, 0.95)),
+    )
+    ids = torch.randint(17, (3, 5))
+    for _ in range(3):
+        for model, opt in zip((a, b), opts):
+            opt.zero_grad()
+            model(ids).square().mean().backward()
+            opt.step()
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))

@@ -134,6 +134,17 @@ def test_a_models_warm_start_seed_seeds_its_warm_start_and_initialisation():
     assert (second["seed"], second["model"]["init_seed"]) == (2, 2)
 
 
+def test_a_models_warm_start_keys_go_over_the_studys():
+    study = {
+        "models": {"m": {"preset": "qwen-tiny"}, "a": {"preset": "qwen-tiny", "warm_start": {"optimizer": "adamw"}}},
+        "cell": {"env": {"name": "minirepo"}},
+        "warm_start": {"lr": 1e-3, "optimizer": "muon"},
+    }
+    muon, adamw = (cc.warm_start_config(study, m, threads=1) for m in ("m", "a"))
+    assert (muon["optimizer"], muon["lr"]) == ("muon", 1e-3)
+    assert (adamw["optimizer"], adamw["lr"]) == ("adamw", 1e-3)
+
+
 @pytest.mark.parametrize("study_file", STUDY_FILES)
 def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_path):
     """What the workflow writes must pass the trainer's own validation (model.path: any existing dir, with the
@@ -184,6 +195,21 @@ def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_pat
             lambda s: s["models"].update(h={"policy": "m", "warm_start_seed": 1}),
             "models.h.warm_start_seed: only a model with a `preset` is warm-started",
             id="seed-without-preset",
+        ),
+        pytest.param(
+            lambda s: s["models"].update(h={"policy": "m", "warm_start": {"optimizer": "adamw"}}),
+            "models.h.warm_start: only a model with a `preset` is warm-started",
+            id="warm-start-without-preset",
+        ),
+        pytest.param(
+            lambda s: s["models"]["m"].update(warm_start={"seed": 3}),
+            "models.m.warm_start.seed: set for the whole study or by the workflow",
+            id="warm-start-seed-per-model",
+        ),
+        pytest.param(
+            lambda s: s["models"]["m"].update(warm_start={"optimizer": "sgd"}),
+            "models.m.warm_start.optimizer",
+            id="warm-start-optimizer-unknown",
         ),
         pytest.param(
             lambda s: s["grid"][0].update(models=["m", "nope"]), r"grid\[0\].models: 'nope'", id="unknown-model"

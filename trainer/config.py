@@ -192,12 +192,15 @@ class SFTConfig(Section):
     language as well as the expert's actions makes a model trained from scratch learn to copy (file names, line
     numbers, code) much sooner; RL later trains the actions only."""
     optimizer: Literal["muon", "adamw"] = "muon"
-    """Muon on the hidden matrices (AdamW on the rest) reached AdamW's 750-step loss in about 200 steps in our
-    warm-start runs, so it is the default; this choice is independent of the RL cells' optimizer."""
+    """What trains the hidden matrices: Muon (AdamW on the rest) reached AdamW's 750-step loss in about 200 steps
+    in our warm-start runs, so it is the default; "adamw" gives an AdamW-trained base policy, as the papers'
+    checkpoints are (a study sets it per model: `models.NAME.warm_start`). Independent of the RL cells' optimizer."""
     lr: float = knob(3e-3, gt=0)
-    """AdamW learning rate (embeddings, norms and head under `muon`; every parameter under `adamw`)."""
-    matrix_lr: float = knob(0.02, gt=0)
-    """Muon's learning rate of the hidden matrices (used with `optimizer: muon`)."""
+    """The learning rate of the embeddings, norms and head (AdamW under either optimizer), and of the hidden
+    matrices under "adamw" where `matrix_lr` is None."""
+    matrix_lr: float | None = knob(None, gt=0)
+    """The learning rate of the hidden matrices: Muon's under "muon" (None: 0.02), AdamW's under "adamw" (None:
+    `lr`)."""
     batch_size: int = knob(16, ge=1, most="episodes")
     max_steps: int = knob(3000, ge=1, most="updates")
     eval_every: int = knob(50, ge=1)

@@ -60,6 +60,7 @@ import yaml
 
 from trainer.analysis.config import AnalysisConfig
 from trainer.analysis.kinds import STUDY_KINDS
+from trainer.analysis.registration import Preregistration
 from trainer.config import (
     OFFLINE_STATS_FILE,
     ConfigError,
@@ -224,6 +225,10 @@ class ModelEntry(Section):
     """Keys of trainer/config.py's `model` section for this model's cells, over cell.model: how its checkpoint
     loads (`trust_remote_code`, `chat_template`, `template_options`), which differ between families. Not
     `preset` or `path`, which this entry gives."""
+    warm_start: dict | None = None
+    """Keys of the `warm_start` section for this model's warm start, over the study's (key by key): e.g.
+    {optimizer: adamw, lr: 3.0e-3} for an AdamW-trained base policy beside Muon-trained ones, so that the warm
+    start's optimizer is a factor of the study (a `preset` model only; not the keys the workflow sets)."""
     warm_start_seed: int | None = knob(None, ge=0)
     """Seed of this model's warm start and of its tiny model's initialisation (a `preset` model only; default:
     warm_start.seed and cell.model.init_seed): several models with one preset and different seeds are several
@@ -249,8 +254,11 @@ class ModelEntry(Section):
         for key in ("preset", "path"):
             if key in (self.model_options or {}):
                 self.refuse(f"model_options.{key}", f"give the model's {key} as the entry's own `{key}`")
-        if self.warm_start_seed is not None and self.preset is None:
-            self.refuse("warm_start_seed", f"only a model with a `preset` is warm-started (this one has {kinds[0]!r})")
+        for key in ("warm_start_seed", "warm_start"):
+            if getattr(self, key) is not None and self.preset is None:
+                self.refuse(key, f"only a model with a `preset` is warm-started (this one has {kinds[0]!r})")
+        for key in set(self.warm_start or {}) & {*WARM_START_SET_KEYS, "seed", "allow_out_of_band"}:
+            self.refuse(f"warm_start.{key}", "set for the whole study or by the workflow, not per model")
 
 
 @dataclass
@@ -434,6 +442,9 @@ class StudyConfig(Section):
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     keep: KeepConfig = field(default_factory=KeepConfig)
+    preregistration: Preregistration | None = None
+    """What the study claims before it runs (trainer/analysis/registration.py): a `study: arms` only; its summary
+    judges each hypothesis against its statement."""
 
     def validate(self) -> None:
         super().validate()
@@ -457,6 +468,12 @@ class StudyConfig(Section):
         self._check_arms()
         self._check_lrs()
         self._check_kind()
+        if self.preregistration is not None:
+            if self.study != "arms":
+                self.refuse("preregistration", f"only a `study: arms` states hypotheses (this one: {self.study!r})")
+            unknown = self.preregistration.unknown_names({b.arm for b in self.grid}, set(self.models))
+            if unknown is not None:
+                self.refuse(f"preregistration.{unknown[0]}", unknown[1])
         rollout, train = self.cell.get("rollout", {}), self.resources.train
         if rollout.get("server") and rollout.get("engine") == "vllm" and train.gpu < train.processes + 1:
             self.refuse(
@@ -484,6 +501,9 @@ class StudyConfig(Section):
             if key in warm_start:
                 self.refuse(f"warm_start.{key}", "set per model by the workflow; remove it")
         build_config(SFTConfig, warm_start, "warm_start")
+        for name, entry in self.models.items():
+            if entry.warm_start:
+                build_config(SFTConfig, {**warm_start, **entry.warm_start}, f"models.{name}.warm_start")
 
     def _check_models(self) -> None:
         """Model names are folder names, a shared policy is a warm-started model's, every model a block names exists,
@@ -818,10 +838,11 @@ def cell_config(
 
 def warm_start_config(study: dict, model: str, threads: int) -> dict:
     """The `python -m trainer sft` config of one model family: its preset, the cells' env (with the model's
-    env_options) and token limits; the model's `warm_start_seed`, where it has one, seeds both the warm start
+    env_options) and token limits, its own `warm_start` keys over the study's; the model's `warm_start_seed`, where it has one, seeds both the warm start
     (demonstrations, their order, evaluations) and the tiny model's initialisation."""
     shared = study.get("cell", {})
     options = {k: v for k, v in study.get("warm_start", {}).items() if k != "allow_out_of_band"}
+    options.update(study["models"][model].get("warm_start") or {})
     model_keys = {k: v for k, v in shared.get("model", {}).items() if k in ("dtype", "init_seed")}
     seed = study["models"][model].get("warm_start_seed")
     if seed is not None:

@@ -51,7 +51,7 @@ from trainer.environments.suite import make_suite
 from trainer.logs.parquet_log import EPISODE_COLUMNS, METRIC_COLUMNS, MetricsLog
 from trainer.logs.provenance import collect_provenance
 from trainer.logs.rows import episode_row, update_row
-from trainer.optim.hybrid import build_muon_adamw, route_parameters
+from trainer.optim.hybrid import build_adamw_by_role, build_muon_adamw, route_parameters
 from trainer.optim.muon import resolve_ns_dtype
 from trainer.policy.load import DTYPES, load_policy, new_tiny_policy, policy_options, save_policy
 from trainer.rl.estimators import make_estimator
@@ -75,13 +75,8 @@ STATE_FORMAT = "trainer.state/2"
 def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
     o = cfg.optim
     if o.name in ("adam", "adam_high_lr"):
-        return torch.optim.AdamW(
-            model.parameters(),
-            lr=o.lr,
-            betas=o.betas,
-            eps=o.eps,
-            weight_decay=o.weight_decay,
-            foreach=True,
+        return build_adamw_by_role(
+            model, lr=o.lr, matrix_lr=o.matrix_lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, foreach=True
         )
     return build_muon_adamw(
         model,

@@ -17,14 +17,15 @@ class OptimConfig(Section):
 
     name: Literal["muon", "adam", "adam_high_lr"] = "muon"
     """"muon": Muon on the hidden matrices (at `matrix_lr`) and AdamW on the rest (at `lr`). "adam": AdamW on
-    everything at `lr`. "adam_high_lr": the same AdamW under a label of its own, the companion paper's control (is
+    everything: the hidden matrices at `matrix_lr`, the rest at `lr`. "adam_high_lr": the same AdamW under a label of its own, the companion paper's control (is
     Muon's gain only its larger step size?): a study runs it at its Muon cells' lr (trainer/study.py optim_lrs), and
     the label keeps it apart from the plain AdamW cells in the grid."""
     lr: float = knob(1e-3, ge=0)
-    """The learning rate of every AdamW-trained parameter: all of them under "adam" and "adam_high_lr"; the
-    embeddings, head and norms under "muon"."""
+    """The learning rate of the embeddings, head and norms (AdamW-trained under every optimizer), and of the hidden
+    matrices too where `matrix_lr` is None."""
     matrix_lr: float | None = knob(None, ge=0)
-    """The learning rate of the hidden matrices under "muon" (Muon's). None: `lr` (Moonlight's rule: with
+    """The learning rate of the hidden matrices (the ones Muon trains under "muon"; AdamW's under "adam" and
+    "adam_high_lr", so either optimizer can move them faster than the rest). None: `lr` (Moonlight's rule: with
     `adjust_lr_fn: match_rms_adamw` one number then means a step of the same RMS under both optimizers)."""
     weight_decay: float = knob(0.0, ge=0)
     """AdamW decoupled weight decay."""

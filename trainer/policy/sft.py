@@ -25,7 +25,7 @@ import torch
 
 from trainer.config import OFFLINE_STATS_FILE, SFTConfig, config_to_dict
 from trainer.environments.suite import make_suite
-from trainer.optim.hybrid import build_muon_adamw
+from trainer.optim.hybrid import build_adamw_by_role, build_muon_adamw
 from trainer.optim.muon import resolve_ns_dtype
 from trainer.policy.load import DTYPES, new_tiny_policy, save_policy
 from trainer.rl.spo import write_offline_stats
@@ -33,6 +33,9 @@ from trainer.rollout.episode import Episode
 from trainer.rollout.evaluation import evaluate, play_tasks
 from trainer.rollout.sampling import SamplingParams
 from trainer.update import pad_episodes, token_logprobs
+
+MUON_WARM_START_LR = 0.02
+"""Muon's hidden-matrix lr when the warm start names none (SFTConfig.matrix_lr)."""
 
 
 def demonstration_episode(demo, fmt, task_id: str) -> Episode:
@@ -129,12 +132,12 @@ def warm_start(cfg: SFTConfig, out_dir: str | Path, progress: bool | None = None
     if cfg.optimizer == "muon":
         optimizer = build_muon_adamw(
             model,
-            muon_lr=cfg.matrix_lr,
+            muon_lr=MUON_WARM_START_LR if cfg.matrix_lr is None else cfg.matrix_lr,
             adamw_lr=cfg.lr,
             ns_dtype=resolve_ns_dtype("auto", next(model.parameters()).device),
         )
     else:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        optimizer = build_adamw_by_role(model, lr=cfg.lr, matrix_lr=cfg.matrix_lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(cfg.seed)
     low, high = cfg.band
     history, best = [], None
