@@ -1,4 +1,4 @@
-"""trainer.analysis: reading the cells' logs, the EMA, the collapse rule, windows, bootstrap and the summary table.
+"""trainer.analysis: reading the cells' logs, the EMA, the collapse rule, windows, t intervals and the summary table.
 
 Known answers are worked out in the comments; runs are built to collapse at a computable update, logs are
 written in the workflow's Hive layout by the synthetic writer and by the trainer's own MetricsLog.
@@ -24,7 +24,6 @@ import trainer.analysis
 from trainer.analysis import (
     DEFAULT_MODELS,
     CollapseCriterion,
-    bootstrap_interval,
     detect_collapse,
     ema,
     first_sustained,
@@ -35,6 +34,7 @@ from trainer.analysis import (
     summarize,
     summary_markdown,
     summary_table,
+    t_interval,
     window_size,
 )
 from trainer.analysis.collapse import ema_by_run, judge
@@ -315,7 +315,7 @@ def test_paper_model_mapping_is_a_parameter():
     assert DEFAULT_MODELS == {"minicpm-tiny": "MiniCPM5-2B", "qwen-tiny": "Qwen3.5-4B"}
 
 
-# -- windows, runs, bootstrap, summary ---------------------------------------------------------------------
+# -- windows, runs, intervals, summary ---------------------------------------------------------------------
 @pytest.mark.parametrize("n, k", [(100, 10), (101, 11), (30, 3), (15, 2), (9, 1), (3, 1), (1, 1)])
 def test_window_is_the_last_tenth_and_at_least_one_update(n, k):
     assert window_size(n, 0.1) == k
@@ -396,25 +396,39 @@ def test_judge_core_matches_hand_example():
     assert judge(ema([0.5] * 10, 5), {"loss": np.arange(10) == 2}) == (2, "nonfinite_loss")
 
 
-def test_bootstrap_interval_known_cases():
-    assert all(math.isnan(x) for x in bootstrap_interval([0.7], seed=0))  # one seed: no interval
-    assert bootstrap_interval([0.4, 0.4, 0.4], seed=0) == (pytest.approx(0.4), pytest.approx(0.4))
-    # Two values 0 and 1: a resampled mean is 0, 0.5 or 1 with probabilities 1/4, 1/2, 1/4, so the 2.5% and
-    # 97.5% quantiles of 10,000 resamples are 0 and 1.
-    assert bootstrap_interval([0.0, 1.0], seed=0) == (0.0, 1.0)
-    assert bootstrap_interval([1, 2, 3, 10], seed=3) == bootstrap_interval([1, 2, 3, 10], seed=3)
+T_975_DF1 = math.tan(math.pi * (0.975 - 0.5))
+"""Student's t 97.5% quantile at 1 df (the Cauchy quantile, tan(pi (p - 1/2))): 12.7062..."""
+T_975_DF2 = (2 * 0.975 - 1) / math.sqrt(2 * 0.975 * 0.025)
+"""At 2 df, (2p - 1) / sqrt(2 p (1 - p)): 4.3026..."""
+
+
+def test_t_interval_known_cases():
+    assert all(math.isnan(x) for x in t_interval([0.7]))  # one seed: no interval
+    assert t_interval([0.4, 0.4, 0.4]) == (pytest.approx(0.4), pytest.approx(0.4))  # no spread: zero width
+    # 20, 40, 60 (percent): mean 40, sd 20, se 20 / sqrt(3), half-width t(0.975, 2) x se = 49.68...
+    half = T_975_DF2 * 20 / math.sqrt(3)
+    assert half == pytest.approx(49.6827, abs=1e-4)
+    assert t_interval([20.0, 40.0, 60.0]) == (pytest.approx(40 - half, rel=1e-9), pytest.approx(40 + half, rel=1e-9))
+    # 0 and 1: mean 0.5, sd 1 / sqrt(2), se 1/2, half-width t(0.975, 1) / 2 = 6.35...
+    assert t_interval([0.0, 1.0]) == (pytest.approx(0.5 - T_975_DF1 / 2), pytest.approx(0.5 + T_975_DF1 / 2))
     with pytest.raises(ValueError, match="non-finite"):
-        bootstrap_interval([0.5, np.nan], seed=0)
+        t_interval([0.5, np.nan])
     with pytest.raises(ValueError, match="level"):
-        bootstrap_interval([0.5, 0.6], seed=0, level=1.0)
+        t_interval([0.5, 0.6], level=1.0)
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.floats(0, 100), min_size=2, max_size=12), st.integers(0, 2**31))
-def test_bootstrap_interval_lies_within_the_data_and_is_reproducible(values, seed):
-    low, high = bootstrap_interval(values, seed, n_boot=2000)
-    assert min(values) - 1e-9 <= low <= high <= max(values) + 1e-9  # a mean of resampled data cannot leave it
-    assert bootstrap_interval(values, seed, n_boot=2000) == (low, high)
+@given(
+    st.lists(st.floats(0, 100), min_size=2, max_size=12),
+    st.floats(0.1, 10),
+    st.floats(-100, 100),
+)
+def test_t_interval_is_centred_on_the_mean_and_moves_with_the_data(values, scale, shift):
+    low, high = t_interval(values)
+    mean = float(np.mean(values))
+    assert low <= mean <= high and (high - mean) == pytest.approx(mean - low, abs=1e-9)
+    moved = t_interval([scale * v + shift for v in values])
+    assert moved == (pytest.approx(scale * low + shift, abs=1e-6), pytest.approx(scale * high + shift, abs=1e-6))
 
 
 def test_paper_numbers_ship_with_the_package_and_name_their_source():
@@ -443,11 +457,15 @@ def test_summary_table_beside_the_paper():
             ("qwen-tiny", "spo_adam", "adam", 4, 0.2, False, np.nan),
         ]
     )
-    summary = summary_table(runs, bootstrap_seed=0).set_index(["model", "recipe", "optimizer"])
+    summary = summary_table(runs).set_index(["model", "recipe", "optimizer"])
     full = summary.loc[("minicpm-tiny", "full", "muon")]
     assert full["success_pct_mean"] == pytest.approx(80.0)  # (70 + 80 + 90) / 3
     assert full["paper_success_pct"] == 74.1 and full["diff_pct_points"] == pytest.approx(5.9)
-    assert 70 <= full["success_pct_ci_low"] < 80 < full["success_pct_ci_high"] <= 90
+    half = T_975_DF2 * 10 / math.sqrt(3)  # sd of 70, 80, 90 is 10
+    assert (full["success_pct_ci_low"], full["success_pct_ci_high"]) == (
+        pytest.approx(80 - half),
+        pytest.approx(80 + half),
+    )
     assert (full["n_seeds"], full["seeds"], full["n_collapsed"], full["collapsed_seeds"]) == (3, "0,1,2", 1, "2")
     assert full["eval_success_pct_mean"] == pytest.approx(60.0) and full["n_eval_seeds"] == 2  # (50 + 70) / 2
     assert "Ruan et al. 2026, Figure 2" in full["paper_source"]
@@ -507,11 +525,16 @@ def test_learning_is_the_last_fifth_minus_the_first_and_held_out_first_to_last()
     assert runs["gain"].tolist() == pytest.approx([0.4, 0.2])
     assert runs["eval_first"].tolist() == pytest.approx([0.1, 0.2]) and runs["eval_success"].tolist() == [0.5, 0.5]
     assert runs["informed_frac"].tolist() == pytest.approx([0.75, 0.75])
-    cell = summary_table(runs, bootstrap_seed=0).iloc[0]
-    assert cell["gain_pct_mean"] == pytest.approx(30.0) and 20.0 <= cell["gain_pct_ci_low"] < cell["gain_pct_ci_high"]
+    cell = summary_table(runs).iloc[0]
+    # learning 40 and 20 points: mean 30, se = sd / sqrt(2) = 10, half-width t(0.975, 1) x 10 = 127.06
+    assert cell["gain_pct_mean"] == pytest.approx(30.0)
+    assert (cell["gain_pct_ci_low"], cell["gain_pct_ci_high"]) == (
+        pytest.approx(30 - 10 * T_975_DF1),
+        pytest.approx(30 + 10 * T_975_DF1),
+    )
     assert cell["eval_first_pct_mean"] == pytest.approx(15.0) and cell["informed_pct_mean"] == pytest.approx(75.0)
-    text = summary_markdown(summary_table(runs, bootstrap_seed=0))
-    assert "| m | full | muon | 2 | +30.0 | [+20.0, +40.0] | 15.0 -> 50.0 | 75.0 |" in text
+    text = summary_markdown(summary_table(runs))
+    assert "| m | full | muon | 2 | +30.0 | [-97.1, +157.1] | 15.0 -> 50.0 | 75.0 |" in text
 
 
 def test_summarize_writes_the_three_outputs(tmp_path):
@@ -591,8 +614,8 @@ def test_every_kind_of_study_has_its_functions():
         assert ("ema_span" in plot_params) == kind.ema_span, name
         assert set(kind.extra_outputs) <= set(summarize_params), name
         assert kind.numbers is None or kind.numbers.is_file()
-        assert {"collapse", "models", "window_fraction", "bootstrap_seed"} <= set(summarize_params)
-        assert {"models", "bootstrap_seed"} <= set(plot_params)
+        assert {"collapse", "models", "window_fraction"} <= set(summarize_params)
+        assert "models" in plot_params
 
 
 def test_library_defaults_are_the_workflows():
@@ -602,7 +625,7 @@ def test_library_defaults_are_the_workflows():
     for kind in STUDY_KINDS.values():
         for function in (kind.summarize, kind.plot):
             params = inspect.signature(getattr(trainer.analysis, function)).parameters
-            for name in ("window_fraction", "bootstrap_seed", "ema_span"):
+            for name in ("window_fraction", "ema_span"):
                 if name in params:
                     assert params[name].default == getattr(defaults, name), (function, name)
     assert CollapseCriterion.from_dict(defaults.collapse) == CollapseCriterion()

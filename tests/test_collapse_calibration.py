@@ -188,7 +188,6 @@ def test_summary_script_writes_the_false_positive_sentence(tmp_path):
         "collapse": collapse,
         "models": DEFAULT_MODELS,
         "window_fraction": 0.1,
-        "bootstrap_seed": 0,
     }
     smk = snakemake_object(
         SimpleNamespace(metrics=paths, paper_numbers=str(PAPER_NUMBERS)), outputs, params, tmp_path / "s.log"
@@ -216,7 +215,6 @@ def test_companion_summary_script_writes_the_sentence_too(tmp_path):
         "collapse": {"warmup": 2},
         "models": COMPANION_MODELS,
         "window_fraction": 0.2,
-        "bootstrap_seed": 0,
     }
     smk = snakemake_object(
         SimpleNamespace(metrics=paths, paper_numbers=str(COMPANION_NUMBERS)), outputs, params, tmp_path / "s.log"

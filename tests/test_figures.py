@@ -177,7 +177,7 @@ def test_write_figures_files_exist_and_pdf_is_reproducible(grid, tmp_path):
         assert path.is_file() and path.stat().st_size > 1000, path
         assert path.read_bytes()[:4] == (b"\x89PNG" if path.suffix == ".png" else b"%PDF")
     assert len([n for n in notes if n.startswith("wrote")]) == 10
-    # A fresh drawing written twice: the same bytes each time and as write_figures' (seeded bootstrap, no date).
+    # A fresh drawing written twice: the same bytes each time and as write_figures' (no random draws, no date).
     fig = draw_figure("fig2", grid.metrics, grid.runs, MODELS)
     first, second = save_figure(fig, tmp_path / "a.pdf").read_bytes(), save_figure(fig, tmp_path / "b.pdf").read_bytes()
     assert first == second == (tmp_path / "figures" / "fig2.pdf").read_bytes()
@@ -213,7 +213,6 @@ def test_scripts_run_as_snakemake_scripts_on_a_smoke_grid(tmp_path):
         "collapse": {"warmup": 2},
         "models": MODELS,
         "window_fraction": 0.1,
-        "bootstrap_seed": 0,
     }
     # The rule's declared numbers are the ones compared with: here a copy with the full recipe's value changed.
     numbers = tmp_path / "numbers.csv"
@@ -253,7 +252,6 @@ def test_script_failure_is_logged(tmp_path):
         "collapse": {},
         "models": MODELS,
         "window_fraction": 0.1,
-        "bootstrap_seed": 0,
     }
     smk = snakemake_object(
         SimpleNamespace(metrics=[], paper_numbers=str(PAPER_NUMBERS)),

@@ -405,7 +405,7 @@ def test_the_checked_study_has_every_default_and_only_the_keys_given():
             }
             for job in ("train", "warm_start")
         },
-        "analysis": {"window_fraction": 0.1, "bootstrap_seed": 0, "ema_span": 5, "collapse": {}},
+        "analysis": {"window_fraction": 0.1, "ema_span": 5, "collapse": {}},
         "preflight": {"min_gold_share": 0.9, "rows_per_repository": 2, "workers": 4, "mem_mb": 8000, "runtime": 120},
         "keep": {"policy": True, "checkpoint": False},
     }

@@ -282,7 +282,6 @@ def test_the_workflow_scripts_dispatch_the_stability_and_horizon_studies(tmp_pat
         collapse={},
         models=MODELS,
         window_fraction=0.1,
-        bootstrap_seed=0,
     )
     _run_script(
         "summarize.py",
@@ -312,7 +311,6 @@ def test_the_workflow_scripts_dispatch_the_stability_and_horizon_studies(tmp_pat
         collapse={},
         models={"qwen-h1": "Q", "qwen-h2": "Q"},
         window_fraction=0.1,
-        bootstrap_seed=0,
         horizons={"qwen-h1": 1, "qwen-h2": 2},
     )
     _run_script(

@@ -1,10 +1,11 @@
 """From the cells' Parquet logs to the papers' figures and a table beside the papers' numbers.
 
 kinds.py     one record per kind of study (main, companion, stability, horizon, arms): its functions and files
-config.py    a study's `analysis:` section (window, bootstrap seed, EMA span, collapse rule), defined once
+config.py    a study's `analysis:` section (window, EMA span, collapse rule), defined once
 cell_logs.py read many cells' metrics.parquet (pyarrow.dataset over an explicit list, Hive keys as columns)
 collapse.py  the EMA and a documented, configurable collapse rule applied to every run
-summary.py   per-run window means and verdicts; model x recipe x optimizer table with bootstrap intervals
+statistics.py Student-t intervals and tests that hold at 2-5 seeds, Holm's correction, the meta-analysis
+summary.py   per-run window means and verdicts; model x recipe x optimizer table with t intervals over seeds
 plotting.py  the house style and the drawing and file helpers every figure shares
 figures.py   Figures 2-5 and the optimizer diagnostics, as PNG and reproducible PDF
 companion.py the companion study: validation metrics per run, estimator x optimizer table, its three figures
@@ -26,9 +27,9 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "kinds": ("DEFAULT_MODELS", "STUDY_KINDS", "StudyKind"),
     "cell_logs": ("NONFINITE_COLUMNS", "RUN_KEYS", "check_no_axes", "load_metrics", "paper_model"),
     "collapse": ("CollapseCriterion", "CollapseVerdict", "detect_collapse", "ema", "first_sustained"),
+    "statistics": ("t_interval",),
     "summary": (
         "SUMMARY_COLUMNS",
-        "bootstrap_interval",
         "coverage_notes",
         "load_paper_numbers",
         "run_table",

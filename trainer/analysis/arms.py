@@ -18,7 +18,7 @@ study's held-out AUC. Added here, all fixed before any arm ran:
   information. NaN when every run collapsed or none did.
 
 Per (model, recipe, optimizer, arm) the summary gives, in percent, final training success and held-out AUC (mean
-over seeds, 95% percentile bootstrap interval as in the main summary), the last held-out success, collapsed
+over seeds, 95% Student-t interval as in the main summary), the last held-out success, collapsed
 seeds, and the step sizes (median over seeds). Figures: `arms_curves` (training success per arm, each seed's
 EMA, collapses marked, held-out evaluations as dots) and `arms_predictors` (each predictor's early value per run,
 collapsed runs marked, with its AUC).
@@ -60,7 +60,6 @@ from trainer.analysis.plotting import (
     suptitle,
 )
 from trainer.analysis.summary import (
-    BOOTSTRAP_SEED,
     WINDOW_FRACTION,
     ci_text,
     collapsed_text,
@@ -201,17 +200,16 @@ def sort_arms(
 # -- tables ------------------------------------------------------------------------------------------------
 def arms_summary_table(
     runs: pd.DataFrame,
-    bootstrap_seed: int = BOOTSTRAP_SEED,
     models: Mapping[str, str] | None = None,
     level: float = 0.95,
 ) -> pd.DataFrame:
-    """One row per model x recipe x optimizer x arm: success in percent (mean over seeds, bootstrap interval),
+    """One row per model x recipe x optimizer x arm: success in percent (mean over seeds, t interval),
     collapsed seeds, and each step quantity's median over the seeds. Rows in the order of `runs`."""
     rows = []
     for (model, recipe, optimizer, arm), cell in runs.groupby(KEYS[:4], sort=False):
         cell = cell.sort_values("seed")
-        final, final_low, final_high = seed_stats(cell, "window_success", bootstrap_seed, level)
-        area, auc_low, auc_high = seed_stats(cell, "heldout_auc", bootstrap_seed, level)
+        final, final_low, final_high = seed_stats(cell, "window_success", level)
+        area, auc_low, auc_high = seed_stats(cell, "heldout_auc", level)
         collapsed = cell["collapsed"].astype(bool)
         row = {
             "model": model,
@@ -227,7 +225,7 @@ def arms_summary_table(
             "auc_pct_mean": area,
             "auc_pct_ci_low": auc_low,
             "auc_pct_ci_high": auc_high,
-            "heldout_last_pct_mean": seed_stats(cell, "eval_success", bootstrap_seed, level)[0],
+            "heldout_last_pct_mean": seed_stats(cell, "eval_success", level)[0],
             "n_collapsed": int(collapsed.sum()),
             "collapsed_seeds": ",".join(str(s) for s in cell.loc[collapsed, "seed"]),
         }
@@ -276,7 +274,7 @@ def arms_markdown(
     method = (
         f"Final = mean unsmoothed training success over the last {window_fraction:.0%} of each run's updates; "
         "held-out AUC = mean of every held-out evaluation of the run; last held-out = the final evaluation. "
-        "In percent, averaged over seeds; interval = 95% percentile bootstrap over seeds (n/a with one seed). "
+        "In percent, averaged over seeds; interval = 95% Student-t over seeds (n/a with one seed). "
         "Collapse = the rule in `trainer/analysis/collapse.py`. Step sizes: per run the median over its "
         "updates before the collapse, then the median over seeds; hidden = Muon's or AdamW's hidden matrices, "
         "embed/head = the AdamW-trained embedding and head matrices. Predictors: each run's median over the "
@@ -550,14 +548,13 @@ def summarize_arms(
     collapse: Mapping[str, Any] | None = None,
     models: Mapping[str, str] | None = None,
     window_fraction: float = WINDOW_FRACTION,
-    bootstrap_seed: int = BOOTSTRAP_SEED,
 ) -> list[str]:
     """Read the logs, judge every run, write the summary CSV and Markdown, the per-run Parquet table and the
     predictor table (CSV, to `predictors`). Returns notes for the log."""
     criterion = CollapseCriterion.from_dict(collapse)
     metrics = load_metrics(metrics_paths, base_dir, ARMS_COLUMNS)
     runs = arms_run_table(metrics, criterion, window_fraction, models, arm_order(metrics_paths))
-    summary = arms_summary_table(runs, bootstrap_seed, models)
+    summary = arms_summary_table(runs, models=models)
     table = predictor_table(runs)
     write_tables(
         summary, arms_markdown(summary, table, max(1, criterion.warmup), (), window_fraction), runs, csv, md, runs_path
@@ -578,7 +575,6 @@ def plot_arms(
     runs_path: str | os.PathLike,
     outputs: Sequence[str | os.PathLike],
     models: Mapping[str, str] | None = None,
-    bootstrap_seed: int = BOOTSTRAP_SEED,
     ema_span: int = 5,
 ) -> list[str]:
     """Read the logs and `summarize_arms`' per-run table, draw and write exactly `outputs`."""

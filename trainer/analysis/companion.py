@@ -7,7 +7,7 @@ adam_high_lr (AdamW on every parameter at Muon's learning rate). adam_high_lr is
 better optimizer from a bigger step. The companion's headline numbers are about *validation* success on
 held-out games, not training success, so they get their own definitions here. Everything else reuses the
 main study's code: `load_metrics`, and `run_table` for the final window, the training-success mean and the
-collapse verdict. Intervals come from `bootstrap_interval`; the figures use the house style and `save_figure`.
+collapse verdict. Intervals come from `seed_stats` (Student's t); the figures use the house style and `save_figure`.
 
 Definitions, all for one run. Updates are the logged 0-based `update` values.
 
@@ -43,7 +43,7 @@ Choices and why:
   tiny stand-in to it), the estimator and the optimizer. The companion ran ALFWorld with
   Qwen2.5-0.5B-Instruct; a tiny stand-in on the text game will differ from it, so a difference measures how far
   the result transfers, not an error.
-* **Intervals** are `bootstrap_interval` over a cell's evaluated seeds, with the same seed for every cell. The
+* **Intervals** are the main summary's Student-t interval over a cell's evaluated seeds (`seed_stats`). The
   bar figure draws the summary table's own numbers, so the figure and the table cannot disagree.
 * **Figures**. `companion_curves` has one panel per estimator (one row per model family): for each optimizer,
   every seed's validation curve is drawn thin and the mean over the seeds evaluated at each update is drawn
@@ -103,7 +103,6 @@ from trainer.analysis.plotting import (
     suptitle,
 )
 from trainer.analysis.summary import (
-    BOOTSTRAP_SEED,
     CELL_KEYS,
     WINDOW_FRACTION,
     check_same_runs,
@@ -304,12 +303,11 @@ def load_companion_numbers(path: str | os.PathLike = COMPANION_NUMBERS) -> pd.Da
 def companion_summary_table(
     runs: pd.DataFrame,
     numbers: pd.DataFrame | None = None,
-    bootstrap_seed: int = BOOTSTRAP_SEED,
     models: Mapping[str, str] | None = None,
     level: float = 0.95,
 ) -> pd.DataFrame:
     """One row per model x estimator x optimizer (percent): for final-window success (`final_`) and AUC (`auc_`)
-    the mean over evaluated seeds, its bootstrap interval, the companion's number and our difference; plus
+    the mean over evaluated seeds, its t interval, the companion's number and our difference; plus
     seeds, collapses, training success over the window and the cell's mean of the runs' grad_snr medians."""
     numbers = load_companion_numbers() if numbers is None else numbers
     theirs = numbers.set_index(["model", "recipe", "optimizer", "metric"])
@@ -328,7 +326,7 @@ def companion_summary_table(
         }
         sources = []
         for metric, column in (("final", "final_window_success"), ("auc", "val_auc")):
-            ours, low, high = seed_stats(cell, column, bootstrap_seed, level)
+            ours, low, high = seed_stats(cell, column, level)
             key = (name, recipe, optimizer, metric)
             companion = 100 * float(theirs.loc[key, "value"]) if key in theirs.index else math.nan
             if key in theirs.index:
@@ -407,8 +405,8 @@ def companion_markdown(
         f"Final = mean validation success (`eval_success`) over the evaluations in the last "
         f"{window_fraction:.0%} of each run's updates (the last evaluation if none falls there); AUC = "
         "trapezoidal area under the validation curve divided by its update span (the time-averaged "
-        "validation success). Both in percent, averaged over evaluated seeds; interval = 95% percentile "
-        'bootstrap over seeds (n/a with one seed). Companion = Ruan et al., "When Does Muon Help Agentic '
+        "validation success). Both in percent, averaged over evaluated seeds; interval = 95% Student-t "
+        'over seeds (n/a with one seed). Companion = Ruan et al., "When Does Muon Help Agentic '
         'RL?" (ALFWorld, Qwen2.5-0.5B-Instruct); diff = ours - companion, in percentage points (– where it '
         "reports none). Train = training success over the same window. SNR = median of `grad_snr` over "
         "updates (mean over seeds). Collapse = the rule in `trainer/analysis/collapse.py`, on training "
@@ -626,7 +624,7 @@ def figure_companion_bars(runs: pd.DataFrame, summary: pd.DataFrame, models: Map
             Patch(facecolor=OPTIMIZER_COLORS[o], alpha=0.75, edgecolor="#4d4d4d", label=OPTIMIZER_LABELS[o])
             for o in optimizers
         ]
-        handles += [Line2D([], [], color="black", lw=1.0, label="mean, 95% bootstrap CI"), SEED_HANDLE]
+        handles += [Line2D([], [], color="black", lw=1.0, label="mean, 95% t interval"), SEED_HANDLE]
         if collapsed_seen:
             handles.append(COLLAPSED_SEED_HANDLE)
         legend(fig, [*handles, COMPANION_HANDLE], ncol=4)
@@ -708,7 +706,6 @@ def write_companion_figures(
     metrics: pd.DataFrame,
     runs: pd.DataFrame,
     models: Mapping[str, str] | None = None,
-    bootstrap_seed: int = BOOTSTRAP_SEED,
     numbers: pd.DataFrame | None = None,
 ) -> list[str]:
     """Draw each figure named by the outputs' stems once and write exactly those files (as `write_figures`).
@@ -722,7 +719,7 @@ def write_companion_figures(
         if name == "companion_curves":
             return figure_companion_curves(metrics, runs, models)
         if name == "companion_bars":
-            return figure_companion_bars(runs, companion_summary_table(runs, numbers, bootstrap_seed, models), models)
+            return figure_companion_bars(runs, companion_summary_table(runs, numbers, models), models)
         return figure_companion_diagnostics(metrics, models)
 
     return save_figures(by_name, draw)
@@ -738,7 +735,6 @@ def summarize_companion(
     collapse: Mapping[str, Any] | None = None,
     models: Mapping[str, str] | None = None,
     window_fraction: float = WINDOW_FRACTION,
-    bootstrap_seed: int = BOOTSTRAP_SEED,
     numbers: str | os.PathLike = COMPANION_NUMBERS,
 ) -> list[str]:
     """Read the logs, judge every run, write the companion summary CSV and Markdown (beside the companion's
@@ -750,7 +746,7 @@ def summarize_companion(
     check_no_axes(metrics, "companion")
     runs = companion_run_table(metrics, criterion, window_fraction, models)
     reference = load_companion_numbers(numbers)
-    summary = companion_summary_table(runs, reference, bootstrap_seed, models)
+    summary = companion_summary_table(runs, reference, models)
     notes = companion_coverage_notes(runs, reference, models)
     write_tables(summary, companion_markdown(summary, notes, window_fraction), runs, csv, md, runs_path)
     return summary_notes(metrics_paths, runs, summary, criterion, notes)
@@ -762,7 +758,6 @@ def plot_companion(
     runs_path: str | os.PathLike,
     outputs: Sequence[str | os.PathLike],
     models: Mapping[str, str] | None = None,
-    bootstrap_seed: int = BOOTSTRAP_SEED,
     numbers: str | os.PathLike = COMPANION_NUMBERS,
 ) -> list[str]:
     """Read the logs and `summarize_companion`'s per-run table, draw and write exactly `outputs` (the bars beside
@@ -771,4 +766,4 @@ def plot_companion(
     metrics = load_metrics(metrics_paths, base_dir, COMPANION_COLUMNS)
     check_no_axes(metrics, "companion")
     runs = pd.read_parquet(runs_path)
-    return write_companion_figures(outputs, metrics, runs, models, bootstrap_seed, load_companion_numbers(numbers))
+    return write_companion_figures(outputs, metrics, runs, models, load_companion_numbers(numbers))

@@ -12,8 +12,6 @@ from trainer.knobs import Section, knob
 
 WINDOW_FRACTION = 0.1
 """The final window's share of a run's updates (updates 90-100 of 100)."""
-BOOTSTRAP_SEED = 0
-"""Seed of the bootstrap confidence intervals."""
 EMA_SPAN = 5
 """Span of the EMA drawn over raw success (the paper's 5)."""
 
@@ -25,8 +23,6 @@ class AnalysisConfig(Section):
     window_fraction: float = knob(WINDOW_FRACTION, gt=0, le=1)
     """Figure-2 bars average the last this fraction of updates; the companion's final-window validation success
     averages the evaluations in it."""
-    bootstrap_seed: int = knob(BOOTSTRAP_SEED, ge=0)
-    """Seed of the bootstrap confidence intervals."""
     ema_span: int = knob(EMA_SPAN, ge=1)
     """Span of the EMA drawn over raw success."""
     collapse: dict = field(default_factory=dict)

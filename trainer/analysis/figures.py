@@ -3,7 +3,7 @@
 What each figure shows, and the choices behind it:
 
 * **fig2** -- one panel per model family; per Figure 2 recipe (paper order, top to bottom) a bar of our mean
-  window success over seeds with its 95% bootstrap interval (the summary table's own numbers, so the two agree),
+  window success over seeds with its 95% Student-t interval (the summary table's own numbers, so the two agree),
   each seed as a dot (red if that seed collapsed), and the paper's value as a hatched bar just beneath. Each
   recipe is shown with its own optimizer (spo_adam with Adam, the rest with Muon), as in the paper; Adam
   versions of the ablations are in fig4/fig5 and the summary. The full recipe is pale green.
@@ -43,7 +43,7 @@ from matplotlib.textpath import TextPath
 from trainer.analysis import plotting
 from trainer.analysis.cell_logs import RUN_KEYS, check_no_axes, load_metrics, paper_model
 from trainer.analysis.collapse import ema_by_run
-from trainer.analysis.config import BOOTSTRAP_SEED, EMA_SPAN
+from trainer.analysis.config import EMA_SPAN
 from trainer.analysis.kinds import MAIN, PAPER_NUMBERS
 from trainer.analysis.plotting import (
     ADAM,
@@ -74,8 +74,8 @@ from trainer.analysis.plotting import (
     seed_dots,
     suptitle,
 )
+from trainer.analysis.statistics import t_interval
 from trainer.analysis.summary import (
-    bootstrap_interval,
     check_same_runs,
     load_paper_numbers,
     native_optimizer,
@@ -158,7 +158,6 @@ def figure_bars(
     runs: pd.DataFrame,
     paper: pd.DataFrame | None = None,
     models: Mapping[str, str] | None = None,
-    bootstrap_seed: int = BOOTSTRAP_SEED,
 ) -> Figure:
     """Figure 2: per model family, our window success per recipe (mean, 95% CI, seeds) beside the paper's."""
     paper = load_paper_numbers() if paper is None else paper
@@ -198,7 +197,7 @@ def figure_bars(
                     continue
                 seeds = 100 * cell["window_success"].to_numpy(dtype=float)
                 ours = seeds.mean()
-                low, high = bootstrap_interval(seeds, bootstrap_seed)
+                low, high = t_interval(seeds)
                 ax.barh(
                     y[i] - 0.19,
                     ours,
@@ -230,7 +229,7 @@ def figure_bars(
         legend(
             fig,
             [
-                Patch(facecolor=BAR, edgecolor="#4d4d4d", label="ours: mean over seeds, 95% bootstrap CI"),
+                Patch(facecolor=BAR, edgecolor="#4d4d4d", label="ours: mean over seeds, 95% t interval"),
                 Patch(facecolor=FULL_BAR, edgecolor="#4d4d4d", label="ours: full recipe"),
                 Patch(facecolor="white", edgecolor=PAPER_EDGE, hatch="////", label="Ruan et al. 2026, Fig. 2"),
                 SEED_HANDLE,
@@ -428,12 +427,11 @@ def draw_figure(
     runs: pd.DataFrame,
     models: Mapping[str, str] | None = None,
     ema_span: int = EMA_SPAN,
-    bootstrap_seed: int = BOOTSTRAP_SEED,
     paper: pd.DataFrame | None = None,
 ) -> Figure:
     """One of `FIGURES` by name; `metrics` must carry `success_ema` for the curve figures (`add_ema`)."""
     if name == "fig2":
-        return figure_bars(runs, paper, models, bootstrap_seed)
+        return figure_bars(runs, paper, models)
     if name == "fig3":
         return figure_selected(metrics, runs, models, ema_span=ema_span)
     if name in FAMILY_FIGURES:
@@ -449,7 +447,6 @@ def write_figures(
     runs: pd.DataFrame,
     models: Mapping[str, str] | None = None,
     ema_span: int = EMA_SPAN,
-    bootstrap_seed: int = BOOTSTRAP_SEED,
     paper: pd.DataFrame | None = None,
 ) -> list[str]:
     """Draw each figure named by the outputs' file stems once and write exactly those files.
@@ -468,9 +465,7 @@ def write_figures(
     absent = [r for r in FIGURE2_RECIPES if r not in set(metrics["recipe"])]
     if absent:
         notes.append(f"recipes not in these logs (left out of every figure): {', '.join(absent)}")
-    return notes + save_figures(
-        by_name, lambda name: draw_figure(name, metrics, runs, models, ema_span, bootstrap_seed, paper)
-    )
+    return notes + save_figures(by_name, lambda name: draw_figure(name, metrics, runs, models, ema_span, paper))
 
 
 # -- entry point (named by `kinds.MAIN`, called by the workflow's scripts) -------------------------------------
@@ -481,7 +476,6 @@ def plot(
     outputs: Sequence[str | os.PathLike],
     models: Mapping[str, str] | None = None,
     ema_span: int = EMA_SPAN,
-    bootstrap_seed: int = BOOTSTRAP_SEED,
     numbers: str | os.PathLike = PAPER_NUMBERS,
 ) -> list[str]:
     """Read the logs and the per-run table (`summarize`'s), draw and write exactly `outputs` (Figure 2 beside the
@@ -490,4 +484,4 @@ def plot(
     metrics = load_metrics(metrics_paths, base_dir, PLOT_COLUMNS)
     check_no_axes(metrics, "main")
     runs = pd.read_parquet(runs_path)
-    return write_figures(outputs, metrics, runs, models, ema_span, bootstrap_seed, load_paper_numbers(numbers))
+    return write_figures(outputs, metrics, runs, models, ema_span, load_paper_numbers(numbers))

@@ -13,11 +13,11 @@ final window, its mean training success, last evaluation, collapse verdict), plu
 * **Held-out AUC**: the mean of every held-out evaluation (see `stability`).
 
 Per (family, horizon, recipe, optimizer) the summary gives, in percent, the final training success and the
-learning (mean over seeds with a 95% bootstrap interval, as the main summary), the held-out AUC and last
+learning (mean over seeds with a 95% Student-t interval, as the main summary), the held-out AUC and last
 evaluation, and the collapsed seeds out of the seeds run.
 
 The figure (`horizon`) has one row per family and two panels: final training success against horizon (log2
-axis), one line per recipe and optimizer with the bootstrap interval as error bars; and the number of collapsed
+axis), one line per recipe and optimizer with the t interval as error bars; and the number of collapsed
 seeds against horizon, the same lines.
 """
 
@@ -52,7 +52,6 @@ from trainer.analysis.plotting import (
 )
 from trainer.analysis.stability import STABILITY_COLUMNS, evaluation_notes, sweep_run_table
 from trainer.analysis.summary import (
-    BOOTSTRAP_SEED,
     WINDOW_FRACTION,
     ci_text,
     collapsed_text,
@@ -105,17 +104,16 @@ def sort_horizon(frame: pd.DataFrame, models: Mapping[str, str] | None = None) -
 
 def horizon_summary_table(
     runs: pd.DataFrame,
-    bootstrap_seed: int = BOOTSTRAP_SEED,
     models: Mapping[str, str] | None = None,
     level: float = 0.95,
 ) -> pd.DataFrame:
     """One row per model (= family and horizon) x recipe x optimizer, in percent: final training success and
-    learning (mean, bootstrap interval), held-out AUC and last evaluation, seeds and collapsed seeds."""
+    learning (mean, t interval), held-out AUC and last evaluation, seeds and collapsed seeds."""
     rows = []
     for (model, recipe, optimizer), cell in runs.groupby(["model", "recipe", "optimizer"], sort=False):
         cell = cell.sort_values("seed")
-        final, final_low, final_high = seed_stats(cell, "window_success", bootstrap_seed, level)
-        gain, gain_low, gain_high = seed_stats(cell, "gain", bootstrap_seed, level)
+        final, final_low, final_high = seed_stats(cell, "window_success", level)
+        gain, gain_low, gain_high = seed_stats(cell, "gain", level)
         collapsed = cell["collapsed"].astype(bool)
         rows.append(
             {
@@ -132,8 +130,8 @@ def horizon_summary_table(
                 "gain_pp_mean": gain,
                 "gain_pp_ci_low": gain_low,
                 "gain_pp_ci_high": gain_high,
-                "auc_pct_mean": seed_stats(cell, "heldout_auc", bootstrap_seed, level)[0],
-                "heldout_last_pct_mean": seed_stats(cell, "eval_success", bootstrap_seed, level)[0],
+                "auc_pct_mean": seed_stats(cell, "heldout_auc", level)[0],
+                "heldout_last_pct_mean": seed_stats(cell, "eval_success", level)[0],
                 "n_collapsed": int(collapsed.sum()),
                 "collapsed_seeds": ",".join(str(s) for s in cell.loc[collapsed, "seed"]),
             }
@@ -148,8 +146,8 @@ def horizon_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_fr
         "learning = mean training success over the last fifth of the updates minus over the first fifth "
         "(percentage points, as the main summary's); "
         "held-out AUC = mean of every held-out evaluation of the run; last held-out = the final evaluation. "
-        "In percent, averaged over seeds; interval = 95% percentile bootstrap over seeds (n/a with one "
-        "seed). Collapse = the rule in `trainer/analysis/collapse.py`."
+        "In percent, averaged over seeds; interval = 95% Student-t over seeds (n/a with one seed). "
+        "Collapse = the rule in `trainer/analysis/collapse.py`."
     )
     lines = markdown_head("Training success against the task's horizon", method, notes)
     lines += table_head(
@@ -213,7 +211,7 @@ def horizon_lines(summary: pd.DataFrame) -> dict[tuple[str, str], tuple[Any, str
 
 
 def figure_horizon(summary: pd.DataFrame, models: Mapping[str, str] | None = None) -> Figure:
-    """Per family: final training success against horizon (error bars: bootstrap CI) and collapsed seeds."""
+    """Per family: final training success against horizon (error bars: t interval) and collapsed seeds."""
     if summary.empty:
         return empty("horizon: no runs in these logs")
     families = list(dict.fromkeys(summary["paper_model"]))
@@ -258,7 +256,7 @@ def figure_horizon(summary: pd.DataFrame, models: Mapping[str, str] | None = Non
         ]
         legend(
             fig,
-            handles + [Line2D([], [], color=MUTED, lw=1.0, label="95% bootstrap CI (error bars)")],
+            handles + [Line2D([], [], color=MUTED, lw=1.0, label="95% t interval over seeds (error bars)")],
             ncol=min(len(handles) + 1, 4),
         )
     return fig
@@ -275,14 +273,13 @@ def summarize_horizon(
     collapse: Mapping[str, Any] | None = None,
     models: Mapping[str, str] | None = None,
     window_fraction: float = WINDOW_FRACTION,
-    bootstrap_seed: int = BOOTSTRAP_SEED,
 ) -> list[str]:
     """Read the logs, judge every run, write the summary CSV and Markdown and the per-run Parquet table."""
     criterion = CollapseCriterion.from_dict(collapse)
     metrics = load_metrics(metrics_paths, base_dir, STABILITY_COLUMNS)
     check_no_axes(metrics, "horizon")
     runs = horizon_run_table(metrics, horizons, criterion, window_fraction, models)
-    summary = horizon_summary_table(runs, bootstrap_seed, models)
+    summary = horizon_summary_table(runs, models=models)
     notes = horizon_notes(runs, horizons)
     write_tables(summary, horizon_markdown(summary, notes, window_fraction), runs, csv, md, runs_path)
     return summary_notes(metrics_paths, runs, summary, criterion, notes)
@@ -294,12 +291,11 @@ def plot_horizon(
     runs_path: str | os.PathLike,
     outputs: Sequence[str | os.PathLike],
     models: Mapping[str, str] | None = None,
-    bootstrap_seed: int = BOOTSTRAP_SEED,
 ) -> list[str]:
     """Read the logs' run keys and `summarize_horizon`'s per-run table, draw and write exactly `outputs`."""
     by_name = outputs_by_figure(outputs, HORIZON_FIGURES)
     runs = read_judged_runs(metrics_paths, base_dir, runs_path)
     if not set(RUN_KEYS) <= set(runs.columns) or "horizon" not in runs.columns:
         raise ValueError("the runs table is not the horizon study's (no `horizon` column): rebuild runs.parquet")
-    fig = figure_horizon(horizon_summary_table(runs, bootstrap_seed, models), models)
+    fig = figure_horizon(horizon_summary_table(runs, models=models), models)
     return save_figures(by_name, lambda name: fig)

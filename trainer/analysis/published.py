@@ -9,7 +9,7 @@ before the trainer version was recorded there gets the version its commit's `tra
 
 `compare` joins a rerun's runs with the published ones on the run keys and judges each run: **identical** (every
 number equal: what a bit-identical rerun gives), **within** (not identical, but the rerun's mean over seeds of each
-number lies in the published seeds' 95% bootstrap interval of that mean, the summary's own interval), **outside**
+number lies in the published seeds' 95% Student-t interval of that mean, the summary's own interval), **outside**
 (a number's rerun mean lies outside it, or a group has one published seed, so no interval), **missing** (published,
 not rerun) or **extra** (rerun, not published). It exits 1 when any run is outside or missing.
 
@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 
-from trainer.analysis.summary import bootstrap_interval
+from trainer.analysis.statistics import t_interval
 from trainer.atomic import atomic_path
 from trainer.logs.parquet_log import PROVENANCE_KEY
 
@@ -176,7 +176,7 @@ def compare(rerun: pd.DataFrame, published: pd.DataFrame, seed: int = 0) -> pd.D
             old = pub_all[column].dropna().to_numpy(dtype=float)
             if len(new) == 0 or (len(new) == len(old) and np.array_equal(np.sort(new), np.sort(old))):
                 continue
-            low, high = bootstrap_interval(old, seed)
+            low, high = t_interval(old)
             if not low <= new.mean() <= high:
                 interval = "one published seed: no interval" if math.isnan(low) else f"[{low:.4g}, {high:.4g}]"
                 notes.append(f"{column}: mean {new.mean():.4g} vs published {old.mean():.4g}, interval {interval}")

@@ -105,3 +105,68 @@ class Preregistration(Section):
                     kind = "arms" if key == "arms" else "models"
                     return f"hypotheses[{i}].{key}", f"{unknown} are not among the study's {kind}: {sorted(known)}"
         return None
+
+
+VERDICTS = ("supported", "contradicted", "not shown")
+"""A registered claim's verdict: its test rejects 0 (after the correction) in the predicted direction, in the other
+direction, or neither (then the minimum detectable effect says what the null could not exclude)."""
+
+
+def judge_hypotheses(runs, registration: Preregistration):
+    """One row per hypothesis and outcome (the primary one, then each secondary): the contrast in points (percent)
+    with its Student-t interval, p, Holm-adjusted p (primary, registered hypotheses only), minimum detectable
+    effect and verdict. `runs` is the arms analysis' run table (model, arm, seed, outcomes)."""
+    import pandas as pd
+
+    from trainer.analysis.statistics import contrast, holm, welch_difference
+
+    rows = []
+    for outcome in (registration.outcome, *registration.secondary):
+        for h in registration.hypotheses:
+            if h.outcome is not None and outcome != registration.outcome:
+                continue  # a hypothesis with its own outcome is judged on it alone
+            column = h.outcome or outcome
+            scaled = runs.assign(**{column: 100 * runs[column].astype(float)})
+            est, diffs = contrast(scaled[scaled["model"].isin(h.bases)], "arm", h.arms, "model", column)
+            units = f"{len(diffs)} bases"
+            if h.versus_bases:
+                _, other = contrast(scaled[scaled["model"].isin(h.versus_bases)], "arm", h.arms, "model", column)
+                est = welch_difference(diffs.to_numpy(), other.to_numpy())
+                units = f"{len(diffs)} vs {len(other)} bases"
+            rows.append(
+                {
+                    "hypothesis": h.name,
+                    "status": "post hoc" if h.post_hoc else "registered",
+                    "role": "primary" if column == registration.outcome else "secondary",
+                    "outcome": column,
+                    "contrast": f"{h.arms[0]} - {h.arms[1]}"
+                    + (f" (bases {', '.join(h.bases)} minus {', '.join(h.versus_bases)})" if h.versus_bases else ""),
+                    "units": units,
+                    "predicted": h.predicted,
+                    "estimate_pts": est.estimate,
+                    "ci_low_pts": est.low,
+                    "ci_high_pts": est.high,
+                    "df": est.df,
+                    "p": est.p,
+                    "mde_pts": est.mde,
+                    "claim": h.claim,
+                }
+            )
+    table = pd.DataFrame(rows)
+    family = (table["role"] == "primary") & (table["status"] == "registered")
+    table["p_adjusted"] = table["p"]
+    if registration.correction == "holm" and family.any():
+        table.loc[family, "p_adjusted"] = holm(table.loc[family, "p"].tolist())
+    table["verdict"] = [_verdict(row, registration) for row in table.itertuples()]
+    return table
+
+
+def _verdict(row, registration: Preregistration) -> str:
+    if row.predicted == "none":
+        margin = 100 * registration.margin
+        inside = -margin < row.ci_low_pts and row.ci_high_pts < margin
+        return "supported" if inside else "not shown"
+    if not row.p_adjusted < registration.alpha:
+        return "not shown"
+    agrees = (row.estimate_pts > 0) == (row.predicted == "greater")
+    return "supported" if agrees else "contradicted"

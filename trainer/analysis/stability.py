@@ -11,7 +11,7 @@ under the study's criterion. Definitions added here, all for one run:
   late, which the final window alone cannot show. NaN for a run never evaluated.
 
 Per (model, recipe, optimizer, lr) the summary gives, in percent, the final training success and the held-out
-AUC (mean over seeds, 95% percentile bootstrap interval as in the main summary), the held-out success at the
+AUC (mean over seeds, 95% Student-t interval as in the main summary), the held-out success at the
 last evaluation, and the collapsed seeds.
 
 **The selection rule**, per (model, optimizer): the lr with the best mean held-out AUC (held-out, so the choice
@@ -24,7 +24,7 @@ range** is the set of lrs at which no seed of that (model, optimizer) collapsed.
 
 The figure (`stability`) has one column per model family and two rows: final training success and held-out
 AUC against lr on a log axis, one line per optimizer (per recipe and optimizer when an optimizer ran several)
-with the bootstrap interval as error bars, each seed a small dot and each collapsed seed a red X at its value; a
+with the t interval as error bars, each seed a small dot and each collapsed seed a red X at its value; a
 ring marks the selected lr on the AUC row, and a dotted line Muon's selected lr, where AdamW's curve gives the
 companion's control ("AdamW at Muon's learning rate").
 """
@@ -66,7 +66,6 @@ from trainer.analysis.plotting import (
     suptitle,
 )
 from trainer.analysis.summary import (
-    BOOTSTRAP_SEED,
     WINDOW_FRACTION,
     ci_text,
     collapsed_text,
@@ -124,17 +123,16 @@ def sweep_run_table(
 # -- tables ------------------------------------------------------------------------------------------------
 def stability_summary_table(
     runs: pd.DataFrame,
-    bootstrap_seed: int = BOOTSTRAP_SEED,
     models: Mapping[str, str] | None = None,
     level: float = 0.95,
 ) -> pd.DataFrame:
     """One row per model x recipe x optimizer x lr (percent): final training success and held-out AUC (mean over
-    seeds, bootstrap interval), held-out success at the last evaluation, seeds and collapsed seeds."""
+    seeds, t interval), held-out success at the last evaluation, seeds and collapsed seeds."""
     rows = []
     for (model, recipe, optimizer, lr), cell in runs.groupby(["model", "recipe", "optimizer", "lr"], sort=False):
         cell = cell.sort_values("seed")
-        final, final_low, final_high = seed_stats(cell, "window_success", bootstrap_seed, level)
-        auc, auc_low, auc_high = seed_stats(cell, "heldout_auc", bootstrap_seed, level)
+        final, final_low, final_high = seed_stats(cell, "window_success", level)
+        auc, auc_low, auc_high = seed_stats(cell, "heldout_auc", level)
         collapsed = cell["collapsed"].astype(bool)
         rows.append(
             {
@@ -148,7 +146,7 @@ def stability_summary_table(
                 "final_pct_mean": final,
                 "final_pct_ci_low": final_low,
                 "final_pct_ci_high": final_high,
-                "heldout_last_pct_mean": seed_stats(cell, "eval_success", bootstrap_seed, level)[0],
+                "heldout_last_pct_mean": seed_stats(cell, "eval_success", level)[0],
                 "auc_pct_mean": auc,
                 "auc_pct_ci_low": auc_low,
                 "auc_pct_ci_high": auc_high,
@@ -234,7 +232,7 @@ def stability_markdown(
         f"Final = mean unsmoothed training success over the last {window_fraction:.0%} of each run's updates; "
         "held-out AUC = mean of every held-out evaluation (`eval_success`) of the run, i.e. the normalised "
         "area under its held-out curve; last held-out = the final evaluation. All in percent, averaged over "
-        "seeds; interval = 95% percentile bootstrap over seeds (n/a with one seed). Collapse = the rule in "
+        "seeds; interval = 95% Student-t over seeds (n/a with one seed). Collapse = the rule in "
         "`trainer/analysis/collapse.py`. Selected lr = per model and optimizer, the lr with the best mean "
         "held-out AUC (ties: the smaller lr); stable lrs = those at which no seed collapsed."
     )
@@ -429,7 +427,7 @@ def figure_stability(
             Line2D([], [], color=c, ls=s, lw=1.6, marker="o", markersize=4, label=label)
             for c, s, label in styles.values()
         ]
-        handles.append(Line2D([], [], color=MUTED, lw=1.0, label="95% bootstrap CI over seeds"))
+        handles.append(Line2D([], [], color=MUTED, lw=1.0, label="95% t interval over seeds"))
         handles.append(Line2D([], [], marker="o", ls="", color=MUTED, alpha=0.55, markersize=3, label="one seed"))
         if collapsed_seen:
             handles.append(
@@ -484,7 +482,6 @@ def summarize_stability(
     collapse: Mapping[str, Any] | None = None,
     models: Mapping[str, str] | None = None,
     window_fraction: float = WINDOW_FRACTION,
-    bootstrap_seed: int = BOOTSTRAP_SEED,
 ) -> list[str]:
     """Read the logs, judge every run, write the summary CSV and Markdown, the per-run Parquet table and the
     selected lrs (YAML, to `selected`). Returns notes for the log."""
@@ -495,7 +492,7 @@ def summarize_stability(
     if "arm" in metrics.columns:
         raise ValueError("stability analysis: these cells' folders name arm=...: analyse arms as `study: arms`")
     runs = sweep_run_table(metrics, criterion, window_fraction, models)
-    summary = stability_summary_table(runs, bootstrap_seed, models)
+    summary = stability_summary_table(runs, models=models)
     selection = select_lrs(summary)
     pooled = select_pooled_lrs(summary)
     notes = evaluation_notes(runs)
@@ -522,11 +519,10 @@ def plot_stability(
     runs_path: str | os.PathLike,
     outputs: Sequence[str | os.PathLike],
     models: Mapping[str, str] | None = None,
-    bootstrap_seed: int = BOOTSTRAP_SEED,
 ) -> list[str]:
     """Read the logs' run keys and `summarize_stability`'s per-run table, draw and write exactly `outputs`."""
     by_name = outputs_by_figure(outputs, STABILITY_FIGURES)
     runs = read_judged_runs(metrics_paths, base_dir, runs_path)
-    summary = stability_summary_table(runs, bootstrap_seed, models)
+    summary = stability_summary_table(runs, models=models)
     fig = figure_stability(runs, summary, select_lrs(summary), models)
     return save_figures(by_name, lambda name: fig)

@@ -10,10 +10,13 @@ Choices and why:
   success rates").
 * **Percent.** The trainer logs success as a fraction; the paper reports percent. The summary is in percent,
   the per-run table keeps fractions (it is the trainer's scale, and the plots rescale).
-* **Interval over seeds: a percentile bootstrap of the mean**, 10,000 resamples, 95%, from
-  `numpy.random.default_rng(bootstrap_seed)` restarted for every cell, so a cell's interval does not change
-  when other cells join the grid. One seed has no interval (NaN in the CSV, "n/a" in the Markdown), rather than a
-  fake zero-width one. Figure 2 draws these same numbers, so figure and table cannot disagree.
+* **Interval over seeds: Student's t interval of the mean**, 95%, n - 1 degrees of freedom
+  (`statistics.t_interval`). The percentile bootstrap used before resamples the 2-3 seeds themselves and so
+  ignores how poorly they estimate the spread: with normal data its nominal 95% covers the mean about 75% of the
+  time at 3 seeds and half at 2; the t interval covers 95% (tests/test_statistics.py). It needs no random draws,
+  so a cell's interval depends on its seeds alone. One seed has no interval (NaN in the CSV, "n/a" in the
+  Markdown), rather than a fake zero-width one. Figure 2 draws these same numbers, so figure and table cannot
+  disagree.
 * **Held-out success** is each run's last evaluated `eval_success` (the trainer always evaluates after the
   final update when evaluation is on), averaged over the seeds that have one; blank where none was evaluated.
 * **The paper's numbers** ship with the package (`paper_numbers.csv`, from Figure 2 of Ruan et al. 2026, one
@@ -40,8 +43,9 @@ import pandas as pd
 from trainer.analysis import calibration
 from trainer.analysis.cell_logs import NONFINITE_COLUMNS, RUN_KEYS, check_no_axes, load_metrics, paper_model, run_keys
 from trainer.analysis.collapse import CollapseCriterion, ema_by_run, judge, nonfinite_flags
-from trainer.analysis.config import BOOTSTRAP_SEED, WINDOW_FRACTION
+from trainer.analysis.config import WINDOW_FRACTION
 from trainer.analysis.kinds import MAIN, PAPER_NUMBERS
+from trainer.analysis.statistics import t_interval
 from trainer.recipes import FIGURE2_RECIPES, RECIPES
 
 SUMMARY_COLUMNS = (
@@ -59,8 +63,6 @@ SUMMARY_COLUMNS = (
 CELL_KEYS: tuple[str, ...] = ("model", "recipe", "optimizer")
 """The keys of one cell of the grid (a run is a cell plus a seed)."""
 
-N_BOOT = 10_000
-"""Bootstrap resamples for every interval."""
 LEARNING_FRACTION = 0.2
 """Learning = mean training success over the last fifth of a run's updates minus over its first fifth."""
 
@@ -203,27 +205,10 @@ def sort_cells(frame: pd.DataFrame, models: Mapping[str, str] | None = None, ext
     )
 
 
-def bootstrap_interval(
-    values: Sequence[float], seed: int, n_boot: int = N_BOOT, level: float = 0.95
-) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of `values` (NaN, NaN for fewer than two values)."""
-    values = np.asarray(values, dtype=float)
-    if not np.isfinite(values).all():
-        raise ValueError(f"bootstrap_interval: non-finite value(s) in {values.tolist()}")
-    if not 0 < level < 1:
-        raise ValueError(f"bootstrap_interval: level must be in (0, 1), got {level!r}")
-    if len(values) < 2:
-        return math.nan, math.nan
-    rng = np.random.default_rng(seed)
-    means = values[rng.integers(0, len(values), size=(n_boot, len(values)))].mean(axis=1)
-    low, high = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
-    return float(low), float(high)
-
-
-def seed_stats(cell: pd.DataFrame, column: str, seed: int, level: float = 0.95) -> tuple[float, float, float]:
-    """Mean (percent) of `column` over the seeds where it is not NaN, and its bootstrap interval."""
+def seed_stats(cell: pd.DataFrame, column: str, level: float = 0.95) -> tuple[float, float, float]:
+    """Mean (percent) of `column` over the seeds where it is not NaN, and its Student-t interval."""
     values = 100 * cell[column].dropna().to_numpy(dtype=float)
-    low, high = bootstrap_interval(values, seed, level=level)
+    low, high = t_interval(values, level)
     return (float(values.mean()) if len(values) else math.nan), low, high
 
 
@@ -249,7 +234,6 @@ def load_paper_numbers(path: str | os.PathLike = PAPER_NUMBERS) -> pd.DataFrame:
 def summary_table(
     runs: pd.DataFrame,
     paper: pd.DataFrame | None = None,
-    bootstrap_seed: int = BOOTSTRAP_SEED,
     models: Mapping[str, str] | None = None,
     level: float = 0.95,
 ) -> pd.DataFrame:
@@ -260,12 +244,10 @@ def summary_table(
     for (model, recipe, optimizer), cell in runs.groupby(list(CELL_KEYS), sort=False):
         cell = cell.sort_values("seed")
         success = 100 * cell["window_success"].to_numpy(dtype=float)
-        low, high = bootstrap_interval(success, bootstrap_seed, level=level)
+        low, high = t_interval(success, level)
         evaluated = cell["eval_success"].dropna()
         gain = 100 * cell["gain"].to_numpy(dtype=float) if "gain" in cell.columns else np.full(len(cell), np.nan)
-        gain_low, gain_high = (
-            bootstrap_interval(gain, bootstrap_seed, level=level) if np.isfinite(gain).all() else (math.nan, math.nan)
-        )
+        gain_low, gain_high = t_interval(gain, level) if np.isfinite(gain).all() else (math.nan, math.nan)
         first = cell["eval_first"].dropna() if "eval_first" in cell.columns else pd.Series(dtype=float)
         name = cell["paper_model"].iloc[0] if "paper_model" in cell.columns else paper_model(model, models)
         key = (name, recipe, optimizer)
@@ -352,7 +334,7 @@ def summary_markdown(summary: pd.DataFrame, notes: Sequence[str] = (), window_fr
     method = (
         f"Success = mean unsmoothed training success over the last {window_fraction:.0%} of each run's "
         "updates (the paper's Figure 2: updates 90-100 of 100 at 10%), in percent, averaged over seeds; "
-        "interval = 95% percentile bootstrap over seeds (n/a with one seed). Diff = ours - paper, in "
+        "interval = 95% Student-t over seeds (n/a with one seed). Diff = ours - paper, in "
         "percentage points. Held-out = final `eval_success` (– where not evaluated). Collapse = the rule "
         "in `trainer/analysis/collapse.py`. Learning = mean training success over the last fifth of the "
         "updates minus over the first fifth (percentage points, mean over seeds with its interval); "
@@ -579,7 +561,6 @@ def summarize(
     collapse: Mapping[str, Any] | None = None,
     models: Mapping[str, str] | None = None,
     window_fraction: float = WINDOW_FRACTION,
-    bootstrap_seed: int = BOOTSTRAP_SEED,
     numbers: str | os.PathLike = PAPER_NUMBERS,
 ) -> list[str]:
     """Read the logs, judge every run, write the summary CSV and Markdown (beside the paper's `numbers`) and the
@@ -589,7 +570,7 @@ def summarize(
     metrics = load_metrics(metrics_paths, base_dir, SUMMARY_COLUMNS)
     check_no_axes(metrics, "main")
     runs = run_table(metrics, criterion, window_fraction, models)
-    summary = summary_table(runs, load_paper_numbers(numbers), bootstrap_seed, models)
+    summary = summary_table(runs, load_paper_numbers(numbers), models)
     notes = coverage_notes(runs, models)
     write_tables(summary, summary_markdown(summary, notes, window_fraction), runs, csv, md, runs_path)
     return summary_notes(metrics_paths, runs, summary, criterion, notes)

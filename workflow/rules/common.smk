@@ -156,7 +156,6 @@ def analysis_params():
         collapse=a["collapse"],
         models=STUDY.paper_names,
         window_fraction=a["window_fraction"],
-        bootstrap_seed=a["bootstrap_seed"],
         **({"horizons": STUDY.horizons} if KIND.horizons else {}),
     )
 

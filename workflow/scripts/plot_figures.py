@@ -31,7 +31,7 @@ def main(smk) -> None:
 def plot(smk, notes: list) -> None:
     params = smk.params
     kind = STUDY_KINDS[params.study]
-    options = dict(models=params.models, bootstrap_seed=params.bootstrap_seed)
+    options = dict(models=params.models)
     if kind.numbers:
         options["numbers"] = smk.input.paper_numbers
     if kind.ema_span:

@@ -34,12 +34,7 @@ def summarize(smk) -> list[str]:
     params = smk.params
     kind = STUDY_KINDS[params.study]
     metrics = list(smk.input.metrics)
-    options = dict(
-        collapse=params.collapse,
-        models=params.models,
-        window_fraction=params.window_fraction,
-        bootstrap_seed=params.bootstrap_seed,
-    )
+    options = dict(collapse=params.collapse, models=params.models, window_fraction=params.window_fraction)
     options.update({name: getattr(smk.output, name) for name in kind.extra_outputs})
     if kind.numbers:
         options["numbers"] = smk.input.paper_numbers
