@@ -230,11 +230,36 @@ def test_summarize_and_plot_write_every_output(tmp_path):
         out / "summary.md",
         out / "runs.parquet",
         predictors=out / "predictors.csv",
+        hypotheses=out / "hypotheses.csv",
     )
     assert "6 runs, 2 cells" in notes[0] and "update_spectral_norm: AUC 1.000" in notes
     md = (out / "summary.md").read_text()
     assert "## What predicts collapse" in md and "| hidden update top singular value | 6 | 3 | 1.00 |" in md
+    assert "Pre-registered" not in md and pd.read_csv(out / "hypotheses.csv").empty  # the study stated none
     assert pd.read_csv(out / "predictors.csv").shape[0] == 4
+    # a statement: judged in the table and the page, registered first, a post-hoc claim labelled so
+    summarize_arms(
+        paths,
+        tmp_path / "cells",
+        out / "summary.csv",
+        out / "summary.md",
+        out / "runs.parquet",
+        predictors=out / "predictors.csv",
+        hypotheses=out / "hypotheses.csv",
+        preregistration={
+            "registered": "before the runs",
+            "hypotheses": [
+                {"name": "H2", "claim": "later", "arms": ["hot", "cool"], "bases": ["qwen-tiny"], "post_hoc": True},
+                {"name": "H1", "claim": "cool beats hot", "arms": ["cool", "hot"], "bases": ["qwen-tiny"]},
+            ],
+        },
+    )
+    judged = pd.read_csv(out / "hypotheses.csv")
+    assert list(judged["hypothesis"]) == ["H2", "H1"] and list(judged["status"]) == ["post hoc", "registered"]
+    md = (out / "summary.md").read_text()
+    page = md[md.index("## Pre-registered hypotheses") :]
+    assert page.index("| H1 | registered") < page.index("| H2 | post hoc")
+    assert "1 bases" in page  # one base policy: no interval, verdict not shown
     outputs = [out / f"{name}.{ext}" for name in ("arms_curves", "arms_predictors") for ext in ("png", "pdf")]
     written = plot_arms(paths, tmp_path / "cells", out / "runs.parquet", outputs)
     assert len(written) == 4 and all(p.stat().st_size > 1000 for p in outputs)

@@ -59,6 +59,7 @@ from trainer.analysis.plotting import (
     save_figures,
     suptitle,
 )
+from trainer.analysis.registration import HYPOTHESIS_COLUMNS, OUTCOMES, Preregistration, judge_hypotheses
 from trainer.analysis.summary import (
     WINDOW_FRACTION,
     ci_text,
@@ -75,6 +76,8 @@ from trainer.analysis.summary import (
     table_row,
     write_tables,
 )
+from trainer.atomic import atomic_path
+from trainer.knobs import build_config
 
 STEP_COLUMNS: tuple[str, ...] = (
     "update_rms",
@@ -228,6 +231,7 @@ def arms_summary_table(
             "heldout_last_pct_mean": seed_stats(cell, "eval_success", level)[0],
             "n_collapsed": int(collapsed.sum()),
             "collapsed_seeds": ",".join(str(s) for s in cell.loc[collapsed, "seed"]),
+            "n_degraded": int(cell["degraded"].sum()) if "degraded" in cell else 0,
         }
         for column in STEP_COLUMNS:
             if column in cell.columns:
@@ -359,6 +363,43 @@ def arms_markdown(
                 ]
             )
         )
+    return "\n".join(lines) + "\n"
+
+
+def hypotheses_markdown(table: pd.DataFrame, registration: Preregistration) -> str:
+    """The preregistration's hypotheses as judged: registered ones first, then any post-hoc ones, so a claim
+    added after the results cannot pass for a registered one."""
+    correction = "Holm-corrected over the registered primary ones" if registration.correction == "holm" else "none"
+    lines = [
+        "",
+        "## Pre-registered hypotheses",
+        "",
+        f"Registered {registration.registered}. Primary outcome: {OUTCOMES[registration.outcome]}; alpha "
+        f"{registration.alpha} two-sided, {correction}. Unit: the base policy (its seeds averaged first); a "
+        "contrast is a paired t over bases, an interaction Welch's t over two sets of bases. In points; MDE = the "
+        "difference the test finds with 80% power: a 'not shown' cannot exclude an effect below it.",
+        "",
+        *table_head(["", "status", "outcome", "contrast", "units", "estimate", "95% CI", "p (adj.)", "MDE", "verdict"]),
+    ]
+    for status in ("registered", "post hoc"):
+        for row in table[table["status"] == status].itertuples(index=False):
+            lines.append(
+                table_row(
+                    [
+                        row.hypothesis,
+                        status + ("" if row.role == "primary" else ", secondary"),
+                        row.outcome,
+                        row.contrast,
+                        row.units,
+                        f"{row.estimate_pts:+.1f}",
+                        ci_text(row.ci_low_pts, row.ci_high_pts),
+                        "–" if not np.isfinite(row.p) else f"{row.p:.3g} ({row.p_adjusted:.3g})",
+                        _g(row.mde_pts),
+                        row.verdict,
+                    ]
+                )
+            )
+    lines += ["", *(f"- {h.name}{' (post hoc)' if h.post_hoc else ''}: {h.claim}" for h in registration.hypotheses)]
     return "\n".join(lines) + "\n"
 
 
@@ -545,21 +586,30 @@ def summarize_arms(
     md: str | os.PathLike,
     runs_path: str | os.PathLike,
     predictors: str | os.PathLike,
+    hypotheses: str | os.PathLike,
     collapse: Mapping[str, Any] | None = None,
     models: Mapping[str, str] | None = None,
     window_fraction: float = WINDOW_FRACTION,
+    preregistration: Mapping[str, Any] | None = None,
 ) -> list[str]:
-    """Read the logs, judge every run, write the summary CSV and Markdown, the per-run Parquet table and the
-    predictor table (CSV, to `predictors`). Returns notes for the log."""
+    """Read the logs, judge every run, write the summary CSV and Markdown, the per-run Parquet table, the
+    predictor table (CSV, to `predictors`) and the study's pre-registered hypotheses as judged (CSV, to
+    `hypotheses`; no rows where the study states none). Returns notes for the log."""
     criterion = CollapseCriterion.from_dict(collapse)
     metrics = load_metrics(metrics_paths, base_dir, ARMS_COLUMNS)
     runs = arms_run_table(metrics, criterion, window_fraction, models, arm_order(metrics_paths))
     summary = arms_summary_table(runs, models=models)
     table = predictor_table(runs)
-    write_tables(
-        summary, arms_markdown(summary, table, max(1, criterion.warmup), (), window_fraction), runs, csv, md, runs_path
-    )
+    markdown = arms_markdown(summary, table, max(1, criterion.warmup), (), window_fraction)
+    judged = pd.DataFrame(columns=HYPOTHESIS_COLUMNS)
+    if preregistration:
+        registration = build_config(Preregistration, dict(preregistration), "preregistration")
+        judged = judge_hypotheses(runs, registration)
+        markdown += hypotheses_markdown(judged, registration)
+    write_tables(summary, markdown, runs, csv, md, runs_path)
     table.to_csv(predictors, index=False, float_format="%.6g")
+    with atomic_path(Path(hypotheses)) as tmp:
+        judged.to_csv(tmp, index=False, float_format="%.6g")
     return summary_notes(
         metrics_paths,
         runs,

@@ -244,8 +244,10 @@ def degradation_threshold(batch: float, updates: int, alpha: float = DEGRADATION
     return float(norm.ppf(1 - alpha) * np.sqrt(2 * 0.25 / episodes) + 1 / episodes)  # + a continuity correction
 
 
-def degraded(gain: np.ndarray | pd.Series, batch: float, updates: np.ndarray | pd.Series) -> np.ndarray:
-    """Per run: its `gain` lies below minus `degradation_threshold` for its batch and logged updates."""
-    updates = np.asarray(updates, dtype=int)
-    thresholds = np.array([degradation_threshold(batch, u) for u in updates])
-    return np.asarray(gain, dtype=float) < -thresholds
+def degraded(gain: np.ndarray | pd.Series, batch: np.ndarray | pd.Series | float, updates: np.ndarray | pd.Series):
+    """Per run: its `gain` lies below minus `degradation_threshold` for its episodes per update and logged updates
+    (False where the batch is unknown: NaN)."""
+    gain, updates = np.asarray(gain, dtype=float), np.asarray(updates, dtype=int)
+    batch = np.broadcast_to(np.asarray(batch, dtype=float), gain.shape)
+    thresholds = np.array([degradation_threshold(b, u) if b > 0 else np.inf for b, u in zip(batch, updates)])
+    return gain < -thresholds

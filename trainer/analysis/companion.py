@@ -345,6 +345,7 @@ def companion_summary_table(
                 "train_pct_mean": 100 * float(cell["train_success_window"].mean()),
                 "n_collapsed": int(cell["collapsed"].sum()),
                 "collapsed_seeds": ",".join(str(s) for s in cell.loc[cell["collapsed"].astype(bool), "seed"]),
+                "n_degraded": int(cell["degraded"].sum()) if "degraded" in cell else 0,
                 "grad_snr_median": finite_mean(cell["grad_snr_median"]),
                 "companion_source": "; ".join(sources),
             }

@@ -134,6 +134,7 @@ def horizon_summary_table(
                 "heldout_last_pct_mean": seed_stats(cell, "eval_success", level)[0],
                 "n_collapsed": int(collapsed.sum()),
                 "collapsed_seeds": ",".join(str(s) for s in cell.loc[collapsed, "seed"]),
+                "n_degraded": int(cell["degraded"].sum()) if "degraded" in cell else 0,
             }
         )
     return sort_horizon(pd.DataFrame(rows), models)

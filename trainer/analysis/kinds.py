@@ -47,6 +47,8 @@ class StudyKind:
     """Whether the figures draw an EMA and take `ema_span`."""
     horizons: bool = False
     """Whether the analysis takes each model's `horizon` label (`horizons`)."""
+    preregistration: bool = False
+    """Whether the summary judges the study's `preregistration` (trainer/analysis/registration.py)."""
     collapse_note: bool = True
     """Whether the summary states the collapse rule's false-positive rate. Not where runs differ by lr:
     `summary.study_shape` counts a run's updates by `RUN_KEYS`, which would pool the runs of different lrs."""
@@ -89,8 +91,9 @@ ARMS = StudyKind(
     "arms_summary",
     "summarize_arms",
     "plot_arms",
-    extra_outputs={"predictors": "results/predictors.csv"},
+    extra_outputs={"predictors": "results/predictors.csv", "hypotheses": "results/hypotheses.csv"},
     ema_span=True,
+    preregistration=True,
     collapse_note=False,
 )
 

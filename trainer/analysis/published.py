@@ -7,11 +7,12 @@ A published study is three files: `summary.csv` (the study's own summary table, 
 trainer version and commit come from the cells' own logs (each Parquet file carries its provenance); a cell logged
 before the trainer version was recorded there gets the version its commit's `trainer/__init__.py` names.
 
-`compare` joins a rerun's runs with the published ones on the run keys and judges each run: **identical** (every
-number equal: what a bit-identical rerun gives), **within** (not identical, but the rerun's mean over seeds of each
-number lies in the published seeds' 95% Student-t interval of that mean, the summary's own interval), **outside**
-(a number's rerun mean lies outside it, or a group has one published seed, so no interval), **missing** (published,
-not rerun) or **extra** (rerun, not published). It exits 1 when any run is outside or missing.
+`compare` takes a rerun (a study's results/, or a single cell's folder, judged with the published study's own
+analysis settings), says why it is not bit-identical where how it was made differs (trainer version, CPU kind,
+packages: `why_not_identical`), and then judges it at the level of distributions: are the rerun's seeds draws of
+the distribution the published seeds came from? Each run is **identical**, **within**, **outside** (a Student-t
+prediction test rejects, Holm-corrected over every test of the comparison), **untestable** (the published seeds
+have no spread), **missing** or **extra**; it exits 0 when the rerun is consistent (nothing outside or missing).
 
     python -m trainer.analysis.published publish --results results --study config.yaml --out docs/results/default
     python -m trainer.analysis.published compare --results results --published docs/results/default
@@ -31,8 +32,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
+from scipy import stats
 
-from trainer.analysis.statistics import t_interval
+from trainer.analysis.statistics import holm
 from trainer.atomic import atomic_path
 from trainer.logs.parquet_log import PROVENANCE_KEY
 
@@ -52,6 +54,9 @@ final-window validation success and validation AUC, the collapse verdict."""
 KEYS = ("model", "recipe", "optimizer", "arm", "lr", "seed")
 """Run keys, in order; `arm` only in a study of arms, `lr` only where the study has an lr axis."""
 FILES = ("summary.csv", "runs.csv", "provenance.json")
+ALPHA = 0.05
+"""The family-wise level of `compare`'s tests: an equivalent rerun is called outside at most this often."""
+STATUSES = ("identical", "within", "untestable", "outside", "missing", "extra")
 
 
 def _write(path: Path, text: str) -> None:
@@ -151,8 +156,28 @@ def _same(a, b) -> bool:
     return bool(a == b)
 
 
-def compare(rerun: pd.DataFrame, published: pd.DataFrame, seed: int = 0) -> pd.DataFrame:
-    """One row per run of either table: its keys, `status` and `detail` (the numbers that differ and how)."""
+def _consistency(new: np.ndarray, old: np.ndarray) -> tuple[float, str]:
+    """(p, how) of the rerun's mean of `new` against the published seeds `old` as draws of one distribution: a
+    Student-t prediction test, (mean_new - mean_old) / (s_old sqrt(1/n + 1/m)) on n - 1 df. NaN where the published
+    seeds give no spread (one seed, or all equal): untestable."""
+    n, m = len(old), len(new)
+    spread = float(old.std(ddof=1)) if n > 1 else 0.0
+    if spread == 0:
+        return math.nan, "one published seed" if n < 2 else "the published seeds are all equal"
+    t = (new.mean() - old.mean()) / (spread * math.sqrt(1 / n + 1 / m))
+    return float(2 * stats.t.sf(abs(t), n - 1)), f"t = {t:+.2f} on {n - 1} df"
+
+
+def compare(rerun: pd.DataFrame, published: pd.DataFrame, alpha: float = ALPHA) -> pd.DataFrame:
+    """One row per run of either table: its keys, `status` and `detail`.
+
+    A group (a run's keys but the seed) whose rerun numbers all equal the published ones is **identical**. Otherwise
+    each compared number is tested: are the rerun's seeds draws of the distribution the published seeds came from
+    (`_consistency`)? The p-values of every test of the comparison are Holm-corrected together, so that a rerun of
+    many groups and numbers, all consistent, is called outside with probability at most `alpha`; a number whose
+    corrected p is below it makes its group **outside**, else **within**; **untestable** where the published seeds
+    give no spread and the numbers differ (not a failure: said). The collapse verdict is binary and told, not
+    tested. **missing** / **extra**: published and not rerun, or the reverse."""
     keys = _keys(published)
     if _keys(rerun) != keys:
         raise ValueError(f"the rerun's runs are keyed by {_keys(rerun)}, the published ones by {keys}")
@@ -167,21 +192,32 @@ def compare(rerun: pd.DataFrame, published: pd.DataFrame, seed: int = 0) -> pd.D
         raise ValueError(f"the two run tables share none of the compared numbers {list(COMPARED)}")
     merged = published.merge(rerun, on=keys, how="outer", suffixes=("_pub", "_new"), indicator=True)
     group_keys = [k for k in keys if k != "seed"]
-    outside: dict[tuple, list[str]] = {}
+    tests: list[tuple[tuple, str, float, str]] = []  # (group, note, p, column)
+    told: dict[tuple, list[str]] = {}
     for group, rows in merged[merged["_merge"] == "both"].groupby(group_keys, sort=False):
+        group = group if isinstance(group, tuple) else (group,)
         pub_all = published.merge(pd.DataFrame([group], columns=group_keys), on=group_keys)
-        notes = []
         for column in compared:
             new = rows[f"{column}_new"].dropna().to_numpy(dtype=float)
             old = pub_all[column].dropna().to_numpy(dtype=float)
             if len(new) == 0 or (len(new) == len(old) and np.array_equal(np.sort(new), np.sort(old))):
                 continue
-            low, high = t_interval(old)
-            if not low <= new.mean() <= high:
-                interval = "one published seed: no interval" if math.isnan(low) else f"[{low:.4g}, {high:.4g}]"
-                notes.append(f"{column}: mean {new.mean():.4g} vs published {old.mean():.4g}, interval {interval}")
-        if notes:
-            outside[group if isinstance(group, tuple) else (group,)] = notes
+            if column == "collapsed":
+                told.setdefault(group, []).append(
+                    f"collapsed in {int(new.sum())} of {len(new)} rerun seeds, {int(old.sum())} of {len(old)} published"
+                )
+                continue
+            p, how = _consistency(new, old)
+            note = f"{column}: rerun mean {new.mean():.4g} vs published {old.mean():.4g} (sd {_sd(old)}), {how}"
+            tests.append((group, note, p, column))
+    adjusted = holm([p for _, _, p, _ in tests])
+    outside: dict[tuple, list[str]] = {}
+    untestable: dict[tuple, list[str]] = {}
+    for (group, note, p, _), q in zip(tests, adjusted):
+        if math.isnan(p):
+            untestable.setdefault(group, []).append(f"{note}: untestable")
+        elif q < alpha:
+            outside.setdefault(group, []).append(f"{note}, p = {p:.2g} (Holm {q:.2g})")
     out = []
     for _, row in merged.iterrows():
         key = {k: row[k] for k in keys}
@@ -193,13 +229,101 @@ def compare(rerun: pd.DataFrame, published: pd.DataFrame, seed: int = 0) -> pd.D
             continue
         differ = [c for c in compared if not _same(row[f"{c}_pub"], row[f"{c}_new"])]
         group = tuple(row[k] for k in group_keys)
+        notes = told.get(group, [])
         if not differ:
             out.append({**key, "status": "identical", "detail": ""})
         elif group in outside:
-            out.append({**key, "status": "outside", "detail": "; ".join(outside[group])})
+            out.append({**key, "status": "outside", "detail": "; ".join(outside[group] + notes)})
+        elif group in untestable:
+            out.append({**key, "status": "untestable", "detail": "; ".join(untestable[group] + notes)})
         else:
-            out.append({**key, "status": "within", "detail": "differs in " + ", ".join(differ)})
+            out.append({**key, "status": "within", "detail": "; ".join(["differs in " + ", ".join(differ), *notes])})
     return pd.DataFrame(out, columns=[*keys, "status", "detail"])
+
+
+def _sd(values: np.ndarray) -> str:
+    return f"{values.std(ddof=1):.3g}" if len(values) > 1 else "n/a"
+
+
+def why_not_identical(published: dict, rerun: list[dict]) -> list[str]:
+    """What differs between how the published cells and the rerun's were made: trainer version, CPU (processor and
+    the features that change floating-point results), packages. A rerun is bit-identical only where none differs."""
+    if not rerun:
+        return []
+    first = rerun[0]
+    reasons = []
+    version = first.get("trainer_version")
+    if version is not None and version != published.get("trainer_version"):
+        reasons.append(f"trainer version {version} vs published {published.get('trainer_version')}")
+    machine = published.get("machine", {})
+    hardware = first.get("hardware", {})
+    old, new = machine.get("cpu_features"), hardware.get("cpu_features")
+    if old is None:
+        reasons.append(
+            f"the published provenance records no CPU features (processor {machine.get('processor')!r}): whether "
+            f"this CPU ({hardware.get('processor')!r}, {', '.join(new or []) or 'no features recorded'}) is of the "
+            "same kind is unknown"
+        )
+    elif new is not None and sorted(old) != sorted(new):
+        reasons.append(
+            f"another CPU kind: published {machine.get('processor')!r} with {', '.join(old)}; this rerun "
+            f"{hardware.get('processor')!r} with {', '.join(new)} (matrix kernels differ, so every number may)"
+        )
+    for package, version in sorted((published.get("versions") or {}).items()):
+        mine = (first.get("versions") or {}).get(package)
+        if mine is not None and mine != version:
+            reasons.append(f"{package} {mine} vs published {version}")
+    machines = {json.dumps(p.get("hardware", {}).get("cpu_features")) for p in rerun}
+    if len(machines) > 1:
+        reasons.append(f"the rerun's own cells ran on {len(machines)} CPU kinds")
+    return reasons
+
+
+def rerun_tables(path: Path, published: dict, repo: Path) -> tuple[pd.DataFrame, list[dict]]:
+    """(runs, cell provenances) of a rerun: a study's results/ folder (its runs.parquet and cells) or one cell's
+    folder (its metrics.parquet, judged here with the published study's analysis settings)."""
+    if (path / "runs.parquet").exists():
+        provs = [cell_provenance(p) for p in sorted((path / "cells").rglob("metrics.parquet"))]
+        return pd.read_parquet(path / "runs.parquet"), provs
+    if not (path / "metrics.parquet").exists():
+        raise ValueError(
+            f"{path}: neither a study's results/ (runs.parquet: missing; run the study's summarize rule first) "
+            "nor a cell's folder (no metrics.parquet)"
+        )
+    return cell_run(path, published, repo), [cell_provenance(path / "metrics.parquet")]
+
+
+def cell_run(cell: Path, published: dict, repo: Path) -> pd.DataFrame:
+    """The run table's row of one cell, as the published study's summarize rule would compute it (its kind, collapse
+    rule, window and models from the study file the provenance names)."""
+    import tempfile
+
+    import yaml
+
+    import trainer.analysis
+    from trainer.analysis.kinds import STUDY_KINDS
+    from trainer.study import check_study, horizons, paper_names, resolve_base
+
+    study_file = repo / published["study_file"]
+    study = check_study(resolve_base(yaml.safe_load(study_file.read_text()), root=repo, source=study_file), repo)
+    kind = STUDY_KINDS[study["study"]]
+    base = cell.resolve()
+    while "=" in base.name:
+        base = base.parent
+    analysis = study["analysis"]
+    options = dict(
+        collapse=analysis["collapse"], models=paper_names(study), window_fraction=analysis["window_fraction"]
+    )
+    if kind.numbers:
+        options["numbers"] = kind.numbers
+    if kind.horizons:
+        options["horizons"] = horizons(study)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        options.update({name: out / Path(path).name for name, path in kind.extra_outputs.items()})
+        summarize = getattr(trainer.analysis, kind.summarize)
+        summarize([cell / "metrics.parquet"], base, out / "s.csv", out / "s.md", out / "runs.parquet", **options)
+        return pd.read_parquet(out / "runs.parquet")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,7 +335,12 @@ def main(argv: list[str] | None = None) -> int:
     pub.add_argument("--out", type=Path, required=True, help="e.g. docs/results/default")
     pub.add_argument("--wall-time-s", type=float, default=None, help="the study's measured wall time, recorded")
     cmp = sub.add_parser("compare", help="a rerun's runs against a published study (exit 1: outside or missing)")
-    cmp.add_argument("--results", type=Path, required=True, help="the rerun's results/ folder (its runs.parquet)")
+    cmp.add_argument(
+        "--results",
+        type=Path,
+        required=True,
+        help="the rerun's results/ folder (its runs.parquet), or one cell's folder",
+    )
     cmp.add_argument("--published", type=Path, required=True, help="e.g. docs/results/default")
     args = parser.parse_args(argv)
     try:
@@ -219,28 +348,35 @@ def main(argv: list[str] | None = None) -> int:
             prov = publish(args.results, args.study, args.out, Path(__file__).resolve().parents[2], args.wall_time_s)
             print(f"published {prov['n_cells']} cells (trainer version {prov['trainer_version']}) to {args.out}")
             return 0
-        runs_file = args.results / "runs.parquet"
-        if not runs_file.exists():
-            raise ValueError(f"{runs_file}: missing; run the study's summarize rule first")
         published, prov = read_published(args.published)
-        from trainer import TRAINER_VERSION
-
-        if prov["trainer_version"] != TRAINER_VERSION:
-            print(
-                f"note: {args.published} was measured with trainer version {prov['trainer_version']}, this "
-                f"checkout is version {TRAINER_VERSION}: expect differences",
-                file=sys.stderr,
-            )
-        table = compare(pd.read_parquet(runs_file), published)
+        repo = Path(__file__).resolve().parents[2]
+        runs, provs = rerun_tables(args.results, prov, repo)
+        if not (args.results / "runs.parquet").exists():  # one cell: only its group is compared
+            keys = [k for k in _keys(runs) if k != "seed"]
+            published = published.merge(runs[keys].drop_duplicates(), on=keys)
+        table = compare(runs, published)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    reasons = why_not_identical(prov, provs)
     counts = table["status"].value_counts()
-    print(", ".join(f"{counts.get(s, 0)} {s}" for s in ("identical", "within", "outside", "missing", "extra")))
+    print(", ".join(f"{counts.get(s, 0)} {s}" for s in STATUSES))
     differing = table[table["status"] != "identical"]
     if len(differing):
-        print(differing.to_string(index=False))
-    return 1 if counts.get("outside", 0) or counts.get("missing", 0) else 0
+        if reasons:
+            print("not bit-identical, as expected where how the runs were made differs:")
+            print("\n".join(f"  - {reason}" for reason in reasons))
+        else:
+            print("not bit-identical although nothing recorded differs (trainer version, CPU kind, packages)")
+        with pd.option_context("display.max_colwidth", 400, "display.width", 250):
+            print(differing.to_string(index=False))
+    consistent = not counts.get("outside", 0) and not counts.get("missing", 0)
+    print(
+        "consistent with the published runs"
+        if consistent
+        else f"not consistent: a run outside the published spread at {ALPHA:.0%} (Holm-corrected), or missing"
+    )
+    return 0 if consistent else 1
 
 
 if __name__ == "__main__":

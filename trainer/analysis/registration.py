@@ -107,6 +107,26 @@ class Preregistration(Section):
         return None
 
 
+HYPOTHESIS_COLUMNS = (
+    "hypothesis",
+    "status",
+    "role",
+    "outcome",
+    "contrast",
+    "units",
+    "predicted",
+    "estimate_pts",
+    "ci_low_pts",
+    "ci_high_pts",
+    "df",
+    "p",
+    "p_adjusted",
+    "mde_pts",
+    "verdict",
+    "claim",
+)
+"""The judged hypotheses' table (results/hypotheses.csv of an arms study), one row per hypothesis and outcome."""
+
 VERDICTS = ("supported", "contradicted", "not shown")
 """A registered claim's verdict: its test rejects 0 (after the correction) in the predicted direction, in the other
 direction, or neither (then the minimum detectable effect says what the null could not exclude)."""
@@ -158,7 +178,7 @@ def judge_hypotheses(runs, registration: Preregistration):
     if registration.correction == "holm" and family.any():
         table.loc[family, "p_adjusted"] = holm(table.loc[family, "p"].tolist())
     table["verdict"] = [_verdict(row, registration) for row in table.itertuples()]
-    return table
+    return table[list(HYPOTHESIS_COLUMNS)]
 
 
 def _verdict(row, registration: Preregistration) -> str:

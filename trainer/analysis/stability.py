@@ -152,6 +152,7 @@ def stability_summary_table(
                 "auc_pct_ci_high": auc_high,
                 "n_collapsed": int(collapsed.sum()),
                 "collapsed_seeds": ",".join(str(s) for s in cell.loc[collapsed, "seed"]),
+                "n_degraded": int(cell["degraded"].sum()) if "degraded" in cell else 0,
             }
         )
     return sort_cells(pd.DataFrame(rows), models, extra=("lr",))

@@ -42,7 +42,7 @@ import pandas as pd
 
 from trainer.analysis import calibration
 from trainer.analysis.cell_logs import NONFINITE_COLUMNS, RUN_KEYS, check_no_axes, load_metrics, paper_model, run_keys
-from trainer.analysis.collapse import CollapseCriterion, ema_by_run, judge, nonfinite_flags
+from trainer.analysis.collapse import CollapseCriterion, degraded, ema_by_run, judge, nonfinite_flags
 from trainer.analysis.config import WINDOW_FRACTION
 from trainer.analysis.kinds import MAIN, PAPER_NUMBERS
 from trainer.analysis.statistics import t_interval
@@ -56,6 +56,7 @@ SUMMARY_COLUMNS = (
     "baseline_informed_frac",
     "cheat_rate",
     "tamper_rate",
+    "n_trajectories",
     *NONFINITE_COLUMNS,
 )
 """The metrics `summarize` reads (window means, held-out success, every collapse rule)."""
@@ -131,6 +132,7 @@ def run_table(
     )
     cheat = frame["cheat_rate"].to_numpy(dtype=float) if "cheat_rate" in frame.columns else None
     tamper = frame["tamper_rate"].to_numpy(dtype=float) if "tamper_rate" in frame.columns else None
+    batch = frame["n_trajectories"].to_numpy(dtype=float) if "n_trajectories" in frame.columns else None
     flags = nonfinite_flags(frame, criterion.nonfinite)
     rows = []
     for key, a, b in run_bounds(frame):
@@ -172,9 +174,13 @@ def run_table(
                 "collapsed": index is not None,
                 "collapse_update": None if index is None else int(update[a + index]),
                 "collapse_reason": reason,
+                "batch": (
+                    float(np.nanmedian(batch[a:b])) if batch is not None and not np.isnan(batch[a:b]).all() else np.nan
+                ),
             }
         )
     runs = pd.DataFrame(rows)
+    runs["degraded"] = degraded(runs["gain"], runs.pop("batch"), runs["n_updates"])
     runs["eval_update"] = runs["eval_update"].astype("Int64")
     runs["collapse_update"] = runs["collapse_update"].astype("Int64")
     runs["collapse_reason"] = runs["collapse_reason"].astype(object)
@@ -266,6 +272,7 @@ def summary_table(
                 "success_pct_ci_high": high,
                 "n_collapsed": int(cell["collapsed"].sum()),
                 "collapsed_seeds": ",".join(str(s) for s in cell.loc[cell["collapsed"], "seed"]),
+                "n_degraded": int(cell["degraded"].sum()) if "degraded" in cell else 0,
                 "paper_success_pct": theirs,
                 "diff_pct_points": ours - theirs,
                 "eval_success_pct_mean": 100 * float(evaluated.mean()) if len(evaluated) else math.nan,

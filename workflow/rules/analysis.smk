@@ -19,7 +19,7 @@ rule summarize:
     conda:
         "../../envs/analysis.yaml"
     params:
-        **analysis_params(),
+        **summarize_params(),
         base_dir=cells_dir,
     script:
         "../scripts/summarize.py"

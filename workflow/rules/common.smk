@@ -160,6 +160,12 @@ def analysis_params():
     )
 
 
+def summarize_params():
+    """analysis_params, and the study's preregistration where the kind judges one (an arms study)."""
+    stated = config.get("preregistration")
+    return dict(**analysis_params(), **({"preregistration": stated} if KIND.preregistration and stated else {}))
+
+
 def figure_params():
     """analysis_params, and the EMA span of the curves where the kind's figures draw one."""
     return dict(**analysis_params(), **({"ema_span": config["analysis"]["ema_span"]} if KIND.ema_span else {}))

@@ -40,6 +40,8 @@ def summarize(smk) -> list[str]:
         options["numbers"] = smk.input.paper_numbers
     if kind.horizons:
         options["horizons"] = dict(params.horizons)
+    if getattr(params, "preregistration", None):
+        options["preregistration"] = dict(params.preregistration)
     check_cell_logs(metrics)
     function = getattr(trainer.analysis, kind.summarize)
     notes = function(metrics, params.base_dir, smk.output.csv, smk.output.md, smk.output.runs, **options)
