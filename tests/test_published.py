@@ -2,6 +2,7 @@
 `publish` records where its numbers came from, `compare` tells identical, within-interval and outside runs apart."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -215,3 +216,78 @@ def test_the_command_exits_1_on_a_run_outside_and_0_when_identical(tmp_path, cap
 def test_the_module_runs_as_a_command():
     run = subprocess.run([sys.executable, "-m", "trainer.analysis.published", "--help"], capture_output=True, text=True)
     assert run.returncode == 0 and "compare" in run.stdout
+
+
+def test_recompute_rebuilds_a_published_summary_from_its_runs_with_t_intervals_and_degradation(tmp_path):
+    """No retraining: the summary of a published arms study from its runs.csv alone, each arm's interval Student's
+    t over its 2 seeds (mean +- t(0.975, 1) |a - b| / 2, t(0.975, 1) = 12.7062), the degradation verdict added."""
+    from trainer.analysis.published import recompute
+
+    folder = tmp_path / "edge-warmstarts"
+    shutil.copytree(ROOT / "docs" / "results" / "edge-warmstarts", folder)
+    runs, _ = read_published(folder)
+    summary = recompute(folder, ROOT).set_index(["model", "arm"])
+    seeds = runs[(runs["model"] == "qwen-tiny-w3") & (runs["arm"] == "adamw_lr3e-4")]["window_success"] * 100
+    a, b = seeds.tolist()
+    row = summary.loc[("qwen-tiny-w3", "adamw_lr3e-4")]
+    assert row["final_pct_mean"] == pytest.approx((a + b) / 2, abs=1e-4)
+    half = 12.706204736174705 * abs(a - b) / 2
+    assert (row["final_pct_ci_low"], row["final_pct_ci_high"]) == pytest.approx(
+        ((a + b) / 2 - half, (a + b) / 2 + half), abs=1e-3
+    )
+    again, _ = read_published(folder)
+    assert "degraded" in again.columns and summary["n_degraded"].sum() == again["degraded"].sum()
+    # a run's verdict: its gain below -6.8 points (16 episodes x 20 updates per fifth)
+    assert (again["degraded"] == (again["gain"] < -0.0681)).all()
+
+
+def test_compare_judges_one_rerun_cell_against_its_published_seeds(tmp_path, capsys):
+    """One cell of E1 across base policies rerun (here: a synthetic log at its published seeds' level): judged with
+    the published study's own analysis settings, against that cell's seeds only, consistent: exit 0."""
+    from trainer.analysis.synthetic import cell_path, synthetic_metrics, write_metrics
+
+    published = ROOT / "docs" / "results" / "edge-warmstarts"
+    log = cell_path(tmp_path / "cells", "qwen-tiny-w2", "spo_muon", "muon", 0, arm="muon_m3e-4_r1e-4")
+    cell = log.parent
+    columns = synthetic_metrics(100, 0.43, np.random.default_rng(0), start=0.3, eval_every=25)
+    write_metrics(log, columns)
+    assert main(["compare", "--results", str(cell), "--published", str(published)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("0 identical, 1 within, 0 untestable, 0 outside, 0 missing, 0 extra")
+    assert "consistent with the published runs" in out
+    # at 2 published seeds (df 1) only a gross difference is detectable; at E1-rerun's 3 seeds of 47.1% +- 2.8, a
+    # cell ending at 2% is outside
+    log = cell_path(tmp_path / "cells", "qwen-tiny", "spo_muon", "muon", 0, arm="muon_m3e-4_r1e-4")
+    columns = synthetic_metrics(100, 0.02, np.random.default_rng(0), start=0.02, eval_every=25)
+    write_metrics(log, columns)
+    rerun = ROOT / "docs" / "results" / "edge-rerun"
+    assert main(["compare", "--results", str(log.parent), "--published", str(rerun)]) == 1
+    assert "1 outside" in capsys.readouterr().out
+
+
+def test_why_a_rerun_is_not_identical_names_the_cpu_kind_and_the_packages():
+    from trainer.analysis.published import why_not_identical
+
+    published = {
+        "trainer_version": "6",
+        "machine": {"processor": "AMD EPYC", "cpu_features": ["avx2", "fma"]},
+        "versions": {"torch": "2.13.0+cpu", "numpy": "2.4.6"},
+    }
+    rerun = {
+        "trainer_version": "6",
+        "hardware": {"processor": "Intel Xeon", "cpu_features": ["avx2", "avx512f", "amx_bf16"]},
+        "versions": {"torch": "2.13.0+cpu", "numpy": "2.5.0"},
+    }
+    reasons = why_not_identical(published, [rerun])
+    assert len(reasons) == 2
+    assert reasons[0].startswith("another CPU kind: published 'AMD EPYC' with avx2, fma; this rerun 'Intel Xeon'")
+    assert reasons[1] == "numpy 2.5.0 vs published 2.4.6"
+    assert (
+        why_not_identical(
+            {**published, "versions": rerun["versions"]},
+            [{**rerun, "hardware": {"processor": "AMD EPYC", "cpu_features": ["fma", "avx2"]}}],
+        )
+        == []
+    )
+    unknown = why_not_identical({**published, "machine": {"processor": "AMD EPYC"}}, [rerun])
+    assert "records no CPU features" in unknown[0]

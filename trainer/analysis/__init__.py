@@ -42,8 +42,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "plotting": ("FORMATS", "save_figure"),
     "figures": ("DIAGNOSTICS", "FIGURES", "PLOT_COLUMNS", "add_ema", "draw_figure", "plot", "write_figures"),
     "companion": ("companion_run_table", "companion_summary_table", "plot_companion", "summarize_companion"),
-    "stability": ("plot_stability", "summarize_stability"),
-    "horizon": ("plot_horizon", "summarize_horizon"),
+    "stability": ("plot_stability", "stability_summary_table", "summarize_stability"),
+    "horizon": ("horizon_summary_table", "plot_horizon", "summarize_horizon"),
     "arms": ("arms_run_table", "arms_summary_table", "plot_arms", "predictor_table", "summarize_arms"),
 }
 _MODULE = {name: module for module, names in _EXPORTS.items() for name in names}

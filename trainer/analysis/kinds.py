@@ -36,6 +36,9 @@ class StudyKind:
     """Name of the `trainer.analysis` function the summarize rule calls."""
     plot: str
     """Name of the `trainer.analysis` function the figures rule calls."""
+    summary_table: str = "summary_table"
+    """Name of the `trainer.analysis` function that makes the summary from the run table alone (what
+    `published recompute` calls on a published study's runs.csv)."""
     numbers: Path | None = None
     """Reference numbers the summary and figures compare with: an input of both rules (so editing them redraws
     both), passed to both functions as `numbers`. None: the kind compares with none."""
@@ -69,6 +72,7 @@ COMPANION = StudyKind(
     "companion_summary",
     "summarize_companion",
     "plot_companion",
+    "companion_summary_table",
     numbers=COMPANION_NUMBERS,
     default_models=COMPANION_MODELS,
 )
@@ -78,11 +82,18 @@ STABILITY = StudyKind(
     "stability_summary",
     "summarize_stability",
     "plot_stability",
+    "stability_summary_table",
     extra_outputs={"selected": "results/selected_lr.yaml"},
     collapse_note=False,
 )
 HORIZON = StudyKind(
-    "horizon", {"horizon": "Horizon"}, "horizon_summary", "summarize_horizon", "plot_horizon", horizons=True
+    "horizon",
+    {"horizon": "Horizon"},
+    "horizon_summary",
+    "summarize_horizon",
+    "plot_horizon",
+    "horizon_summary_table",
+    horizons=True,
 )
 
 ARMS = StudyKind(
@@ -91,6 +102,7 @@ ARMS = StudyKind(
     "arms_summary",
     "summarize_arms",
     "plot_arms",
+    "arms_summary_table",
     extra_outputs={"predictors": "results/predictors.csv", "hypotheses": "results/hypotheses.csv"},
     ema_span=True,
     preregistration=True,

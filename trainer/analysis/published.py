@@ -107,6 +107,7 @@ def study_provenance(results: Path, study_file: Path, repo: Path, wall_time_s: f
             f"study is one version"
         )
     first = provs[0]
+    kinds = pd.Series([_machine(p) for p in provs]).value_counts()
     return {
         "trainer_version": versions.pop(),
         "commits": commits,
@@ -117,14 +118,32 @@ def study_provenance(results: Path, study_file: Path, repo: Path, wall_time_s: f
             k: first["hardware"].get(k)
             for k in ("processor", "cpu_features", "machine", "logical_cores", "cuda_devices")
         },
+        "machines": [{**json.loads(kind), "cells": int(count)} for kind, count in kinds.items()],
         "versions": first["versions"],
         "trained_utc": [min(p["timestamp_utc"] for p in provs), max(p["timestamp_utc"] for p in provs)],
         "wall_time_s": wall_time_s,
     }
 
 
+def _machine(prov: dict) -> str:
+    """A cell's CPU kind as a JSON key: processor and the features that change floating-point results."""
+    hardware = prov.get("hardware", {})
+    return json.dumps({"processor": hardware.get("processor"), "cpu_features": hardware.get("cpu_features")})
+
+
+def curves(results: Path) -> pd.DataFrame:
+    """Every cell's training and held-out success per update (the run keys, update, success_rate, eval_success):
+    what a collapse rule is judged on, so a later rule can be applied to a published study without its logs."""
+    from trainer.analysis.cell_logs import load_metrics
+
+    paths = sorted((results / "cells").rglob("metrics.parquet"))
+    frame = load_metrics(paths, results / "cells", ("update", "success_rate", "eval_success"))
+    return frame[[*_keys(frame), "update", "success_rate", "eval_success"]]
+
+
 def publish(results: Path, study_file: Path, out: Path, repo: Path, wall_time_s: float | None = None) -> dict:
-    """Write summary.csv, runs.csv and provenance.json of the study whose outputs are in `results` to `out`."""
+    """Write summary.csv, runs.csv, curves.csv, provenance.json (and an arms study's hypotheses.csv) of the study
+    whose outputs are in `results` to `out`."""
     for name in ("summary.csv", "runs.parquet"):
         if not (results / name).exists():
             raise ValueError(f"{results / name}: missing; run the study's summarize rule first")
@@ -132,8 +151,48 @@ def publish(results: Path, study_file: Path, out: Path, repo: Path, wall_time_s:
     runs = pd.read_parquet(results / "runs.parquet")
     _write(out / "summary.csv", (results / "summary.csv").read_text())
     _write(out / "runs.csv", runs.to_csv(index=False))  # pandas writes floats at full (repr) precision
+    if any((results / "cells").rglob("metrics.parquet")) and _has_curves(results):
+        _write(out / "curves.csv", curves(results).to_csv(index=False))
+    if (results / "hypotheses.csv").exists():
+        _write(out / "hypotheses.csv", (results / "hypotheses.csv").read_text())
     _write(out / "provenance.json", json.dumps(provenance, indent=2) + "\n")
     return provenance
+
+
+def _has_curves(results: Path) -> bool:
+    first = next((results / "cells").rglob("metrics.parquet"))
+    return "success_rate" in pq.read_schema(first).names
+
+
+def recompute(folder: Path, repo: Path) -> pd.DataFrame:
+    """A published study's summary.csv (and runs.csv's degradation verdicts) recomputed from its runs.csv with this
+    checkout's analysis: its intervals, tests and verdicts, no retraining. Written in place; returns the summary."""
+    import yaml
+
+    import trainer.analysis
+    from trainer.analysis.collapse import degraded
+    from trainer.analysis.kinds import COMPANION, STUDY_KINDS
+    from trainer.study import paper_names, resolve_base
+
+    runs, provenance = read_published(folder)
+    study_file = repo / provenance["study_file"]
+    study = resolve_base(yaml.safe_load(study_file.read_text()), root=repo, source=study_file)
+    kind = STUDY_KINDS[study.get("study", "main")]
+    batch = study.get("cell", {}).get("rollout", {}).get("batch_size")
+    if batch is None:
+        raise ValueError(f"{study_file}: cell.rollout.batch_size is not set; the degradation verdict needs it")
+    runs["degraded"] = degraded(runs["gain"], float(batch), runs["n_updates"])
+    models = paper_names(study) if study.get("models") else None
+    table = getattr(trainer.analysis, kind.summary_table)
+    if kind is COMPANION:  # its reference numbers, which the main table loads itself
+        from trainer.analysis.companion import load_companion_numbers
+
+        summary = table(runs, load_companion_numbers(kind.numbers), models)
+    else:
+        summary = table(runs, models=models)
+    _write(folder / "summary.csv", summary.to_csv(index=False, float_format="%.6g"))
+    _write(folder / "runs.csv", runs.to_csv(index=False))
+    return summary
 
 
 def read_published(folder: Path) -> tuple[pd.DataFrame, dict]:
@@ -283,14 +342,24 @@ def rerun_tables(path: Path, published: dict, repo: Path) -> tuple[pd.DataFrame,
     """(runs, cell provenances) of a rerun: a study's results/ folder (its runs.parquet and cells) or one cell's
     folder (its metrics.parquet, judged here with the published study's analysis settings)."""
     if (path / "runs.parquet").exists():
-        provs = [cell_provenance(p) for p in sorted((path / "cells").rglob("metrics.parquet"))]
-        return pd.read_parquet(path / "runs.parquet"), provs
+        return pd.read_parquet(path / "runs.parquet"), _provenances(sorted((path / "cells").rglob("metrics.parquet")))
     if not (path / "metrics.parquet").exists():
         raise ValueError(
             f"{path}: neither a study's results/ (runs.parquet: missing; run the study's summarize rule first) "
             "nor a cell's folder (no metrics.parquet)"
         )
-    return cell_run(path, published, repo), [cell_provenance(path / "metrics.parquet")]
+    return cell_run(path, published, repo), _provenances([path / "metrics.parquet"])
+
+
+def _provenances(paths: list[Path]) -> list[dict]:
+    """The cells' provenance, those that carry one (a log not written by the trainer has none to compare)."""
+    found = []
+    for path in paths:
+        try:
+            found.append(cell_provenance(path))
+        except ValueError:
+            continue
+    return found
 
 
 def cell_run(cell: Path, published: dict, repo: Path) -> pd.DataFrame:
@@ -334,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
     pub.add_argument("--study", type=Path, required=True, help="the study file it ran (config.yaml, configs/...)")
     pub.add_argument("--out", type=Path, required=True, help="e.g. docs/results/default")
     pub.add_argument("--wall-time-s", type=float, default=None, help="the study's measured wall time, recorded")
+    rec = sub.add_parser("recompute", help="a published study's summary recomputed from its runs (no retraining)")
+    rec.add_argument("published", type=Path, nargs="+", help="published study folders (docs/results/...)")
     cmp = sub.add_parser("compare", help="a rerun's runs against a published study (exit 1: outside or missing)")
     cmp.add_argument(
         "--results",
@@ -348,13 +419,19 @@ def main(argv: list[str] | None = None) -> int:
             prov = publish(args.results, args.study, args.out, Path(__file__).resolve().parents[2], args.wall_time_s)
             print(f"published {prov['n_cells']} cells (trainer version {prov['trainer_version']}) to {args.out}")
             return 0
+        if args.command == "recompute":
+            for folder in args.published:
+                summary = recompute(folder, Path(__file__).resolve().parents[2])
+                print(f"{folder}: {len(summary)} summary rows recomputed")
+            return 0
         published, prov = read_published(args.published)
         repo = Path(__file__).resolve().parents[2]
         runs, provs = rerun_tables(args.results, prov, repo)
-        if not (args.results / "runs.parquet").exists():  # one cell: only its group is compared
-            keys = [k for k in _keys(runs) if k != "seed"]
-            published = published.merge(runs[keys].drop_duplicates(), on=keys)
         table = compare(runs, published)
+        if not (args.results / "runs.parquet").exists():  # one cell: its group's published seeds give the spread
+            keys = [k for k in _keys(runs) if k != "seed"]
+            table = table.merge(runs[keys].drop_duplicates(), on=keys)
+            table = table[table["status"] != "missing"]
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -363,7 +440,9 @@ def main(argv: list[str] | None = None) -> int:
     print(", ".join(f"{counts.get(s, 0)} {s}" for s in STATUSES))
     differing = table[table["status"] != "identical"]
     if len(differing):
-        if reasons:
+        if not provs:
+            print("not bit-identical; the rerun's logs carry no provenance, so why cannot be said")
+        elif reasons:
             print("not bit-identical, as expected where how the runs were made differs:")
             print("\n".join(f"  - {reason}" for reason in reasons))
         else:
