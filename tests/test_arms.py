@@ -316,3 +316,14 @@ def test_the_early_medians_stop_at_a_verdict_inside_the_warm_up(tmp_path):
     runs = arms_run_table(load_metrics([path], tmp_path, ARMS_COLUMNS))
     assert runs.loc[0, "collapse_update"] == 3
     assert runs.loc[0, "early_update_spectral_norm"] == 1.0 and runs.loc[0, "update_spectral_norm"] == 1.0
+
+
+def test_the_mechanism_is_tested_on_arms_with_an_exact_permutation_p():
+    """Four arms in perfect inverse order: rho = -1; of the 24 orderings only this one and its mirror are as extreme,
+    so the two-sided p is 2/24; a tie in final success, or fewer than 3 arms, gives no test."""
+    from trainer.analysis.arms import arm_rank_correlation
+
+    rho, p = arm_rank_correlation(np.array([1.0, 2.0, 3.0, 4.0]), np.array([0.4, 0.3, 0.2, 0.1]))
+    assert rho == pytest.approx(-1.0) and p == pytest.approx(2 / 24)
+    assert np.isnan(arm_rank_correlation(np.array([1.0, 2.0, 3.0]), np.array([0.2, 0.2, 0.2]))[0])
+    assert np.isnan(arm_rank_correlation(np.array([1.0, 2.0]), np.array([0.1, 0.2]))[1])

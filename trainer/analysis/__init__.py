@@ -3,15 +3,20 @@
 kinds.py     one record per kind of study (main, companion, stability, horizon, arms): its functions and files
 config.py    a study's `analysis:` section (window, EMA span, collapse rule), defined once
 cell_logs.py read many cells' metrics.parquet (pyarrow.dataset over an explicit list, Hive keys as columns)
-collapse.py  the EMA and a documented, configurable collapse rule applied to every run
-statistics.py Student-t intervals and tests that hold at 2-5 seeds, Holm's correction, the meta-analysis
+collapse.py  the EMA, a documented, configurable collapse rule applied to every run, and the degradation verdict
+statistics.py Student-t intervals and tests that hold at 2-5 seeds, Holm's correction, the minimum detectable effect
+registration.py a study's preregistration (its hypotheses, stated before it runs) and their judging
+meta.py      one contrast pooled over published studies, each run and base policy counted once
+published.py published studies as data: publish, recompute, and the check of a rerun (compare)
+step_match.py the AdamW lr whose hidden update RMS equals a Muon arm's, measured
 summary.py   per-run window means and verdicts; model x recipe x optimizer table with t intervals over seeds
 plotting.py  the house style and the drawing and file helpers every figure shares
 figures.py   Figures 2-5 and the optimizer diagnostics, as PNG and reproducible PDF
 companion.py the companion study: validation metrics per run, estimator x optimizer table, its three figures
 stability.py the lr sweep: per-lr success, held-out AUC and collapses, the selected lr per model and optimizer
 horizon.py   one model per task length: final success, learning and collapses against the horizon
-arms.py      the decisive comparisons: per arm success, collapses and step sizes by role; what predicts collapse
+arms.py      the decisive comparisons: per arm success, collapses and step sizes by role; what predicts collapse;
+             the judged preregistration
 synthetic.py logs with known shapes for tests, the benchmark and looking at the figures
 
 The names below are imported from their modules on first use, so that `trainer.analysis.kinds` (read while the

@@ -26,6 +26,7 @@ collapsed runs marked, with its AUC).
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -241,15 +242,26 @@ def arms_summary_table(
 
 
 def predictor_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per predictor: runs with a value, collapsed among them, the pooled AUC (both optimizers as one model), and
-    the median early value of the collapsed and of the surviving runs."""
+    """Per predictor: runs with a value, collapsed among them, the pooled AUC (both optimizers as one model), the
+    median early value of the collapsed and of the surviving runs, and the same question asked of arms: the rank
+    correlation, over the study's arms (model x recipe x arm), between an arm's median early value and its mean final
+    success (`arm_spearman`, with its exact permutation p-value `arm_p`, two-sided). The run-level AUC counts a
+    study's seeds of one arm as independent evidence; they share the arm's settings, so the arm-level correlation is
+    the mechanism's test, with as many units as arms."""
     collapsed = runs["collapsed"].to_numpy(dtype=bool)
+    per_arm = runs.groupby(["model", "recipe", "arm"], sort=False)
     rows = []
     for column in PREDICTORS:
         values = (
             runs[f"early_{column}"].to_numpy(dtype=float) if f"early_{column}" in runs else np.full(len(runs), np.nan)
         )
         ok = np.isfinite(values)
+        arms = pd.DataFrame({"early": per_arm[f"early_{column}"].median(), "final": per_arm["window_success"].mean()})
+        rho, p = (
+            arm_rank_correlation(arms["early"].to_numpy(), arms["final"].to_numpy())
+            if f"early_{column}" in runs
+            else (math.nan, math.nan)
+        )
         rows.append(
             {
                 "predictor": column,
@@ -258,9 +270,33 @@ def predictor_table(runs: pd.DataFrame) -> pd.DataFrame:
                 "auc": auc(values, collapsed),
                 "median_collapsed": float(np.median(values[ok & collapsed])) if (ok & collapsed).any() else math.nan,
                 "median_survived": float(np.median(values[ok & ~collapsed])) if (ok & ~collapsed).any() else math.nan,
+                "n_arms": int(arms.dropna().shape[0]),
+                "arm_spearman": rho,
+                "arm_p": p,
             }
         )
     return pd.DataFrame(rows)
+
+
+def arm_rank_correlation(early: np.ndarray, final: np.ndarray, resamples: int = 20_000) -> tuple[float, float]:
+    """Spearman's rho between the arms' early values and final success, and its two-sided permutation p-value
+    (exact over every ordering up to 8 arms, `resamples` random ones beyond); NaN below 3 arms or without spread."""
+    from scipy.stats import rankdata
+
+    ok = np.isfinite(early) & np.isfinite(final)
+    x, y = rankdata(early[ok]), rankdata(final[ok])
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return math.nan, math.nan
+    x, y = x - x.mean(), y - y.mean()
+    scale = math.sqrt((x * x).sum() * (y * y).sum())
+    rho = float(x @ y / scale)
+    if len(y) <= 8:
+        orderings = np.array(list(itertools.permutations(y)))
+    else:
+        rng = np.random.default_rng(0)
+        orderings = np.array([rng.permutation(y) for _ in range(resamples)])
+    null = orderings @ x / scale
+    return rho, float(np.mean(np.abs(null) >= abs(rho) - 1e-12))
 
 
 def _g(value: float) -> str:
@@ -348,7 +384,19 @@ def arms_markdown(
         "",
         "## What predicts collapse",
         "",
-        *table_head(["predictor", "runs", "collapsed", "AUC", "median, collapsed", "median, survived"]),
+        *table_head(
+            [
+                "predictor",
+                "runs",
+                "collapsed",
+                "AUC (runs)",
+                "median, collapsed",
+                "median, survived",
+                "arms",
+                "rank corr. with final (arms)",
+                "p (arms)",
+            ]
+        ),
     ]
     for row in predictors.itertuples(index=False):
         lines.append(
@@ -360,6 +408,9 @@ def arms_markdown(
                     "–" if not np.isfinite(row.auc) else f"{row.auc:.2f}",
                     _g(row.median_collapsed),
                     _g(row.median_survived),
+                    str(row.n_arms),
+                    "–" if not np.isfinite(row.arm_spearman) else f"{row.arm_spearman:+.2f}",
+                    "–" if not np.isfinite(row.arm_p) else f"{row.arm_p:.2g}",
                 ]
             )
         )

@@ -23,10 +23,11 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import yaml
 
-from trainer.analysis.statistics import mean_estimate, run_fingerprint
+from trainer.analysis.statistics import Estimate, mean_estimate, run_fingerprint, welch_difference
 
 REPO = Path(__file__).resolve().parents[2]
 """The checkout, where a published provenance's `study_file` is found."""
@@ -103,18 +104,32 @@ def load_runs(folders: list[Path]) -> pd.DataFrame:
     return runs.drop_duplicates("fingerprint", keep="first").reset_index(drop=True)
 
 
-def _select(runs: pd.DataFrame, spec: str) -> pd.DataFrame:
-    arm, _, recipe = spec.partition(":")
-    chosen = runs[runs["arm"].astype(str) == arm] if "arm" in runs.columns else runs.iloc[:0]
-    return chosen[chosen["recipe"] == recipe] if recipe else chosen
+def select(runs: pd.DataFrame, spec: str) -> pd.DataFrame:
+    """The runs a side of a contrast names: `ARM` or `ARM:RECIPE`, or `key=value,...` over the run table's columns
+    (e.g. `recipe=spo_muon,lr=3e-4,model=qwen-h1`); ValueError naming a key no table has."""
+    if "=" not in spec:
+        arm, _, recipe = spec.partition(":")
+        spec = f"arm={arm}" + (f",recipe={recipe}" if recipe else "")
+    chosen = runs
+    for term in spec.split(","):
+        key, _, value = term.partition("=")
+        if key not in runs.columns:
+            raise ValueError(f"{spec!r}: no published run table has the key {key!r}")
+        column = chosen[key]
+        if pd.api.types.is_numeric_dtype(column):
+            chosen = chosen[np.isclose(column.astype(float), float(value))]
+        else:
+            chosen = chosen[column.astype(str) == value]
+    return chosen
 
 
-def pooled_contrast(runs: pd.DataFrame, first: str, second: str, outcome: str) -> tuple[pd.DataFrame, object]:
-    """(per-base table, pooled Estimate) of `first - second` on `outcome` (in points); `first`/`second` are
-    ARM or ARM:RECIPE."""
+def pooled_contrast(runs: pd.DataFrame, first: str, second: str, outcome: str) -> tuple[pd.DataFrame, Estimate]:
+    """(per-base table, Estimate) of `first - second` on `outcome` (in points; see `select` for the specs). The
+    unit is the base policy (paired within it: a one-sample t over the bases' differences); where the two sides
+    share a single base, its seeds are the units (Welch's t between the two sides' runs)."""
     if outcome not in runs.columns:
         raise ValueError(f"no published run table has the outcome {outcome!r}")
-    a, b = _select(runs, first), _select(runs, second)
+    a, b = select(runs, first), select(runs, second)
     rows = []
     for base in sorted(set(a["base"]) & set(b["base"]), key=str):
         ra, rb = a[a["base"] == base], b[b["base"] == base]
@@ -130,14 +145,21 @@ def pooled_contrast(runs: pd.DataFrame, first: str, second: str, outcome: str) -
         )
     table = pd.DataFrame(rows, columns=["studies", "model", "runs_first", "runs_second", "first_pct", "second_pct"])
     table["difference_pts"] = table["first_pct"] - table["second_pct"]
+    if len(table) == 1:
+        base = a["base"].isin(b["base"])
+        return table, welch_difference(
+            100 * a[base][outcome].dropna(), 100 * b[b["base"].isin(a["base"])][outcome].dropna()
+        )
     return table, mean_estimate(table["difference_pts"].dropna().to_numpy())
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.analysis.meta", description=__doc__.split("\n")[0])
     parser.add_argument("published", type=Path, nargs="+", help="published study folders (docs/results/...)")
-    parser.add_argument("--first", required=True, help="ARM or ARM:RECIPE (the contrast is first minus second)")
-    parser.add_argument("--second", required=True, help="ARM or ARM:RECIPE")
+    parser.add_argument(
+        "--first", required=True, help="ARM, ARM:RECIPE or key=value,... (the contrast is first minus second)"
+    )
+    parser.add_argument("--second", required=True, help="ARM, ARM:RECIPE or key=value,...")
     parser.add_argument("--outcome", default="window_success", help="a column of the run tables")
     args = parser.parse_args(argv)
     try:
@@ -151,8 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     with pd.option_context("display.width", 200, "display.max_colwidth", 60):
         print(table.round(2).to_string(index=False))
+    units = f"{est.n} base policies" if len(table) > 1 else f"one base policy's {est.n} runs (Welch)"
     print(
-        f"{args.first} - {args.second} on {args.outcome}: {est.estimate:+.1f} points over {est.n} base policies, "
+        f"{args.first} - {args.second} on {args.outcome}: {est.estimate:+.1f} points over {units}, "
         f"95% t interval [{est.low:.1f}, {est.high:.1f}], p = {est.p:.3g}, minimum detectable effect "
         f"{est.mde:.1f} points ({len(runs)} distinct runs read)"
     )

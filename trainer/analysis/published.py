@@ -165,8 +165,9 @@ def _has_curves(results: Path) -> bool:
 
 
 def recompute(folder: Path, repo: Path) -> pd.DataFrame:
-    """A published study's summary.csv (and runs.csv's degradation verdicts) recomputed from its runs.csv with this
-    checkout's analysis: its intervals, tests and verdicts, no retraining. Written in place; returns the summary."""
+    """A published study's summary.csv (and runs.csv's degradation verdicts; an arms study's predictors.csv)
+    recomputed from its runs.csv with this checkout's analysis: its intervals, tests and verdicts, no retraining.
+    Written in place; returns the summary."""
     import yaml
 
     import trainer.analysis
@@ -192,6 +193,10 @@ def recompute(folder: Path, repo: Path) -> pd.DataFrame:
         summary = table(runs, models=models)
     _write(folder / "summary.csv", summary.to_csv(index=False, float_format="%.6g"))
     _write(folder / "runs.csv", runs.to_csv(index=False))
+    if kind.name == "arms":  # what predicts collapse, over runs and over arms
+        _write(
+            folder / "predictors.csv", trainer.analysis.predictor_table(runs).to_csv(index=False, float_format="%.6g")
+        )
     return summary
 
 
