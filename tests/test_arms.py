@@ -223,15 +223,9 @@ def test_the_run_table_keeps_arms_apart_and_measures_before_the_collapse(tmp_pat
 def test_summarize_and_plot_write_every_output(tmp_path):
     paths = _two_arms(tmp_path / "cells")
     out = tmp_path / "out"
-    notes = summarize_arms(
-        paths,
-        tmp_path / "cells",
-        out / "summary.csv",
-        out / "summary.md",
-        out / "runs.parquet",
-        predictors=out / "predictors.csv",
-        hypotheses=out / "hypotheses.csv",
-    )
+    outputs = [out / "summary.csv", out / "summary.md", out / "runs.parquet"]
+    extra = {"predictors": out / "predictors.csv", "hypotheses": out / "hypotheses.csv"}
+    notes = summarize_arms(paths, tmp_path / "cells", *outputs, **extra)
     assert "6 runs, 2 cells" in notes[0] and "update_spectral_norm: AUC 1.000" in notes
     md = (out / "summary.md").read_text()
     assert "## What predicts collapse" in md and "| hidden update top singular value | 6 | 3 | 1.00 |" in md
@@ -241,11 +235,8 @@ def test_summarize_and_plot_write_every_output(tmp_path):
     summarize_arms(
         paths,
         tmp_path / "cells",
-        out / "summary.csv",
-        out / "summary.md",
-        out / "runs.parquet",
-        predictors=out / "predictors.csv",
-        hypotheses=out / "hypotheses.csv",
+        *outputs,
+        **extra,
         preregistration={
             "registered": "before the runs",
             "hypotheses": [
