@@ -250,7 +250,9 @@ def test_summarize_and_plot_write_every_output(tmp_path):
     md = (out / "summary.md").read_text()
     page = md[md.index("## Pre-registered hypotheses") :]
     assert page.index("| H1 | registered") < page.index("| H2 | post hoc")
-    assert "1 bases" in page  # one base policy: no interval, verdict not shown
+    assert "| 3 v 3 seeds of one base |" in page  # one base policy: its seeds are the units (Welch)
+    h1 = judged.set_index("hypothesis").loc["H1"]
+    assert h1["estimate_pts"] > 0 and h1["verdict"] == "supported"  # cool ends far above hot, which collapsed
     outputs = [out / f"{name}.{ext}" for name in ("arms_curves", "arms_predictors") for ext in ("png", "pdf")]
     written = plot_arms(paths, tmp_path / "cells", out / "runs.parquet", outputs)
     assert len(written) == 4 and all(p.stat().st_size > 1000 for p in outputs)

@@ -38,7 +38,8 @@ class Hypothesis(Section):
     arms: tuple[str, str]
     """The contrast: the first arm minus the second (arms of the study's grid)."""
     bases: tuple[str, ...]
-    """The models (base policies) the contrast is measured on; each is one unit of the test."""
+    """The models (base policies) the contrast is measured on; each is one unit of the test (with one base, its
+    seeds are the units: Welch's t between the two arms' runs, a claim about that base alone)."""
     versus_bases: tuple[str, ...] = ()
     """An interaction: the contrast on `bases` minus the same contrast on these (a two-sample test over bases)."""
     predicted: Literal["greater", "less", "none"] = "greater"
@@ -147,8 +148,13 @@ def judge_hypotheses(runs, registration: Preregistration):
                 continue  # a hypothesis with its own outcome is judged on it alone
             column = h.outcome or outcome
             scaled = runs.assign(**{column: 100 * runs[column].astype(float)})
-            est, diffs = contrast(scaled[scaled["model"].isin(h.bases)], "arm", h.arms, "model", column)
+            on_bases = scaled[scaled["model"].isin(h.bases)]
+            est, diffs = contrast(on_bases, "arm", h.arms, "model", column)
             units = f"{len(diffs)} bases"
+            if len(diffs) == 1 and not h.versus_bases:  # one base policy: its seeds are the units (Welch)
+                first, second = (on_bases[on_bases["arm"] == arm][column].dropna() for arm in h.arms)
+                est = welch_difference(first.to_numpy(), second.to_numpy())
+                units = f"{len(first)} v {len(second)} seeds of one base"
             if h.versus_bases:
                 _, other = contrast(scaled[scaled["model"].isin(h.versus_bases)], "arm", h.arms, "model", column)
                 est = welch_difference(diffs.to_numpy(), other.to_numpy())
