@@ -4,6 +4,7 @@ import math
 
 import pandas as pd
 import pytest
+from scipy import stats
 from workflow_runner import read_study
 
 from trainer.analysis.registration import Preregistration, judge_hypotheses
@@ -137,3 +138,23 @@ def test_the_decisive_study_states_its_hypotheses_on_its_own_arms_and_bases():
     study = read_study("configs/base-optimizer.yaml")
     names = [h["name"] for h in study["preregistration"]["hypotheses"]]
     assert names[:4] == ["H1", "H2", "H3", "H4"]
+
+
+def test_an_interaction_of_one_base_a_side_is_judged_over_seeds():
+    """(a - b on x1) - (a - b on y1), each arm's seeds the units: the four means' variances add (hand-computed)."""
+    values = {
+        ("x1", "a"): [0.5, 0.6, 0.7],
+        ("x1", "b"): [0.2, 0.3, 0.4],
+        ("y1", "a"): [0.3, 0.4, 0.5],
+        ("y1", "b"): [0.3, 0.35, 0.4],
+    }
+    reg = _registration(
+        hypotheses=[{"name": "H", "claim": "x gains more", "arms": ["a", "b"], "bases": ["x1"], "versus_bases": ["y1"]}]
+    )
+    row = judge_hypotheses(_runs(values), reg).iloc[0]
+    assert row["estimate_pts"] == pytest.approx((60 - 30) - (40 - 35))
+    se = math.sqrt(3 * 100 / 3 + 25 / 3)  # three groups of sd 10 points and one of sd 5, three seeds each
+    parts = [100 / 3] * 3 + [25 / 3]
+    assert row["df"] == pytest.approx(sum(parts) ** 2 / sum(v * v / 2 for v in parts))  # Satterthwaite: 6.90
+    assert row["ci_high_pts"] - row["estimate_pts"] == pytest.approx(se * stats.t.ppf(0.975, row["df"]))
+    assert row["units"] == "seeds of one base a side (3 v 3 v 3 v 3)"

@@ -41,7 +41,8 @@ class Hypothesis(Section):
     """The models (base policies) the contrast is measured on; each is one unit of the test (with one base, its
     seeds are the units: Welch's t between the two arms' runs, a claim about that base alone)."""
     versus_bases: tuple[str, ...] = ()
-    """An interaction: the contrast on `bases` minus the same contrast on these (a two-sample test over bases)."""
+    """An interaction: the contrast on `bases` minus the same contrast on these (a two-sample test over bases; with
+    one base a side, over seeds: the difference of differences of four means)."""
     predicted: Literal["greater", "less", "none"] = "greater"
     """The sign the claim predicts for the difference (`none`: a claim of no difference, judged by equivalence
     to within the study's `margin`)."""
@@ -139,7 +140,7 @@ def judge_hypotheses(runs, registration: Preregistration):
     effect and verdict. `runs` is the arms analysis' run table (model, arm, seed, outcomes)."""
     import pandas as pd
 
-    from trainer.analysis.statistics import contrast, holm, welch_difference
+    from trainer.analysis.statistics import contrast, difference_of_differences, holm, welch_difference
 
     rows = []
     for outcome in (registration.outcome, *registration.secondary):
@@ -156,9 +157,16 @@ def judge_hypotheses(runs, registration: Preregistration):
                 est = welch_difference(first.to_numpy(), second.to_numpy())
                 units = f"{len(first)} v {len(second)} seeds of one base"
             if h.versus_bases:
-                _, other = contrast(scaled[scaled["model"].isin(h.versus_bases)], "arm", h.arms, "model", column)
+                on_other = scaled[scaled["model"].isin(h.versus_bases)]
+                _, other = contrast(on_other, "arm", h.arms, "model", column)
                 est = welch_difference(diffs.to_numpy(), other.to_numpy())
                 units = f"{len(diffs)} vs {len(other)} bases"
+                if len(diffs) == 1 or len(other) == 1:  # one base a side: the seeds are the units
+                    groups = [
+                        side[side["arm"] == arm][column].dropna() for side in (on_bases, on_other) for arm in h.arms
+                    ]
+                    est = difference_of_differences(*(g.to_numpy() for g in groups))
+                    units = "seeds of one base a side (" + " v ".join(str(len(g)) for g in groups) + ")"
             rows.append(
                 {
                     "hypothesis": h.name,

@@ -136,6 +136,31 @@ def welch_difference(first: Sequence[float], second: Sequence[float], level: flo
     return _estimate(float(a.mean() - b.mean()), se, df, n, level)
 
 
+def difference_of_differences(
+    first: Sequence[float],
+    second: Sequence[float],
+    third: Sequence[float],
+    fourth: Sequence[float],
+    level: float = LEVEL,
+) -> Estimate:
+    """(mean(first) - mean(second)) - (mean(third) - mean(fourth)) over four independent samples (an interaction
+    where each side is one base policy and the seeds are the units): its variance the sum of the four means',
+    Satterthwaite's degrees of freedom."""
+    groups = [_finite(g, "difference_of_differences") for g in (first, second, third, fourth)]
+    n = sum(len(g) for g in groups)
+    estimate = (
+        float(groups[0].mean() - groups[1].mean() - groups[2].mean() + groups[3].mean())
+        if all(len(g) for g in groups)
+        else math.nan
+    )
+    if any(len(g) < 2 for g in groups):
+        return Estimate(estimate, math.nan, math.nan, math.nan, math.nan, math.nan, n, math.nan)
+    parts = [g.var(ddof=1) / len(g) for g in groups]
+    se = math.sqrt(sum(parts))
+    df = se**4 / sum(v * v / (len(g) - 1) for v, g in zip(parts, groups)) if se > 0 else n - 4
+    return _estimate(estimate, se, df, n, level)
+
+
 def holm(pvalues: Sequence[float]) -> list[float]:
     """Holm's step-down adjusted p-values (NaN stays NaN and is not counted in the family)."""
     p = np.asarray(pvalues, dtype=float)
