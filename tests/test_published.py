@@ -291,3 +291,26 @@ def test_why_a_rerun_is_not_identical_names_the_cpu_kind_and_the_packages():
     )
     unknown = why_not_identical({**published, "machine": {"processor": "AMD EPYC"}}, [rerun])
     assert "records no CPU features" in unknown[0]
+
+
+def test_curves_are_every_cells_success_per_update_with_its_keys(tmp_path):
+    """What publish writes as curves.csv: enough to apply a later collapse rule to a published study."""
+    from trainer.analysis.published import curves
+    from trainer.analysis.synthetic import cell_path, synthetic_metrics, write_metrics
+
+    for seed in (0, 1):
+        columns = synthetic_metrics(30, 0.5, np.random.default_rng(seed), eval_every=10)
+        write_metrics(cell_path(tmp_path / "cells", "q", "spo_muon", "muon", seed, arm="a"), columns)
+    table = curves(tmp_path)
+    assert list(table.columns) == [
+        "model",
+        "recipe",
+        "optimizer",
+        "arm",
+        "seed",
+        "update",
+        "success_rate",
+        "eval_success",
+    ]
+    assert len(table) == 60 and table.groupby("seed")["update"].max().tolist() == [29, 29]
+    assert table["eval_success"].notna().sum() < 60  # held-out only where evaluated
