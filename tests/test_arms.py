@@ -320,3 +320,16 @@ def test_the_mechanism_is_tested_on_arms_with_an_exact_permutation_p():
     assert rho == pytest.approx(-1.0) and p == pytest.approx(2 / 24)
     assert np.isnan(arm_rank_correlation(np.array([1.0, 2.0, 3.0]), np.array([0.2, 0.2, 0.2]))[0])
     assert np.isnan(arm_rank_correlation(np.array([1.0, 2.0]), np.array([0.1, 0.2]))[1])
+
+
+def test_a_slide_from_the_start_is_judged_degraded_in_an_arms_study(tmp_path):
+    """The run table of every kind reads the episodes per update, so a run whose last fifth lies 20 points below its
+    first (16 episodes per update) is degraded, one that rises is not."""
+    paths = []
+    for arm, start, target in (("slides", 0.5, 0.3), ("rises", 0.3, 0.5)):
+        columns = synthetic_metrics(100, target, np.random.default_rng(0), start=start)
+        columns["n_trajectories"] = np.full(100, 16)
+        paths.append(write_metrics(cell_path(tmp_path, "q", "spo_adam", "adam", 0, arm=arm), columns))
+    runs = arms_run_table(load_metrics(paths, tmp_path, ARMS_COLUMNS), arms=arm_order(paths)).set_index("arm")
+    assert runs.loc["slides", "gain"] < -0.1 and runs.loc["slides", "degraded"]
+    assert not runs.loc["rises", "degraded"]

@@ -109,6 +109,7 @@ LABELS = {
 ARMS_COLUMNS: tuple[str, ...] = (
     "update",
     "success_rate",
+    "n_trajectories",
     "eval_success",
     "entropy",
     "clip_frac_low",

@@ -135,6 +135,7 @@ NUMBER_METRICS = {"final-window validation success": "final", "normalized valida
 COMPANION_COLUMNS: tuple[str, ...] = (
     "update",
     "success_rate",
+    "n_trajectories",
     "eval_success",
     "entropy",
     "loss",

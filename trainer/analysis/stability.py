@@ -84,8 +84,16 @@ from trainer.analysis.summary import (
 )
 from trainer.study import lr_label
 
-STABILITY_COLUMNS: tuple[str, ...] = ("update", "success_rate", "eval_success", "entropy", *NONFINITE_COLUMNS)
-"""The metrics the stability and horizon analyses read (success, evaluations, every collapse rule)."""
+STABILITY_COLUMNS: tuple[str, ...] = (
+    "update",
+    "success_rate",
+    "eval_success",
+    "entropy",
+    "n_trajectories",
+    *NONFINITE_COLUMNS,
+)
+"""The metrics the stability and horizon analyses read (success, evaluations, episodes per update, every collapse
+and degradation rule)."""
 STABILITY_FIGURES: tuple[str, ...] = tuple(STABILITY.figures)
 
 
