@@ -3,7 +3,7 @@
 Writes `--cells` synthetic metrics logs (trainer/analysis/synthetic.py: 2 model families x 8 recipes x
 Adam/Muon x as many seeds as needed, Adam runs mostly collapsing) into a temporary directory in the
 workflow's Hive layout, untimed. Then times exactly what the workflow's two rules run, in one process:
-`summarize` (read every log with pyarrow.dataset, judge collapse per run, bootstrap the cells, write
+`summarize` (read every log with pyarrow.dataset, judge collapse per run, t intervals per cell, write
 summary.csv/.md and runs.parquet) and `plot` (read the logs again, EMA, and draw and write all five figures
 as PNG and PDF). Imports are done before the clock starts (the trainer package pulls in torch, ~4 s, which is
 not analysis time). Wall time is the target; CPU time is printed too, because on a shared machine the two differ.

@@ -223,3 +223,20 @@ def test_companion_summary_script_writes_the_sentence_too(tmp_path):
     worst, _ = false_positive_rate(CollapseCriterion(warmup=2), 16, 10)
     method = next(line for line in (out / "summary.md").read_text().splitlines() if "Collapse = " in line)
     assert f"flags {worst:.1%} of simulated runs" in method and "16 episodes per update and 10 updates" in method
+
+
+@pytest.mark.parametrize("batch", [8, 16])
+def test_the_degradation_threshold_flags_at_most_5_percent_of_constant_runs_and_finds_a_real_slide(batch):
+    """Runs of constant success (any level) are judged degraded at most 5% of the time (100,000 simulated pairs of
+    first and last fifths, 100 updates: the rate's standard error is 0.0007); a slide of 15 points from start to end
+    is found in most runs."""
+    from trainer.analysis.collapse import degradation_threshold, degraded
+
+    rng = np.random.default_rng(batch)
+    episodes = batch * 20
+    for p in (0.05, 0.3, 0.5):
+        gain = (rng.binomial(episodes, p, 100_000) - rng.binomial(episodes, p, 100_000)) / episodes
+        assert degraded(gain, batch, np.full(100_000, 100)).mean() <= 0.05, p
+    slide = (rng.binomial(episodes, 0.25, 100_000) - rng.binomial(episodes, 0.40, 100_000)) / episodes
+    assert degraded(slide, batch, np.full(100_000, 100)).mean() > 0.7
+    assert degradation_threshold(16, 100) == pytest.approx(0.0681, abs=1e-4)  # 1.645 x sqrt(0.5 / 320) + 1 / 320

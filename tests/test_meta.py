@@ -35,7 +35,12 @@ def _run(model, arm, seed, value, recipe=None):
 def studies(tmp_path):
     study = tmp_path / "study.yaml"
     study.write_text(
-        yaml.safe_dump({"models": {"q": {"preset": "qwen-tiny"}, "w": {"preset": "qwen-tiny", "warm_start_seed": 1}}})
+        yaml.safe_dump(
+            {
+                "models": {"q": {"preset": "qwen-tiny"}, "w": {"preset": "qwen-tiny", "warm_start_seed": 1}},
+                "grid": [{"recipes": ["spo_muon"], "seeds": [0]}],
+            }
+        )
     )
     # study one: bases q and w; study two: base q again (one run shared, bit-identical), and a new arm
     one = [_run("q", "m", 0, 0.5), _run("q", "a", 0, 0.2), _run("w", "m", 0, 0.4), _run("w", "a", 0, 0.3)]

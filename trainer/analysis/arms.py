@@ -250,19 +250,18 @@ def predictor_table(runs: pd.DataFrame) -> pd.DataFrame:
     study's seeds of one arm as independent evidence; they share the arm's settings, so the arm-level correlation is
     the mechanism's test, with as many units as arms."""
     collapsed = runs["collapsed"].to_numpy(dtype=bool)
-    per_arm = runs.groupby(["model", "recipe", "arm"], sort=False)
     rows = []
     for column in PREDICTORS:
         values = (
             runs[f"early_{column}"].to_numpy(dtype=float) if f"early_{column}" in runs else np.full(len(runs), np.nan)
         )
         ok = np.isfinite(values)
-        arms = pd.DataFrame({"early": per_arm[f"early_{column}"].median(), "final": per_arm["window_success"].mean()})
-        rho, p = (
-            arm_rank_correlation(arms["early"].to_numpy(), arms["final"].to_numpy())
-            if f"early_{column}" in runs
-            else (math.nan, math.nan)
+        arms = (
+            runs.assign(early=values)
+            .groupby(["model", "recipe", "arm"], sort=False)
+            .agg(early=("early", "median"), final=("window_success", "mean"))
         )
+        rho, p = arm_rank_correlation(arms["early"].to_numpy(), arms["final"].to_numpy())
         rows.append(
             {
                 "predictor": column,

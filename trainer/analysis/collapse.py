@@ -224,11 +224,12 @@ DEGRADATION_ALPHA = 0.05
 """The false-positive rate of the degradation verdict for a run of constant success, at most (any level)."""
 
 
-def degradation_threshold(batch: float, updates: int, alpha: float = DEGRADATION_ALPHA) -> float:
+def degradation_threshold(batch, updates, alpha: float = DEGRADATION_ALPHA) -> np.ndarray:
     """The learning (`gain`: last fifth's success minus the first fifth's, fractions) below which a run counts as
-    degraded: its end is worse than its start by more than binomial noise gives a run of constant success with
-    probability `alpha`, one-sided, at the worst level (50%: a variance of 1/4 per episode), with `batch` episodes
-    per update and a fifth of `updates` in each window.
+    degraded (elementwise over `batch` and `updates`): its end is worse than its start by more than binomial noise
+    gives a run of constant success with probability `alpha`, one-sided, at the worst level (50%: a variance of 1/4
+    per episode), with `batch` episodes per update and a fifth of `updates` (at least one) in each window, plus a
+    continuity correction.
 
     Why beside the collapse rule: that rule looks for a fall from the run's peak, so it misses a slow slide from the
     start (minicpm-tiny's AdamW at 3e-4: 9-12 points down, 0 of 3 flagged) and flags a flat curve at a few percent
@@ -240,14 +241,15 @@ def degradation_threshold(batch: float, updates: int, alpha: float = DEGRADATION
 
     from trainer.analysis.summary import LEARNING_FRACTION, window_size
 
-    episodes = batch * window_size(int(updates), LEARNING_FRACTION)
-    return float(norm.ppf(1 - alpha) * np.sqrt(2 * 0.25 / episodes) + 1 / episodes)  # + a continuity correction
+    updates = np.asarray(updates, dtype=int)
+    fifth = np.vectorize(lambda n: window_size(int(n), LEARNING_FRACTION), otypes=[float])(updates)
+    episodes = np.asarray(batch, dtype=float) * fifth
+    return norm.ppf(1 - alpha) * np.sqrt(2 * 0.25 / episodes) + 1 / episodes
 
 
 def degraded(gain: np.ndarray | pd.Series, batch: np.ndarray | pd.Series | float, updates: np.ndarray | pd.Series):
     """Per run: its `gain` lies below minus `degradation_threshold` for its episodes per update and logged updates
     (False where the batch is unknown: NaN)."""
-    gain, updates = np.asarray(gain, dtype=float), np.asarray(updates, dtype=int)
-    batch = np.broadcast_to(np.asarray(batch, dtype=float), gain.shape)
-    thresholds = np.array([degradation_threshold(b, u) if b > 0 else np.inf for b, u in zip(batch, updates)])
-    return gain < -thresholds
+    with np.errstate(invalid="ignore", divide="ignore"):
+        threshold = degradation_threshold(batch, updates)
+    return np.asarray(gain, dtype=float) < -np.where(np.isfinite(threshold), threshold, np.inf)

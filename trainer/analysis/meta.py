@@ -25,12 +25,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from trainer.analysis.statistics import Estimate, mean_estimate, run_fingerprint, welch_difference
 
-REPO = Path(__file__).resolve().parents[2]
-"""The checkout, where a published provenance's `study_file` is found."""
 FINGERPRINT_COLUMNS = (
     "recipe",
     "optimizer",
@@ -74,14 +71,12 @@ def base_keys(study: dict, provenance: dict, folder: Path) -> dict[str, str]:
 def load_runs(folders: list[Path]) -> pd.DataFrame:
     """Every published run of `folders` with its `study`, `base` (merged where bases share a run) and
     `fingerprint`; a run published twice is kept once (its first study)."""
-    from trainer.analysis.published import read_published
-    from trainer.study import resolve_base
+    from trainer.analysis.published import published_study, read_published
 
     frames = []
     for folder in folders:
         runs, provenance = read_published(folder)
-        study_file = REPO / provenance["study_file"]
-        study = resolve_base(yaml.safe_load(study_file.read_text()), root=REPO, source=study_file)
+        study = published_study(provenance)
         keys = base_keys(study, provenance, folder)
         runs = runs.assign(study=folder.name, base=runs["model"].map(keys))
         columns = [c for c in FINGERPRINT_COLUMNS if c in runs.columns]

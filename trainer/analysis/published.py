@@ -54,6 +54,8 @@ final-window validation success and validation AUC, the collapse verdict."""
 KEYS = ("model", "recipe", "optimizer", "arm", "lr", "seed")
 """Run keys, in order; `arm` only in a study of arms, `lr` only where the study has an lr axis."""
 FILES = ("summary.csv", "runs.csv", "provenance.json")
+REPO = Path(__file__).resolve().parents[2]
+"""The checkout, where a published provenance's `study_file` is found."""
 ALPHA = 0.05
 """The family-wise level of `compare`'s tests: an equivalent rerun is called outside at most this often."""
 STATUSES = ("identical", "within", "untestable", "outside", "missing", "extra")
@@ -151,7 +153,8 @@ def publish(results: Path, study_file: Path, out: Path, repo: Path, wall_time_s:
     runs = pd.read_parquet(results / "runs.parquet")
     _write(out / "summary.csv", (results / "summary.csv").read_text())
     _write(out / "runs.csv", runs.to_csv(index=False))  # pandas writes floats at full (repr) precision
-    if any((results / "cells").rglob("metrics.parquet")) and _has_curves(results):
+    first = next((results / "cells").rglob("metrics.parquet"), None)
+    if first is not None and "success_rate" in pq.read_schema(first).names:
         _write(out / "curves.csv", curves(results).to_csv(index=False))
     if (results / "hypotheses.csv").exists():
         _write(out / "hypotheses.csv", (results / "hypotheses.csv").read_text())
@@ -159,31 +162,33 @@ def publish(results: Path, study_file: Path, out: Path, repo: Path, wall_time_s:
     return provenance
 
 
-def _has_curves(results: Path) -> bool:
-    first = next((results / "cells").rglob("metrics.parquet"))
-    return "success_rate" in pq.read_schema(first).names
+def published_study(provenance: dict, repo: Path = REPO) -> dict:
+    """The study file a published study's provenance names, as the workflow read it (its `base` merged, checked,
+    every default set)."""
+    import yaml
+
+    from trainer.study import check_study, resolve_base
+
+    study_file = repo / provenance["study_file"]
+    return check_study(resolve_base(yaml.safe_load(study_file.read_text()), root=repo, source=study_file), repo)
 
 
-def recompute(folder: Path, repo: Path) -> pd.DataFrame:
+def recompute(folder: Path, repo: Path = REPO) -> pd.DataFrame:
     """A published study's summary.csv (and runs.csv's degradation verdicts; an arms study's predictors.csv)
     recomputed from its runs.csv with this checkout's analysis: its intervals, tests and verdicts, no retraining.
     Written in place; returns the summary."""
-    import yaml
-
     import trainer.analysis
     from trainer.analysis.collapse import degraded
     from trainer.analysis.kinds import COMPANION, STUDY_KINDS
-    from trainer.study import paper_names, resolve_base
+    from trainer.rollout.config import RolloutConfig
+    from trainer.study import paper_names
 
     runs, provenance = read_published(folder)
-    study_file = repo / provenance["study_file"]
-    study = resolve_base(yaml.safe_load(study_file.read_text()), root=repo, source=study_file)
-    kind = STUDY_KINDS[study.get("study", "main")]
-    batch = study.get("cell", {}).get("rollout", {}).get("batch_size")
-    if batch is None:
-        raise ValueError(f"{study_file}: cell.rollout.batch_size is not set; the degradation verdict needs it")
+    study = published_study(provenance, repo)
+    kind = STUDY_KINDS[study["study"]]
+    batch = study["cell"].get("rollout", {}).get("batch_size", RolloutConfig.batch_size)
     runs["degraded"] = degraded(runs["gain"], float(batch), runs["n_updates"])
-    models = paper_names(study) if study.get("models") else None
+    models = paper_names(study)
     table = getattr(trainer.analysis, kind.summary_table)
     if kind is COMPANION:  # its reference numbers, which the main table loads itself
         from trainer.analysis.companion import load_companion_numbers
@@ -372,14 +377,11 @@ def cell_run(cell: Path, published: dict, repo: Path) -> pd.DataFrame:
     rule, window and models from the study file the provenance names)."""
     import tempfile
 
-    import yaml
-
     import trainer.analysis
     from trainer.analysis.kinds import STUDY_KINDS
-    from trainer.study import check_study, horizons, paper_names, resolve_base
+    from trainer.study import horizons, paper_names
 
-    study_file = repo / published["study_file"]
-    study = check_study(resolve_base(yaml.safe_load(study_file.read_text()), root=repo, source=study_file), repo)
+    study = published_study(published, repo)
     kind = STUDY_KINDS[study["study"]]
     base = cell.resolve()
     while "=" in base.name:
@@ -421,17 +423,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "publish":
-            prov = publish(args.results, args.study, args.out, Path(__file__).resolve().parents[2], args.wall_time_s)
+            prov = publish(args.results, args.study, args.out, REPO, args.wall_time_s)
             print(f"published {prov['n_cells']} cells (trainer version {prov['trainer_version']}) to {args.out}")
             return 0
         if args.command == "recompute":
             for folder in args.published:
-                summary = recompute(folder, Path(__file__).resolve().parents[2])
+                summary = recompute(folder)
                 print(f"{folder}: {len(summary)} summary rows recomputed")
             return 0
         published, prov = read_published(args.published)
-        repo = Path(__file__).resolve().parents[2]
-        runs, provs = rerun_tables(args.results, prov, repo)
+        runs, provs = rerun_tables(args.results, prov, REPO)
         table = compare(runs, published)
         if not (args.results / "runs.parquet").exists():  # one cell: its group's published seeds give the spread
             keys = [k for k in _keys(runs) if k != "seed"]

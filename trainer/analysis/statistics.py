@@ -1,5 +1,5 @@
 """Statistics that hold at 2-5 seeds: Student-t intervals, paired and two-sample differences, the minimum
-detectable effect beside a null, Holm's correction, and a meta-analysis over independent base policies.
+detectable effect beside a null, Holm's correction.
 
 Why not the percentile bootstrap the summaries used before: over n values it resamples the n values themselves, so
 its interval is the spread of the observed values' means and ignores that n = 2 or 3 values underestimate the
@@ -10,14 +10,13 @@ close to nominal for bounded outcomes such as a success rate, where the tests me
 * **The unit of replication is the base policy** where runs share one: `unit_means` averages a unit's seeds
   first, so a base with three seeds counts once, and a contrast of two arms is paired within a base
   (`paired_difference`: a one-sample t on the per-base differences, n - 1 degrees of freedom). An interaction
-  (a contrast on one set of bases minus on another) is Welch's two-sample t (`welch_difference`).
+  (a contrast on one set of bases minus on another) is Welch's two-sample t (`welch_difference`), or, with one
+  base a side, the difference of differences of four means over seeds (`difference_of_differences`).
 * **The minimum detectable effect** of a test (from the noncentral t at the test's degrees of freedom) is the
   smallest true difference it would find with probability `power` (0.8): a null whose MDE is 15 points cannot
   exclude a 10-point effect, and the reports print it beside every null.
-* **Meta-analysis** (`meta_analysis`): per base policy one difference (its seeds averaged), pooled over every
-  study that measured that contrast, each run counted once however many studies list it (runs are identified by
-  their content, `run_fingerprint`), each base once (a base appearing in two studies is one unit, its runs
-  merged).
+* **A run's identity by content** (`run_fingerprint`), so that trainer/analysis/meta.py counts a run published by
+  two studies once when it pools a contrast over them.
 """
 
 from __future__ import annotations
