@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import os
@@ -192,10 +193,17 @@ def test_hand_example_two_episodes_layout_and_requests():
     assert (b.reward, b.done, b.truncated, b.task_id, b.baseline) == (0.0, True, False, "tb", None)
     assert envs[0].received == ["7,8", "9,9,9"] and envs[1].received == ["6,6,6", "", "4"]
 
-    # What was asked of vLLM: the whole history as token ids, one request per live episode, per-request seeds
-    # drawn from the generator in order (2, then 2, then 1), the format's stop ids, the sampled log-prob only.
+    # What was asked of vLLM: the whole history as token ids, one request per live episode, the format's stop ids,
+    # the sampled log-prob only, and seeds per episode and turn: one seed per episode drawn from the generator in
+    # input order, turn t's request seeded by blake2b("seed:t") (A plays turns 0-1, B turns 0-2).
     g = torch.Generator().manual_seed(0)
-    seeds = [torch.randint(0, 2**31 - 1, (k,), generator=g).tolist() for k in (2, 2, 1)]
+    seed_a, seed_b = torch.randint(0, 2**31 - 1, (2,), generator=g).tolist()
+
+    def hashed(seed, turn):
+        digest = hashlib.blake2b(f"{seed}:{turn}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "little") % (2**31 - 1)
+
+    seeds = [[hashed(seed_a, 0), hashed(seed_b, 0)], [hashed(seed_a, 1), hashed(seed_b, 1)], [hashed(seed_b, 2)]]
     assert [[p["prompt_token_ids"] for p in call[0]] for call in llm.calls] == [
         [[1, 12, 2], [1, 15, 2]],
         [a.tokens[:9], b.tokens[:9]],

@@ -167,6 +167,11 @@ class TrainConfig(Section):
             raise ConfigError(
                 "rollout.server: the hf engine runs in the trainer; a rollout server runs the vllm or the reference engine"
             )
+        if self.rollout.loop == "episodes" and self.rollout.engine == "hf":
+            raise ConfigError(
+                "rollout.loop: 'episodes' needs an engine that serves one turn at a time (vllm or reference); the hf "
+                "engine batches its decode step across episodes and plays loop: turns"
+            )
         if self.model.path is None and self.model.preset is None:
             raise ConfigError("model: give a tiny `preset` or a checkpoint `path`")
 

@@ -29,6 +29,14 @@ class RolloutConfig(Section):
     vllm_enforce_eager: bool = False
     """Run vLLM's model eagerly: no torch.compile and no CUDA graphs. Start-up drops from ~45 s to ~10 s on a CPU
     (the tests' setting); generation is slower, most on a GPU."""
+    loop: Literal["turns", "episodes"] = "turns"
+    """turns: every live episode advances one turn per generate call, and the next call waits for the batch's
+    slowest answer and slowest tool call (the hf engine's only loop: its decode step is what batches); episodes:
+    each episode its own loop of turns and tool calls, many in flight (trainer/rollout/episode_loop.py; the vllm
+    and reference engines, in the trainer or a server). Same episodes under sync and lagged; under async, episodes
+    flow across updates instead of batch by batch, each turn recording the version that generated it."""
+    max_in_flight: int | None = knob(None, ge=1, most="episodes")
+    """Episodes played at once under `loop: episodes` and `mode: async` (None: `batch_size`)."""
     mode: RolloutMode = "lagged"
     """sync: rollouts by the current policy; lagged: always by the policy `lag` updates old (deterministic);
     async: a concurrent rollout thread, staleness bounded by `max_staleness`."""

@@ -13,6 +13,12 @@ A batch's environments are reset, stepped, graded and closed in the driver's `En
 engine's `play` takes it), so environments that wait on sandboxes wait side by side; the episodes are the same
 for every width.
 
+Two loops (`rollout.loop`): `turns`, the engine's own `play` (lock-step turns); `episodes`, each episode its own
+loop of turns and tool calls (trainer/rollout/episode_loop.py) on an event loop in a thread of the driver's, the
+environment calls on `env_workers` threads. Under sync and lagged it plays the same episodes as `turns` (on an
+engine whose answer depends only on weights, prompt and seed); under async the episodes flow across updates
+(`EpisodeStream`, at most `max_in_flight` at once) and weights are pushed between turns, not between batches.
+
 Tasks: one rollout per task (single stream), or `group_size` rollouts per task for the group estimators, drawn
 from the training pool by the estimator's `sample_tasks` (SPO's prioritised weights) or uniformly. When a task is
 handed out, the estimator's `dispatch_baseline` is snapshotted onto its episodes (`Episode.baseline`: SPO++'s
@@ -21,7 +27,9 @@ stream-aligned baseline). The driver knows nothing else of the estimator.
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import functools
 import queue
 import sys
 import threading
@@ -33,6 +41,8 @@ import torch
 from trainer.rollout.config import RolloutConfig
 from trainer.rollout.env_pool import EnvPool, close_envs
 from trainer.rollout.episode import Episode
+from trainer.rollout.episode_loop import Dispatch, EnvCalls, EpisodeStream, LLMTurns, VersionGate, play_batch
+from trainer.rollout.vllm_engine import request_seeds
 
 
 class TaskSampler:
@@ -109,6 +119,72 @@ class RolloutDriver:
         self._lock = threading.Lock()
         self._consumed_version = 0
         self.pool = EnvPool(cfg.env_workers)
+        self._episodes_loop: asyncio.AbstractEventLoop | None = None
+        self._stream: EpisodeStream | None = None
+        self._pending_jobs: deque[Dispatch] = deque()
+        if cfg.loop == "episodes":
+            self._start_episode_loop()
+
+    # -- the episode-level loop ---------------------------------------------------------------------------------
+    def _start_episode_loop(self) -> None:
+        """The event loop the episodes run on (a daemon thread), the engine's turn interface, the env threads."""
+        self.turns = self.engine.turn_engine() if hasattr(self.engine, "turn_engine") else LLMTurns(self.engine)
+        self.env_calls = EnvCalls(self.cfg.env_workers)
+        self._episodes_loop = asyncio.new_event_loop()
+        threading.Thread(target=self._episodes_loop.run_forever, name="episodes", daemon=True).start()
+        self.gate = self._on_loop(self._make_gate())
+
+    async def _make_gate(self) -> VersionGate:
+        return VersionGate()
+
+    def _on_loop(self, coroutine):
+        """Run `coroutine` on the episodes' event loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self._episodes_loop).result()
+
+    def _jobs(self, tasks, ids, groups, baselines) -> list[Dispatch]:
+        seeds = request_seeds(len(tasks), self.generator)
+        return [Dispatch(t, i, s, g, b) for t, i, s, g, b in zip(tasks, ids, seeds, groups, baselines)]
+
+    async def _play_episodes(self, version: int, weights: dict | None) -> list[Episode]:
+        if weights is not None:
+            await self.gate.push(functools.partial(self.turns.load_weights, weights, version), version)
+        jobs = self._jobs(*self._dispatch())
+        envs = [self.make_env() for _ in jobs]
+        try:
+            return await play_batch(
+                self.turns, self.gate, self.env_calls, self.engine.fmt, envs, jobs, sampling=self.sampling
+            )
+        finally:
+            await asyncio.gather(*(self.env_calls(env.close) for env in envs))
+
+    def _next_jobs(self) -> list[Dispatch]:
+        """One group of episodes for the stream (a whole task's group), from batches dispatched as `_play` would."""
+        if not self._pending_jobs:
+            self._pending_jobs.extend(self._jobs(*self._dispatch()))
+        return [self._pending_jobs.popleft() for _ in range(self.group_size)]
+
+    async def _stream_take(self, trainer_version: int) -> list[Episode]:
+        if self._stream is None:
+            self._stream = EpisodeStream(
+                self.turns,
+                self.env_calls,
+                self.engine.fmt,
+                self.make_env,
+                self._next_jobs,
+                sampling=self.sampling,
+                max_in_flight=self.cfg.max_in_flight or self.cfg.batch_size,
+                max_staleness=self.cfg.max_staleness,
+                gate=self.gate,
+            )
+            if self._latest is not None:  # the weights published before the first batch
+                version, weights = self._latest
+                await self._stream.publish(weights, version)
+        batch = await self._stream.take(self.cfg.batch_size, trainer_version)
+        stream = self._stream
+        self.dropped_stale += len(stream.stale)
+        self._account(batch + stream.left_out + stream.stale)
+        stream.stale, stream.left_out = [], []
+        return batch
 
     # -- weights -------------------------------------------------------------------------------------------
     def publish(self, state_dict: dict, version: int) -> None:
@@ -126,6 +202,8 @@ class RolloutDriver:
         else:
             with self._lock:
                 self._latest = (version, weights)
+            if self._stream is not None:  # pushed between turns, as soon as the turns in flight allow
+                self._on_loop(self._stream.publish(weights, version))
 
     # -- one batch -------------------------------------------------------------------------------------------
     def _dispatch(self) -> tuple[list, list[str], list[str | None], list[float | None]]:
@@ -142,6 +220,8 @@ class RolloutDriver:
         return out_tasks, ids, groups, baselines
 
     def _play(self, version: int, weights: dict | None) -> list[Episode]:
+        if self._episodes_loop is not None:
+            return self._account(self._on_loop(self._play_episodes(version, weights)))
         if weights is not None:
             self.engine.load_state_dict(weights, version)
         tasks, ids, groups, baselines = self._dispatch()
@@ -161,6 +241,11 @@ class RolloutDriver:
             close_envs(envs, self.pool)
         for e, g in zip(episodes, groups):
             e.group_id = g
+        return self._account(episodes)
+
+    def _account(self, episodes: list[Episode]) -> list[Episode]:
+        """Count what was dispatched, say which episodes were left out and why, stop past `max_failed_share`; the
+        episodes that go into a batch."""
         skipped = [e for e in episodes if "skipped" in e.extra]
         for e in skipped:
             print(
@@ -239,6 +324,8 @@ class RolloutDriver:
                         continue
 
     def _next_async(self, trainer_version: int) -> list[Episode]:
+        if self._episodes_loop is not None:
+            return self._on_loop(self._stream_take(trainer_version))
         self._consumed_version = trainer_version
         if self._thread is None:
             self._queue = queue.Queue(maxsize=2 * self.cfg.batch_size)
@@ -261,6 +348,11 @@ class RolloutDriver:
         return batch
 
     def close(self) -> None:
+        if self._episodes_loop is not None:
+            if self._stream is not None:
+                self._on_loop(self._stream.close())
+            self._episodes_loop.call_soon_threadsafe(self._episodes_loop.stop)
+            self.env_calls.close()
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=60)

@@ -6,6 +6,7 @@ and none of them should have to import an engine to get it.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 
@@ -59,3 +60,11 @@ class SamplingParams:
             max_turn_tokens=rollout.max_turn_tokens,
             max_episode_tokens=rollout.max_episode_tokens,
         )
+
+
+def turn_seed(episode_seed: int, turn: int) -> int:
+    """The sampling seed of turn `turn` of the episode dispatched with `episode_seed`: a hash of both, in
+    [0, 2^31 - 1). Per episode and turn rather than per generate call, so an episode samples the same whichever
+    episodes share its calls and in whatever order turns finish (the lock-step and episode-level loops agree)."""
+    digest = hashlib.blake2b(f"{int(episode_seed)}:{int(turn)}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % (2**31 - 1)

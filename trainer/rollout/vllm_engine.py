@@ -32,8 +32,10 @@ How it works, and the choices behind it:
   refuses `top_p < 1` in this mode. The other mode, `logprobs_mode="raw_logprobs"`, is exact for T = 1 with any
   top_p (and for greedy), and `play` refuses any other temperature in it. vLLM also clamps temperatures in
   (0, 0.01) up to 0.01, so `play` refuses those too. Each refusal is a ValueError that says why.
-- **Reproducible sampling.** Every request carries its own `seed`, drawn from the `generator` passed to `play`
-  (from torch's global generator when none is), so the same generator state draws the same seeds. vLLM then
+- **Reproducible sampling.** Every episode draws one seed from the `generator` passed to `play` (from torch's
+  global generator when none is), in input order, and its turn t's request carries `turn_seed(seed, t)`, so the
+  same generator state draws the same seeds, and the episode-level loop (trainer/rollout/episode_loop.py), whose
+  turns finish in any order, sends the same seed for the same turn. vLLM then
   samples each request with a generator seeded from it. Equal seeds give equal tokens only while the logits are
   bitwise equal, and vLLM does not promise that across batch compositions or cache states (see verl#1683): treat
   seeded vLLM runs as replicates, not as bit-identical reruns.
@@ -88,7 +90,7 @@ from trainer.rollout.episode import (
     skip_if_prompt_too_long,
     start_episode,
 )
-from trainer.rollout.sampling import SamplingParams
+from trainer.rollout.sampling import SamplingParams, turn_seed
 
 MIN_VLLM = "0.20.0"
 """Oldest vLLM release this engine is written against (see the module docstring for why)."""
@@ -251,6 +253,8 @@ class LiveEpisode:
     episode: Episode
     env: Environment
     state: str
+    seed: int = 0
+    """The episode's sampling seed: turn t samples with `turn_seed(seed, t)`."""
     turn: int = 0
     finished: bool = False
 
@@ -349,6 +353,7 @@ def play_episodes(
 
     lives: list[LiveEpisode] = []
     episodes: list[Episode] = []
+    episode_seeds = request_seeds(n, generator)
     firsts = pool.map(lambda k: start_episode(envs[k], tasks[k]), range(n))
     for i, (env, task, first) in enumerate(zip(envs, tasks, firsts)):
         task_id = task_ids[i] if task_ids is not None else str(getattr(task, "task_id", task))
@@ -364,14 +369,14 @@ def play_episodes(
         if skip_if_prompt_too_long(episode, prompt, sampling.max_episode_tokens):
             continue
         episode.append(prompt, policy=False)
-        lives.append(LiveEpisode(episode=episode, env=env, state=first))
+        lives.append(LiveEpisode(episode=episode, env=env, state=first, seed=episode_seeds[i]))
     stop_ids = {int(t) for t in fmt.stop_ids}
 
     live = lives
     while live:
         prompts = [list(x.episode.tokens) for x in live]
         budgets = [min(sampling.max_turn_tokens, sampling.max_episode_tokens - len(p)) for p in prompts]
-        seeds = [None] * len(live) if sampling.greedy else request_seeds(len(live), generator)
+        seeds = [None if sampling.greedy else turn_seed(x.seed, x.turn) for x in live]
         params = [make_params(**request_kwargs(sampling, m, stop_ids, s)) for m, s in zip(budgets, seeds)]
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], sampling_params=params, use_tqdm=False)
         outputs = list(outputs)

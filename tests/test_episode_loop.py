@@ -1,0 +1,389 @@
+"""Tests of trainer/rollout/episode_loop.py and the driver's `rollout.loop: episodes`.
+
+References: the lock-step loop (`VLLMEngine.play` over the reference engine, itself tested against `HFEngine` in
+test_vllm_engine.py), which must play the same episodes under sync and lagged; hand-scripted engines and
+environments for the version gate, the staleness bound and the admission rule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+import torch
+from builders import TEXTS, TallyEnv
+
+from trainer.policy.chat_format import TinyFormat, build_tokenizer
+from trainer.policy.tiny import TinyModelSpec, build_tiny_model
+from trainer.rollout.config import RolloutConfig
+from trainer.rollout.driver import RolloutDriver, TaskSampler
+from trainer.rollout.episode import ENV_TOKEN
+from trainer.rollout.episode_loop import Dispatch, EpisodeStream, VersionGate, play_episode
+from trainer.rollout.reference_llm import reference_engine
+from trainer.rollout.sampling import SamplingParams, turn_seed
+
+torch.set_num_threads(1)
+
+
+class Task(int):
+    """A TallyEnv task (an int) with the id the driver's sampler needs."""
+
+    @property
+    def task_id(self) -> str:
+        return f"t{int(self)}"
+
+
+class SleepyTallyEnv(TallyEnv):
+    """TallyEnv whose steps sleep a task- and turn-dependent few milliseconds, so turns finish out of order."""
+
+    def step(self, action):
+        time.sleep(0.002 * ((int(self.task) * 7 + self.k) % 4))
+        return super().step(action)
+
+
+@pytest.fixture(scope="module")
+def world():
+    fmt = TinyFormat(build_tokenizer(TEXTS, vocab_size=300))
+    model = build_tiny_model(TinyModelSpec("qwen-tiny", vocab_size=fmt.vocab_size), seed=3).eval()
+    return model, fmt
+
+
+def versions_of(model, n):
+    """n state dicts of `model`, each a little further from it (version v: every weight times 1 + 0.05 v)."""
+    base = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return [{k: v * (1 + 0.05 * i) if v.is_floating_point() else v for k, v in base.items()} for i in range(n)]
+
+
+def record(e):
+    return (
+        e.task_id,
+        e.group_id,
+        e.tokens,
+        e.loss_mask,
+        e.rollout_logp,
+        e.versions,
+        e.turn_index,
+        e.reward,
+        e.done,
+        e.truncated,
+        e.actions,
+        [(t.start, t.end, t.invalid_action, t.exec_error) for t in e.turns],
+    )
+
+
+def run_driver(world, loop, *, mode, updates, group_size=1, **rollout):
+    model, fmt = world
+    import copy
+
+    engine = reference_engine(copy.deepcopy(model), fmt)
+    cfg = RolloutConfig(loop=loop, mode=mode, batch_size=6, env_workers=3, **rollout)
+    sampling = SamplingParams(temperature=1.0, max_turn_tokens=6, max_episode_tokens=60)
+    driver = RolloutDriver(
+        engine,
+        SleepyTallyEnv,
+        TaskSampler([Task(i) for i in range(8)], seed=1),
+        cfg,
+        sampling,
+        seed=4,
+        group_size=group_size,
+    )
+    weights = versions_of(model, updates + 1)
+    batches = []
+    try:
+        driver.publish(weights[0], 0)
+        for v in range(updates):
+            batches.append(driver.next_batch(v))
+            driver.publish(weights[v + 1], v + 1)
+    finally:
+        driver.close()
+    return batches, driver
+
+
+@pytest.mark.parametrize("mode,group_size", [("lagged", 1), ("lagged", 2), ("sync", 1)])
+def test_episode_loop_plays_the_lock_step_episodes(world, mode, group_size):
+    """Under sync and lagged the episode-level loop plays exactly the lock-step loop's episodes (same seeds per
+    episode and turn, on an engine whose answer depends only on weights, prompt and seed), with new weights
+    pushed between batches: every token, log-prob, version, turn, reward and flag."""
+    turns, _ = run_driver(world, "turns", mode=mode, updates=3, group_size=group_size)
+    episodes, _ = run_driver(world, "episodes", mode=mode, updates=3, group_size=group_size)
+    assert [[record(e) for e in b] for b in turns] == [[record(e) for e in b] for b in episodes]
+    versions = {v for b in episodes for e in b for v in e.versions if v != ENV_TOKEN}
+    assert versions == ({0, 1, 2} if mode == "sync" else {0, 1})  # the pushes took effect
+    assert len({e.rollout_logp[-1] for b in episodes for e in b}) > 1
+
+
+def test_async_stream_holds_the_staleness_bound(world):
+    """Under async the episodes flow across updates: every episode handed over is within `max_staleness` of the
+    trainer's version, every turn records one version, and the versions of an episode never go down."""
+    batches, driver = run_driver(world, "episodes", mode="async", updates=6, max_staleness=1, max_in_flight=4)
+    assert [len(b) for b in batches] == [6] * 6
+    for v, batch in enumerate(batches):
+        for e in batch:
+            assert v - e.oldest_version <= 1
+            by_turn = {}
+            for t, version in zip(e.turn_index, e.versions):
+                if t != ENV_TOKEN:
+                    by_turn.setdefault(t, set()).add(version)
+            assert all(len(s) == 1 for s in by_turn.values())
+            turn_versions = [next(iter(by_turn[t])) for t in sorted(by_turn)]
+            assert turn_versions == sorted(turn_versions)
+    assert max(e.oldest_version for e in batches[-1]) >= 3  # the weights moved on
+
+
+# ------------------------------------------------------------------------------------------- scripted pieces
+
+
+class ScriptedTurns:
+    """Answers every turn with [7, 3] (3: the stop token) after `delay` seconds; records pushes."""
+
+    def __init__(self, delay=0.0, fail_at=None):
+        self.delay, self.fail_at, self.pushed, self.calls = delay, fail_at, [], 0
+
+    async def generate(self, prompt, *, sampling, max_tokens, seed):
+        self.calls += 1
+        if self.fail_at is not None and self.calls >= self.fail_at:
+            raise RuntimeError("the engine died")
+        await asyncio.sleep(self.delay)
+        return [7, 3], [-0.5, -0.25]
+
+    async def load_weights(self, state_dict, version):
+        self.pushed.append(version)
+
+
+class HandFormat:
+    stop_ids = {3}
+
+    def prompt_ids(self, obs):
+        return [1, 2]
+
+    def observation_ids(self, obs, last_token=None):
+        return [4, 2]
+
+    def decode_action(self, ids):
+        return "act"
+
+
+class TurnsEnv:
+    """Done after `turns` steps, reward 1."""
+
+    def __init__(self, turns=3):
+        self.turns = turns
+
+    def reset(self, task):
+        self.k = 0
+        return "start"
+
+    def step(self, action):
+        from trainer.environments.protocol import StepInfo, StepResult
+
+        self.k += 1
+        return StepResult(observation="obs", done=self.k >= self.turns, reward=1.0, info=StepInfo(tool="t"))
+
+    def close(self):
+        pass
+
+
+async def direct(fn, *args, **kwargs):
+    return fn(*args, **kwargs)
+
+
+SAMPLING = SamplingParams(temperature=1.0, max_turn_tokens=4, max_episode_tokens=64)
+
+
+def test_version_gate_push_waits_for_turns_in_flight_and_holds_new_ones():
+    async def main():
+        gate, log = VersionGate(), []
+        release = asyncio.Event()
+
+        async def turn(name):
+            async with gate.turn() as version:
+                log.append((name, "start", version))
+                await release.wait()
+            log.append((name, "end", version))
+
+        async def load():
+            log.append(("push", "load", gate.version))
+
+        first = asyncio.create_task(turn("a"))
+        await asyncio.sleep(0)
+        push = asyncio.create_task(gate.push(load, 1))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(turn("b"))  # asked for during the push: waits for it
+        await asyncio.sleep(0.01)
+        assert log == [("a", "start", 0)] and not push.done()
+        release.set()
+        await asyncio.gather(first, push, second)
+        return log
+
+    assert asyncio.run(main()) == [
+        ("a", "start", 0),
+        ("a", "end", 0),
+        ("push", "load", 0),
+        ("b", "start", 1),
+        ("b", "end", 1),
+    ]
+
+
+def test_an_episode_spanning_a_push_records_each_turns_version():
+    """The push lands while the episode's second tool call runs: turns 0-1 by version 0, turn 2 by version 1."""
+
+    async def main():
+        gate, engine = VersionGate(), ScriptedTurns()
+        in_tool, resume, steps = asyncio.Event(), asyncio.Event(), []
+
+        async def env_calls(fn, *args, **kwargs):
+            if fn.__name__ == "finalize_turns":
+                steps.append(1)
+                if len(steps) == 2:
+                    in_tool.set()
+                    await resume.wait()
+            return fn(*args, **kwargs)
+
+        play = asyncio.create_task(
+            play_episode(engine, gate, env_calls, HandFormat(), TurnsEnv(3), Dispatch("x", "x", 5), sampling=SAMPLING)
+        )
+        await in_tool.wait()
+        await gate.push(lambda: engine.load_weights({}, 1), 1)  # no turn is being generated: it goes through
+        resume.set()
+        return await play
+
+    e = asyncio.run(main())
+    policy = [(t, v) for t, v in zip(e.turn_index, e.versions) if v != ENV_TOKEN]
+    assert policy == [(0, 0), (0, 0), (1, 0), (1, 0), (2, 1), (2, 1)]
+    assert e.oldest_version == 0 and e.done and e.reward == 1.0
+    assert e.tokens == [1, 2, 7, 3, 4, 2, 7, 3, 4, 2, 7, 3]
+
+
+def test_stream_admits_no_episode_beyond_the_staleness_bound():
+    """max_staleness 0: once version 1 is loaded and the trainer still holds version 0, no new episode starts;
+    taking at version 1 lets them start again."""
+
+    async def main():
+        dispatched = []
+
+        def next_jobs():
+            dispatched.append(len(dispatched))
+            return [Dispatch("x", f"t{len(dispatched)}", len(dispatched))]
+
+        stream = EpisodeStream(
+            ScriptedTurns(delay=0.001),
+            direct,
+            HandFormat(),
+            lambda: TurnsEnv(2),
+            next_jobs,
+            sampling=SAMPLING,
+            max_in_flight=2,
+            max_staleness=0,
+        )
+        first = await stream.take(2, 0)
+        await stream.publish({}, 1)
+        await stream.drain_pushes()
+        await asyncio.sleep(0.05)
+        frozen = len(dispatched)
+        await asyncio.sleep(0.05)
+        assert len(dispatched) == frozen  # nothing admitted while version 1 - consumed 0 > 0
+        second = await stream.take(2, 1)
+        await stream.close()
+        return first, second, stream
+
+    first, second, stream = asyncio.run(main())
+    assert all(e.oldest_version == 0 for e in first)
+    assert all(e.oldest_version == 1 for e in second)  # the version-0 leftovers were dropped as stale
+    assert all(e.oldest_version == 0 for e in stream.stale)
+
+
+def test_stream_raises_an_episodes_error_in_take():
+    async def main():
+        stream = EpisodeStream(
+            ScriptedTurns(fail_at=3),
+            direct,
+            HandFormat(),
+            lambda: TurnsEnv(2),
+            lambda: [Dispatch("x", "x", 0)],
+            sampling=SAMPLING,
+            max_in_flight=2,
+            max_staleness=1,
+        )
+        try:
+            await stream.take(4, 0)
+        finally:
+            await stream.close()
+
+    with pytest.raises(RuntimeError, match="an episode of the rollout stream failed: RuntimeError: the engine died"):
+        asyncio.run(main())
+
+
+def test_turn_seed_is_per_episode_and_turn():
+    seeds = {turn_seed(s, t) for s in range(50) for t in range(20)}
+    assert len(seeds) == 1000 and all(0 <= s < 2**31 - 1 for s in seeds)
+    assert turn_seed(5, 3) == turn_seed(5, 3)
+
+
+def test_env_calls_run_side_by_side(world):
+    """Environment calls of different episodes overlap (the env threads), so one slow tool call does not hold up
+    the other episodes."""
+    from trainer.rollout.episode_loop import EnvCalls
+
+    calls, active, peak, lock = EnvCalls(3), [0], [0], threading.Lock()
+
+    def slow():
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.05)
+        with lock:
+            active[0] -= 1
+
+    async def main():
+        await asyncio.gather(*(calls(slow) for _ in range(3)))
+
+    asyncio.run(main())
+    calls.close()
+    assert peak[0] == 3
+
+
+def test_hf_engine_refuses_the_episode_loop():
+    from trainer.config import ConfigError, config_from_dict
+
+    with pytest.raises(ConfigError, match="rollout.loop: 'episodes' needs an engine that serves one turn at a time"):
+        config_from_dict({"rollout": {"engine": "hf", "loop": "episodes"}})
+
+
+# ------------------------------------------------------------------------------------------- whole cells
+
+
+@pytest.mark.slow
+def test_a_lagged_cell_is_the_same_on_either_loop(tmp_path):
+    """A recall cell on the reference engine, lagged rollouts: the same metrics and episodes bit for bit whether
+    its episodes advance in lock-step turns or each in its own loop; the policy learns meanwhile, so every batch
+    after the first was played by new weights."""
+    import pandas as pd
+    from builders import cell_logs, recall_cell, train_cli, word_policy
+
+    policy = word_policy(tmp_path / "policy")
+    for loop in ("turns", "episodes"):
+        train_cli(tmp_path, recall_cell(policy, mode="lagged", loop=loop, env_workers=4), loop)
+    (m_turns, e_turns), (m_eps, e_eps) = cell_logs(tmp_path / "turns"), cell_logs(tmp_path / "episodes")
+    pd.testing.assert_frame_equal(m_eps, m_turns)
+    pd.testing.assert_frame_equal(e_eps, e_turns)
+    assert m_turns["success_rate"].nunique() > 1
+
+
+@pytest.mark.slow
+def test_an_asynchronous_episode_stream_cell_learns_with_bounded_staleness(tmp_path):
+    """Async rollouts at episode level: episodes flow across updates, none older than max_staleness is trained on,
+    and the policy learns the recall game (settings of test_rollout_server's asynchronous served cell)."""
+    from builders import cell_logs, recall_cell, train_cli, word_policy
+
+    policy = word_policy(tmp_path / "policy")
+    cell = recall_cell(policy, mode="async", max_staleness=2, loop="episodes", env_workers=4)
+    cell["rollout"]["batch_size"] = 128
+    cell["run"].update(updates=30, eval_every=30)
+    train_cli(tmp_path, cell, "async")
+    metrics, episodes = cell_logs(tmp_path / "async")
+    train = episodes[episodes["split"] == "train"]
+    assert (train["staleness"] <= 2).all() and train["policy_version"].max() >= 25
+    success = metrics["success_rate"].tolist()
+    assert sum(success[:3]) / 3 <= 0.3 and sum(success[-10:]) / 10 >= 0.85, " ".join(f"{s:.2f}" for s in success)
