@@ -173,6 +173,48 @@ def test_seeded_sampling_repeats_and_differs_by_seed(served):
     assert run(5) != run(6)
 
 
+class IdTask(int):
+    """A TallyEnv task with the id the driver's sampler needs."""
+
+    @property
+    def task_id(self) -> str:
+        return f"t{int(self)}"
+
+
+class SlowTallyEnv(TallyEnv):
+    """TallyEnv whose steps sleep a task- and turn-dependent few milliseconds, so turns finish out of order."""
+
+    def step(self, action):
+        time.sleep(0.003 * ((int(self.task) * 7 + self.k) % 4))
+        return super().step(action)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_continuous_batching_plays_the_lock_step_episodes(served, temperature):
+    """`rollout.loop: episodes` on vLLM's in-process engine (turns added to the running batch as they come, steps
+    finishing them out of order) plays the lock-step loop's episodes, greedy and seeded: every token, turn and
+    reward, log-probs within LOGP_TOL (the same requests in other batch compositions)."""
+    from trainer.rollout.config import RolloutConfig
+    from trainer.rollout.continuous import ContinuousTurns
+    from trainer.rollout.driver import RolloutDriver, TaskSampler
+
+    model, fmt, engine = served
+    sp = SamplingParams(temperature=temperature, max_turn_tokens=6, max_episode_tokens=200)
+    runs = {}
+    for loop in ("turns", "episodes"):
+        cfg = RolloutConfig(engine="vllm", loop=loop, mode="sync", batch_size=8, env_workers=4)
+        driver = RolloutDriver(engine, SlowTallyEnv, TaskSampler([IdTask(i) for i in range(12)], seed=2), cfg, sp)
+        driver.publish(model.state_dict(), 0)
+        try:
+            runs[loop] = [driver.next_batch(v) for v in range(2)]
+            if loop == "episodes":
+                assert isinstance(driver.turns, ContinuousTurns) and driver.turns.steps > 0
+        finally:
+            driver.close()
+    for got, ref in zip(runs["episodes"], runs["turns"], strict=True):
+        assert_same_episodes(got, ref)
+
+
 def test_a_weight_push_plays_the_new_weights(served):
     """Long first observations: the old weights' KV of their first blocks sits in the prefix cache when the new
     weights arrive, so a push that left it there would show."""

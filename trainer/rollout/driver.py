@@ -353,6 +353,8 @@ class RolloutDriver:
                 self._on_loop(self._stream.close())
             self._episodes_loop.call_soon_threadsafe(self._episodes_loop.stop)
             self.env_calls.close()
+            if hasattr(self.turns, "close"):
+                self.turns.close()
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=60)

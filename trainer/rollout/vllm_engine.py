@@ -671,3 +671,14 @@ class VLLMEngine:
         publish them as `version`. Raises if any engine parameter was not loaded or the cache was not reset."""
         push_weights(self.llm, state_dict, self.dtype)
         self.policy_version = int(version)
+
+    def turn_engine(self):
+        """The engine as the episode-level loop drives it (`rollout.loop: episodes`): continuous batching over vLLM's
+        in-process engine (trainer/rollout/continuous.py); one request at a time where the LLM is not vLLM's (the
+        reference engine, a rollout server's client)."""
+        from trainer.rollout.continuous import ContinuousTurns
+        from trainer.rollout.episode_loop import LLMTurns
+
+        if hasattr(getattr(self.llm, "llm_engine", None), "step"):
+            return ContinuousTurns(self)
+        return LLMTurns(self)
