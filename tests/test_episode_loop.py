@@ -186,7 +186,7 @@ class TurnsEnv:
         pass
 
 
-async def direct(fn, *args, **kwargs):
+async def direct(env, fn, *args, **kwargs):
     return fn(*args, **kwargs)
 
 
@@ -234,7 +234,7 @@ def test_an_episode_spanning_a_push_records_each_turns_version():
         gate, engine = VersionGate(), ScriptedTurns()
         in_tool, resume, steps = asyncio.Event(), asyncio.Event(), []
 
-        async def env_calls(fn, *args, **kwargs):
+        async def env_calls(env, fn, *args, **kwargs):
             if fn.__name__ == "finalize_turns":
                 steps.append(1)
                 if len(steps) == 2:
@@ -338,7 +338,7 @@ def test_env_calls_run_side_by_side(world):
             active[0] -= 1
 
     async def main():
-        await asyncio.gather(*(calls(slow) for _ in range(3)))
+        await asyncio.gather(*(calls(None, slow) for _ in range(3)))
 
     asyncio.run(main())
     calls.close()

@@ -6,6 +6,7 @@
     python -m trainer eval  --config CELL.yaml --policy DIR [--update N] [--tasks 64] [--show 3]
     python -m trainer plan  --config CELL.yaml [--gpus N] [--tokens T] [--no-checkpointing] [--head-chunk C]
     python -m trainer export CHECKPOINT --out POLICY_DIR
+    python -m trainer simulate [--inputs SIM.yaml] [--gpus 8] [--update-gpus U] [--loop turns|episodes|both]
 
 `eval` plays the held-out tasks as the trainer's evaluation after update N does (same tasks, sampling and
 generator), so on the policy `train --save-policy` wrote it prints the `eval_success` the trainer logged for its
@@ -203,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     from trainer import plan
 
     plan.add_arguments(sub.add_parser("plan", help="predicted GPU memory of a cell's update (exit 1: does not fit)"))
+    from trainer.rollout import simulate
+
+    simulate.add_arguments(
+        sub.add_parser("simulate", help="a paper cell's wall time on a virtual clock, per loop and GPU placement")
+    )
 
     args = ap.parse_args(argv)
     try:
@@ -237,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         elif args.command == "plan":
             return plan.run(args)
+        elif args.command == "simulate":
+            return simulate.run(args)
         elif args.command == "export":
             print(json.dumps(export_checkpoint(args.checkpoint, args.out)))
         else:

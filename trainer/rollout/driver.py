@@ -155,7 +155,7 @@ class RolloutDriver:
                 self.turns, self.gate, self.env_calls, self.engine.fmt, envs, jobs, sampling=self.sampling
             )
         finally:
-            await asyncio.gather(*(self.env_calls(env.close) for env in envs))
+            await asyncio.gather(*(self.env_calls(env, env.close) for env in envs))
 
     def _next_jobs(self) -> list[Dispatch]:
         """One group of episodes for the stream (a whole task's group), from batches dispatched as `_play` would."""

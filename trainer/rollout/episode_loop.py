@@ -98,11 +98,43 @@ class EnvCalls:
         self.workers = workers
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="env")
 
-    async def __call__(self, fn: Callable, *args, **kwargs):
+    async def __call__(self, env, fn: Callable, *args, **kwargs):
+        """`fn(*args, **kwargs)`, a call on `env`, on a worker thread."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
+
+
+class Rounds:
+    """Lock-step turns on the episode loop: each live episode of a batch waits at every `meet()` until all the
+    others still playing have come to theirs (an ended episode `leave()`s). With a meeting before each generate and
+    before each tool call, `play_batch` follows the lock-step loop's schedule (one generate call for every live
+    episode, then every tool call, then the next), so the simulator times both loops on the same code."""
+
+    def __init__(self, n: int):
+        self.live, self.arrived, self.round = n, 0, 0
+        self._cond = asyncio.Condition()
+
+    async def meet(self) -> None:
+        async with self._cond:
+            round_ = self.round
+            self.arrived += 1
+            if self.arrived >= self.live:
+                self._next()
+            else:
+                await self._cond.wait_for(lambda: self.round != round_)
+
+    async def leave(self) -> None:
+        async with self._cond:
+            self.live -= 1
+            if self.live and self.arrived >= self.live:
+                self._next()
+
+    def _next(self) -> None:
+        self.arrived = 0
+        self.round += 1
+        self._cond.notify_all()
 
 
 @dataclass
@@ -125,10 +157,21 @@ async def play_episode(
     job: Dispatch,
     *,
     sampling: SamplingParams,
+    rounds: Rounds | None = None,
 ) -> Episode:
-    """Play one episode to its end on `env` (left open: its owner closes it); the rules are the lock-step loop's."""
+    """Play one episode to its end on `env` (left open: its owner closes it); the rules are the lock-step loop's.
+    `rounds`: meet the batch's other episodes before each generate and each tool call (lock-step)."""
+    if rounds is None:
+        return await _play_episode(engine, gate, env_calls, fmt, env, job, sampling, None)
+    try:
+        return await _play_episode(engine, gate, env_calls, fmt, env, job, sampling, rounds)
+    finally:
+        await rounds.leave()
+
+
+async def _play_episode(engine, gate, env_calls, fmt, env, job, sampling, rounds) -> Episode:
     episode = Episode(task_id=job.task_id, dispatch_version=gate.version, baseline=job.baseline, group_id=job.group_id)
-    first = await env_calls(start_episode, env, job.task)
+    first = await env_calls(env, start_episode, env, job.task)
     if isinstance(first, EpisodeStartError):
         mark_failed(episode, str(first))
         return episode
@@ -142,10 +185,22 @@ async def play_episode(
     while not live.finished:
         budget = min(sampling.max_turn_tokens, sampling.max_episode_tokens - episode.length)
         seed = None if sampling.greedy else turn_seed(job.seed, live.turn)
+        if rounds is not None:
+            await rounds.meet()
         async with gate.turn() as version:
             action, logps = await engine.generate(list(episode.tokens), sampling=sampling, max_tokens=budget, seed=seed)
+        if rounds is not None:
+            await rounds.meet()
         await env_calls(
-            finalize_turns, [live], [action], [logps], fmt=fmt, sampling=sampling, stop_ids=stop_ids, version=version
+            env,
+            finalize_turns,
+            [live],
+            [action],
+            [logps],
+            fmt=fmt,
+            sampling=sampling,
+            stop_ids=stop_ids,
+            version=version,
         )
     return episode
 
@@ -159,13 +214,19 @@ async def play_batch(
     jobs: list[Dispatch],
     *,
     sampling: SamplingParams,
+    lockstep: bool = False,
 ) -> list[Episode]:
-    """One batch's episodes side by side, returned in dispatch order. Waits for every episode, then raises the first
-    error, so no environment is still in use when the caller closes them."""
+    """One batch's episodes side by side, returned in dispatch order (`lockstep`: on the lock-step loop's schedule,
+    `Rounds`). Waits for every episode, then raises the first error, so no environment is still in use when the
+    caller closes them."""
     if len(envs) != len(jobs):
         raise ValueError(f"play_batch: {len(envs)} envs but {len(jobs)} episodes")
+    rounds = Rounds(len(jobs)) if lockstep else None
     results = await asyncio.gather(
-        *(play_episode(engine, gate, env_calls, fmt, env, job, sampling=sampling) for env, job in zip(envs, jobs)),
+        *(
+            play_episode(engine, gate, env_calls, fmt, env, job, sampling=sampling, rounds=rounds)
+            for env, job in zip(envs, jobs)
+        ),
         return_exceptions=True,
     )
     for r in results:
@@ -249,7 +310,7 @@ class EpisodeStream:
         finally:
             if env is not None:
                 try:
-                    await self.env_calls(env.close)
+                    await self.env_calls(env, env.close)
                 except Exception as err:
                     if self._error is None:
                         self._error = err
