@@ -108,8 +108,9 @@ def test_episode_loop_plays_the_lock_step_episodes(world, mode, group_size):
     episode and turn, on an engine whose answer depends only on weights, prompt and seed), with new weights
     pushed between batches: every token, log-prob, version, turn, reward and flag."""
     turns, _ = run_driver(world, "turns", mode=mode, updates=3, group_size=group_size)
-    episodes, _ = run_driver(world, "episodes", mode=mode, updates=3, group_size=group_size)
+    episodes, driver = run_driver(world, "episodes", mode=mode, updates=3, group_size=group_size)
     assert [[record(e) for e in b] for b in turns] == [[record(e) for e in b] for b in episodes]
+    assert driver.turns.calls < sum(len(e.turns) for b in episodes for e in b)  # pending turns went out together
     versions = {v for b in episodes for e in b for v in e.versions if v != ENV_TOKEN}
     assert versions == ({0, 1, 2} if mode == "sync" else {0, 1})  # the pushes took effect
     assert len({e.rollout_logp[-1] for b in episodes for e in b}) > 1
@@ -370,6 +371,21 @@ def test_a_lagged_cell_is_the_same_on_either_loop(tmp_path):
     pd.testing.assert_frame_equal(m_eps, m_turns)
     pd.testing.assert_frame_equal(e_eps, e_turns)
     assert m_turns["success_rate"].nunique() > 1
+
+
+@pytest.mark.slow
+def test_a_served_lagged_cell_on_the_episode_loop_equals_the_in_process_lock_step_cell(tmp_path):
+    """The episode loop through a rollout server (turns batched into its generate calls, weights pushed over the
+    weight channel) plays the in-process lock-step cell's episodes bit for bit."""
+    import pandas as pd
+    from builders import cell_logs, recall_cell, train_cli, word_policy
+
+    policy = word_policy(tmp_path / "policy")
+    train_cli(tmp_path, recall_cell(policy, mode="lagged"), "here")
+    train_cli(tmp_path, recall_cell(policy, mode="lagged", server=True, loop="episodes", env_workers=4), "served")
+    (m_here, e_here), (m_served, e_served) = cell_logs(tmp_path / "here"), cell_logs(tmp_path / "served")
+    pd.testing.assert_frame_equal(m_served, m_here)
+    pd.testing.assert_frame_equal(e_served, e_here)
 
 
 @pytest.mark.slow

@@ -163,6 +163,27 @@ REDUCED = dict(
 )
 
 
+def test_batched_calls_make_a_late_turn_wait_for_the_call_before_it():
+    """Two turns 0.05 s apart, 10 tokens each at 0.011 s a step, no prefill cost: continuous batching finishes the
+    late one at 0.05 + 0.11 + (steps shared meanwhile); batched calls start it only after the first call's 0.11 s."""
+
+    async def main_(batching):
+        x = engine_inputs(kv_s_per_token=0.0, prefill_tokens_per_s=1e12, engine_batching=batching)
+        engine = SimulatedEngine(x, np.random.default_rng(0))
+
+        async def late():
+            await asyncio.sleep(0.05)
+            await engine.generate([11] * 5, sampling=SAMPLING, max_tokens=64, seed=0)
+            return asyncio.get_running_loop().time()
+
+        _, t = await asyncio.gather(engine.generate([10] * 5, sampling=SAMPLING, max_tokens=64, seed=0), late())
+        engine.close()
+        return t
+
+    assert run_virtual(main_("calls")) == pytest.approx(0.11 + 10 * 0.011)
+    assert run_virtual(main_("continuous")) < 0.05 + 10 * 0.012 + 0.011
+
+
 def test_a_reduced_cell_the_episode_loop_is_faster_and_holds_the_bound():
     x = SimInputs(**REDUCED, update_gpus=2, max_staleness=1)
     turns, episodes = simulate(x, "turns", 5), simulate(x, "episodes", 5)

@@ -41,7 +41,7 @@ import torch
 from trainer.rollout.config import RolloutConfig
 from trainer.rollout.env_pool import EnvPool, close_envs
 from trainer.rollout.episode import Episode
-from trainer.rollout.episode_loop import Dispatch, EnvCalls, EpisodeStream, LLMTurns, VersionGate, play_batch
+from trainer.rollout.episode_loop import BatchedTurns, Dispatch, EnvCalls, EpisodeStream, VersionGate, play_batch
 from trainer.rollout.vllm_engine import request_seeds
 
 
@@ -128,7 +128,7 @@ class RolloutDriver:
     # -- the episode-level loop ---------------------------------------------------------------------------------
     def _start_episode_loop(self) -> None:
         """The event loop the episodes run on (a daemon thread), the engine's turn interface, the env threads."""
-        self.turns = self.engine.turn_engine() if hasattr(self.engine, "turn_engine") else LLMTurns(self.engine)
+        self.turns = self.engine.turn_engine() if hasattr(self.engine, "turn_engine") else BatchedTurns(self.engine)
         self.env_calls = EnvCalls(self.cfg.env_workers)
         self._episodes_loop = asyncio.new_event_loop()
         threading.Thread(target=self._episodes_loop.run_forever, name="episodes", daemon=True).start()

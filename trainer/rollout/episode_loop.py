@@ -368,23 +368,55 @@ class EpisodeStream:
         await asyncio.gather(*(t for t in [self._producer, self._pusher, *self._tasks] if t), return_exceptions=True)
 
 
-class LLMTurns:
-    """A `TurnEngine` over a `VLLMEngine` (any `LLM.generate`: the reference engine, a rollout server, vLLM's
-    offline `LLM`): one request per call, one call at a time on a thread of its own. Episode-level scheduling
-    without continuous batching: tool calls overlap generation, generation does not overlap itself."""
+class BatchedTurns:
+    """A `TurnEngine` over a `VLLMEngine`'s `LLM.generate` (the reference engine, a rollout server's client, vLLM's
+    offline `LLM` where it cannot be stepped): the turns pending when the engine is free go out as one generate
+    call, on a thread of its own; turns that arrive during a call wait for the next one. Batched, not continuous:
+    a turn may wait for the call before it to finish (its longest action), never for another episode's tool call."""
 
     def __init__(self, engine):
         self.engine = engine
-        self._lock = asyncio.Lock()
         self._stop_ids = {int(t) for t in engine.fmt.stop_ids}
+        self._pending: list[tuple[list[int], Any, int, asyncio.Future]] = []
+        self._lock = asyncio.Lock()
+        self._worker: asyncio.Task | None = None
+        self.calls = 0
 
     async def generate(self, prompt, *, sampling, max_tokens, seed):
         params = self.engine.sampling_params_cls(**request_kwargs(sampling, max_tokens, self._stop_ids, seed))
-        async with self._lock:
-            (output,) = await asyncio.to_thread(
-                self.engine.llm.generate, [{"prompt_token_ids": prompt}], sampling_params=[params], use_tqdm=False
-            )
-        return read_output(output, prompt, max_tokens, self._stop_ids)
+        future = asyncio.get_running_loop().create_future()
+        self._pending.append((list(prompt), params, max_tokens, future))
+        if self._worker is None or self._worker.done():
+            self._worker = asyncio.get_running_loop().create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                async with self._lock:
+                    outputs = await asyncio.to_thread(
+                        self.engine.llm.generate,
+                        [{"prompt_token_ids": p} for p, _, _, _ in batch],
+                        sampling_params=[params for _, params, _, _ in batch],
+                        use_tqdm=False,
+                    )
+                outputs = list(outputs)
+                if len(outputs) != len(batch):
+                    raise RuntimeError(f"the engine returned {len(outputs)} outputs for {len(batch)} requests")
+            except Exception as err:
+                for *_, future in batch:
+                    if not future.done():
+                        future.set_exception(err)
+                continue
+            self.calls += 1
+            for (prompt, _, max_tokens, future), output in zip(batch, outputs):
+                if future.done():
+                    continue
+                try:
+                    future.set_result(read_output(output, prompt, max_tokens, self._stop_ids))
+                except Exception as err:
+                    future.set_exception(err)
 
     async def load_weights(self, state_dict, version):
         async with self._lock:

@@ -36,6 +36,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import yaml
@@ -113,6 +114,10 @@ class SimInputs(Section):
     bytes (147 KB) at ~3.35 TB/s (Qwen3.5's linear-attention layers hold less: an upper bound there)."""
     prefill_tokens_per_s: float = knob(30000.0, gt=0)
     """Assumed: a 4B model's prefill on one H100-class GPU (compute-bound, ~8 GFLOP a token)."""
+    engine_batching: Literal["continuous", "calls"] = "continuous"
+    """continuous: a turn joins the running batch at the next step (vLLM stepped in the trainer's process,
+    trainer/rollout/continuous.py); calls: the turns pending when a replica is free go out as one generate call and
+    later ones wait for it to end (a rollout server's client, `BatchedTurns`)."""
     decode_chunk: int = knob(8, ge=1)
     """Decode steps simulated at once (a turn arriving meanwhile joins after them): resolution, not an input."""
     warmup_updates: int = knob(1, ge=0)
@@ -296,9 +301,10 @@ class SimulatedEngine:
                 replica.wake.clear()
                 await replica.wake.wait()
                 continue
-            prefill = sum(r.prefill for r in replica.waiting)
-            replica.running += replica.waiting
-            replica.waiting = []
+            if x.engine_batching == "continuous" or not replica.running:
+                replica.running += replica.waiting
+                replica.waiting = []
+            prefill = sum(r.prefill for r in replica.running)
             k = min(x.decode_chunk, min(r.tokens_left for r in replica.running))
             n = len(replica.running)
             context = sum(r.context for r in replica.running) + n * (k - 1) / 2

@@ -674,11 +674,11 @@ class VLLMEngine:
 
     def turn_engine(self):
         """The engine as the episode-level loop drives it (`rollout.loop: episodes`): continuous batching over vLLM's
-        in-process engine (trainer/rollout/continuous.py); one request at a time where the LLM is not vLLM's (the
-        reference engine, a rollout server's client)."""
+        in-process engine (trainer/rollout/continuous.py); the turns pending at each call batched into one generate
+        call where the LLM cannot be stepped (the reference engine, a rollout server's client)."""
         from trainer.rollout.continuous import ContinuousTurns
-        from trainer.rollout.episode_loop import LLMTurns
+        from trainer.rollout.episode_loop import BatchedTurns
 
         if hasattr(getattr(self.llm, "llm_engine", None), "step"):
             return ContinuousTurns(self)
-        return LLMTurns(self)
+        return BatchedTurns(self)
