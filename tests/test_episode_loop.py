@@ -143,7 +143,7 @@ class ScriptedTurns:
     def __init__(self, delay=0.0, fail_at=None):
         self.delay, self.fail_at, self.pushed, self.calls = delay, fail_at, [], 0
 
-    async def generate(self, prompt, *, sampling, max_tokens, seed):
+    async def generate(self, prompt, *, sampling, max_tokens, seed, key=0):
         self.calls += 1
         if self.fail_at is not None and self.calls >= self.fail_at:
             raise RuntimeError("the engine died")
@@ -346,6 +346,13 @@ def test_env_calls_run_side_by_side(world):
     assert peak[0] == 3
 
 
+def test_several_servers_need_the_episode_loop():
+    from trainer.config import ConfigError, config_from_dict
+
+    with pytest.raises(ConfigError, match="rollout.server_replicas: 2 rollout servers need rollout.server: true"):
+        config_from_dict({"rollout": {"engine": "reference", "server": True, "server_replicas": 2}})
+
+
 def test_hf_engine_refuses_the_episode_loop():
     from trainer.config import ConfigError, config_from_dict
 
@@ -375,17 +382,23 @@ def test_a_lagged_cell_is_the_same_on_either_loop(tmp_path):
 
 @pytest.mark.slow
 def test_a_served_lagged_cell_on_the_episode_loop_equals_the_in_process_lock_step_cell(tmp_path):
-    """The episode loop through a rollout server (turns batched into its generate calls, weights pushed over the
-    weight channel) plays the in-process lock-step cell's episodes bit for bit."""
+    """The episode loop through one rollout server, and through two (turns batched into their generate calls,
+    episodes spread over them, weights pushed to each) plays the in-process lock-step cell's episodes bit for
+    bit."""
     import pandas as pd
     from builders import cell_logs, recall_cell, train_cli, word_policy
 
     policy = word_policy(tmp_path / "policy")
     train_cli(tmp_path, recall_cell(policy, mode="lagged"), "here")
-    train_cli(tmp_path, recall_cell(policy, mode="lagged", server=True, loop="episodes", env_workers=4), "served")
-    (m_here, e_here), (m_served, e_served) = cell_logs(tmp_path / "here"), cell_logs(tmp_path / "served")
-    pd.testing.assert_frame_equal(m_served, m_here)
-    pd.testing.assert_frame_equal(e_served, e_here)
+    for replicas in (1, 2):
+        cell = recall_cell(policy, mode="lagged", server=True, server_replicas=replicas, loop="episodes", env_workers=4)
+        run = train_cli(tmp_path, cell, f"served{replicas}")
+        assert run.stderr.count("rollout server ") >= replicas
+        (m_here, e_here), (m_served, e_served) = cell_logs(tmp_path / "here"), cell_logs(tmp_path / f"served{replicas}")
+        pd.testing.assert_frame_equal(m_served, m_here)
+        pd.testing.assert_frame_equal(e_served, e_here)
+    logs = sorted(p.name for p in (tmp_path / "served2" / "rollout-server").glob("*.log"))
+    assert logs == ["server-1.log", "server.log"]
 
 
 @pytest.mark.slow

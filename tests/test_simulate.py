@@ -73,7 +73,7 @@ def test_one_request_costs_its_prefill_and_its_decode_steps():
 
     async def main_():
         engine = SimulatedEngine(engine_inputs(), np.random.default_rng(0))
-        tokens, logps = await engine.generate([10] + [1] * 99, sampling=SAMPLING, max_tokens=64, seed=0)
+        tokens, logps = await engine.generate([1] * 100, sampling=SAMPLING, max_tokens=64, seed=0, key=10)
         engine.close()
         return tokens, asyncio.get_running_loop().time(), engine.busy_s
 
@@ -90,13 +90,13 @@ def test_the_prefix_cache_and_the_budget_cut():
         x = engine_inputs(kv_s_per_token=0.0)
         engine = SimulatedEngine(x, np.random.default_rng(0))
         loop = asyncio.get_running_loop()
-        await engine.generate([10] + [1] * 99, sampling=SAMPLING, max_tokens=64, seed=0)  # 0.1 + 10 x 0.011
+        await engine.generate([1] * 100, sampling=SAMPLING, max_tokens=64, seed=0, key=10)  # 0.1 + 10 x 0.011
         t1 = loop.time()
-        cut, _ = await engine.generate([10] + [1] * 129, sampling=SAMPLING, max_tokens=4, seed=0)
+        cut, _ = await engine.generate([1] * 130, sampling=SAMPLING, max_tokens=4, seed=0, key=10)
         t2 = loop.time()  # 20 new tokens (130 - 110 cached): 0.02 + 4 x 0.011
         both = await asyncio.gather(
-            engine.generate([11] + [1] * 9, sampling=SAMPLING, max_tokens=64, seed=0),
-            engine.generate([12] + [1] * 9, sampling=SAMPLING, max_tokens=64, seed=0),
+            engine.generate([1] * 10, sampling=SAMPLING, max_tokens=64, seed=0, key=11),
+            engine.generate([1] * 10, sampling=SAMPLING, max_tokens=64, seed=0, key=12),
         )
         t3 = loop.time()  # 20 prefill tokens, then 10 steps of two sequences: 0.02 + 10 x 0.012
         engine.close()
@@ -115,13 +115,13 @@ class FixedEnv:
         self.marker, self.latencies, self.owed_s, self.k = marker, latencies, 0.0, 0
 
     def reset(self, task):
-        return f"{self.marker}:4"
+        return "4"
 
     def step(self, action):
         self.owed_s += self.latencies[self.k]
         self.k += 1
         done = self.k == len(self.latencies)
-        return StepResult(observation=f"{self.marker}:2", done=done, reward=1.0, info=StepInfo(tool="t"))
+        return StepResult(observation="2", done=done, reward=1.0, info=StepInfo(tool="t"))
 
     def close(self):
         pass
@@ -173,10 +173,10 @@ def test_batched_calls_make_a_late_turn_wait_for_the_call_before_it():
 
         async def late():
             await asyncio.sleep(0.05)
-            await engine.generate([11] * 5, sampling=SAMPLING, max_tokens=64, seed=0)
+            await engine.generate([1] * 5, sampling=SAMPLING, max_tokens=64, seed=0, key=11)
             return asyncio.get_running_loop().time()
 
-        _, t = await asyncio.gather(engine.generate([10] * 5, sampling=SAMPLING, max_tokens=64, seed=0), late())
+        _, t = await asyncio.gather(engine.generate([1] * 5, sampling=SAMPLING, max_tokens=64, seed=0, key=10), late())
         engine.close()
         return t
 

@@ -167,6 +167,11 @@ class TrainConfig(Section):
             raise ConfigError(
                 "rollout.server: the hf engine runs in the trainer; a rollout server runs the vllm or the reference engine"
             )
+        if self.rollout.server_replicas > 1 and not (self.rollout.server and self.rollout.loop == "episodes"):
+            raise ConfigError(
+                f"rollout.server_replicas: {self.rollout.server_replicas} rollout servers need rollout.server: true "
+                "and rollout.loop: episodes (the lock-step loop plays a batch on one engine)"
+            )
         if self.rollout.loop == "episodes" and self.rollout.engine == "hf":
             raise ConfigError(
                 "rollout.loop: 'episodes' needs an engine that serves one turn at a time (vllm or reference); the hf "

@@ -475,11 +475,12 @@ class StudyConfig(Section):
             if unknown is not None:
                 self.refuse(f"preregistration.{unknown[0]}", unknown[1])
         rollout, train = self.cell.get("rollout", {}), self.resources.train
-        if rollout.get("server") and rollout.get("engine") == "vllm" and train.gpu < train.processes + 1:
+        servers = rollout.get("server_replicas", 1)
+        if rollout.get("server") and rollout.get("engine") == "vllm" and train.gpu < train.processes + servers:
             self.refuse(
                 "resources.train.gpu",
-                f"{train.gpu} GPUs for {train.processes} trainer process(es) and a vLLM rollout server "
-                f"(cell.rollout.server), which takes a GPU of its own: ask for {train.processes + 1}",
+                f"{train.gpu} GPUs for {train.processes} trainer process(es) and {servers} vLLM rollout server(s) "
+                f"(cell.rollout.server), each on a GPU of its own: ask for {train.processes + servers}",
             )
 
     def grid_models(self) -> list[str]:

@@ -24,6 +24,9 @@ class RolloutConfig(Section):
     server: bool = False
     """Generate in a process of its own (trainer/rollout/server.py), weights pushed after each update: vllm on the
     GPU after the trainer's (the cell asks for one more GPU), reference on CPU. False: in the trainer's rank 0."""
+    server_replicas: int = knob(1, ge=1, most="episodes")
+    """Rollout servers under `server: true`, each on a GPU of its own (vllm) and pushed every new policy: turns are
+    spread over them, each episode kept on one (data-parallel rollouts). More than one needs `loop: episodes`."""
     vllm_gpu_memory_utilization: float = knob(0.5, gt=0, le=1)
     """Share of the GPU vLLM may take (in the trainer, the trainer's model shares the device; a server has its own)."""
     vllm_enforce_eager: bool = False

@@ -50,7 +50,7 @@ class ContinuousTurns:
         self._thread = threading.Thread(target=self._run, name="vllm-stepper", daemon=True)
         self._thread.start()
 
-    async def generate(self, prompt, *, sampling, max_tokens, seed):
+    async def generate(self, prompt, *, sampling, max_tokens, seed, key=0):
         params = self.engine.sampling_params_cls(**request_kwargs(sampling, max_tokens, self._stop_ids, seed))
         output = await self._submit("generate", (list(prompt), params))
         return read_output(output, prompt, max_tokens, self._stop_ids)

@@ -42,10 +42,11 @@ class TurnEngine(Protocol):
     """What the episode loop needs of an engine: one turn of one episode, and new weights."""
 
     async def generate(
-        self, prompt: list[int], *, sampling: SamplingParams, max_tokens: int, seed: int | None
+        self, prompt: list[int], *, sampling: SamplingParams, max_tokens: int, seed: int | None, key: int = 0
     ) -> tuple[list[int], list[float]]:
         """(sampled tokens, their log-probs) for one action of at most `max_tokens` tokens after `prompt`, ending
-        at the format's first stop token."""
+        at the format's first stop token. `key` is the same for every turn of one episode (a router keeps an
+        episode on one engine, where its prefix cache is)."""
         ...
 
     async def load_weights(self, state_dict: dict, version: int) -> None: ...
@@ -188,7 +189,9 @@ async def _play_episode(engine, gate, env_calls, fmt, env, job, sampling, rounds
         if rounds is not None:
             await rounds.meet()
         async with gate.turn() as version:
-            action, logps = await engine.generate(list(episode.tokens), sampling=sampling, max_tokens=budget, seed=seed)
+            action, logps = await engine.generate(
+                list(episode.tokens), sampling=sampling, max_tokens=budget, seed=seed, key=job.seed
+            )
         if rounds is not None:
             await rounds.meet()
         await env_calls(
@@ -382,7 +385,7 @@ class BatchedTurns:
         self._worker: asyncio.Task | None = None
         self.calls = 0
 
-    async def generate(self, prompt, *, sampling, max_tokens, seed):
+    async def generate(self, prompt, *, sampling, max_tokens, seed, key=0):
         params = self.engine.sampling_params_cls(**request_kwargs(sampling, max_tokens, self._stop_ids, seed))
         future = asyncio.get_running_loop().create_future()
         self._pending.append((list(prompt), params, max_tokens, future))
@@ -421,3 +424,35 @@ class BatchedTurns:
     async def load_weights(self, state_dict, version):
         async with self._lock:
             await asyncio.to_thread(self.engine.load_state_dict, state_dict, version)
+
+
+class RoutedTurns:
+    """Turns spread over several turn engines (data-parallel rollout servers): each episode (its `key`) stays on one,
+    where its prefix cache is; a new episode goes to the engine with the fewest turns outstanding. A push loads
+    every engine, one after another."""
+
+    def __init__(self, engines: list):
+        self.engines = engines
+        self.home: dict[int, int] = {}
+        self.outstanding = [0] * len(engines)
+        self.turns = [0] * len(engines)
+
+    async def generate(self, prompt, *, sampling, max_tokens, seed, key=0):
+        if key not in self.home:
+            self.home[key] = min(range(len(self.engines)), key=lambda i: (self.outstanding[i], self.turns[i]))
+        i = self.home[key]
+        self.outstanding[i] += 1
+        self.turns[i] += 1
+        try:
+            return await self.engines[i].generate(prompt, sampling=sampling, max_tokens=max_tokens, seed=seed, key=key)
+        finally:
+            self.outstanding[i] -= 1
+
+    async def load_weights(self, state_dict, version):
+        for engine in self.engines:
+            await engine.load_weights(state_dict, version)
+
+    def close(self) -> None:
+        for engine in self.engines:
+            if hasattr(engine, "close"):
+                engine.close()

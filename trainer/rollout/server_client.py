@@ -219,22 +219,22 @@ class ServerEngine(VLLMEngine):
         self.llm.close()
 
 
-def server_device(local_world_size: int) -> str:
-    """The CUDA_VISIBLE_DEVICES entry of the server's GPU: the first one after the local trainer ranks' (rank r
-    uses visible device r), so a cell asks for its trainer processes plus one GPU."""
+def server_device(local_world_size: int, replica: int = 0) -> str:
+    """The CUDA_VISIBLE_DEVICES entry of server `replica`'s GPU: the GPUs after the local trainer ranks' (rank r
+    uses visible device r), one per server, so a cell asks for its trainer processes plus one GPU per server."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     devices = (
         [d for d in visible.split(",") if d.strip()]
         if visible is not None
         else [str(i) for i in range(torch.cuda.device_count())]
     )
-    if len(devices) <= local_world_size:
+    if len(devices) <= local_world_size + replica:
         raise RuntimeError(
-            f"rollout.server with the vllm engine needs a GPU beside the {local_world_size} trainer "
-            f"process(es) of this node, and {len(devices)} are visible (CUDA_VISIBLE_DEVICES="
-            f"{visible!r}): ask the cell for one more GPU (resources.train.gpu)"
+            f"rollout.server with the vllm engine needs a GPU per server beside the {local_world_size} trainer "
+            f"process(es) of this node ({replica + 1} for server {replica}), and {len(devices)} are visible "
+            f"(CUDA_VISIBLE_DEVICES={visible!r}): ask the cell for more GPUs (resources.train.gpu)"
         )
-    return devices[local_world_size].strip()
+    return devices[local_world_size + replica].strip()
 
 
 def launch_server(
@@ -327,9 +327,10 @@ SERVER_DIR = "rollout-server"
 policy the server loads its architecture from (`base-policy/`; its weights are pushed before the first batch)."""
 
 
-def start_cell_server(cfg, fmt, model: torch.nn.Module, out_dir: str | Path) -> ServerEngine:
-    """Start the rollout server of a cell (on rank 0) and return its engine."""
-    r, run = cfg.rollout, cfg.run
+def start_cell_server(cfg, fmt, model: torch.nn.Module, out_dir: str | Path):
+    """Start the rollout servers of a cell (on rank 0) and return their engine: a `ServerEngine`, or a
+    `ReplicatedServers` over `rollout.server_replicas` of them (started side by side)."""
+    r = cfg.rollout
     out = Path(out_dir) / SERVER_DIR
     model_path = cfg.model.path
     if model_path is None:
@@ -337,9 +338,35 @@ def start_cell_server(cfg, fmt, model: torch.nn.Module, out_dir: str | Path) -> 
 
         model_path = out / "base-policy"
         save_policy(model, fmt, model_path)
+    if r.server_replicas == 1:
+        return _start_one_server(cfg, fmt, model, model_path, out, 0)
+    engines: list = [None] * r.server_replicas
+    errors: list[BaseException] = []
+
+    def start(i: int) -> None:
+        try:
+            engines[i] = _start_one_server(cfg, fmt, model, model_path, out, i)
+        except BaseException as err:
+            errors.append(err)
+
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(r.server_replicas)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        for engine in engines:
+            if engine is not None:
+                engine.close()
+        raise errors[0]
+    return ReplicatedServers(engines)
+
+
+def _start_one_server(cfg, fmt, model, model_path, out: Path, replica: int) -> ServerEngine:
+    r, run = cfg.rollout, cfg.run
     common = dict(
-        log_path=out / "server.log",
-        seed=run.seed,
+        log_path=out / ("server.log" if replica == 0 else f"server-{replica}.log"),
+        seed=run.seed + replica,
         threads=run.threads,
         trainer_device=str(next(model.parameters()).device),
     )
@@ -347,7 +374,7 @@ def start_cell_server(cfg, fmt, model: torch.nn.Module, out_dir: str | Path) -> 
         from trainer.rollout.vllm_engine import import_vllm, vllm_on_cpu
 
         import_vllm()  # missing or too old: say so here, not in the server's log
-        gpu = None if vllm_on_cpu() else server_device(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        gpu = None if vllm_on_cpu() else server_device(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), replica)
         client = launch_server(
             model_path,
             backend="vllm",
@@ -363,9 +390,37 @@ def start_cell_server(cfg, fmt, model: torch.nn.Module, out_dir: str | Path) -> 
         gpu = None
         client = launch_server(model_path, backend="reference", dtype=cfg.model.dtype, device="cpu", **common)
     print(
-        f"[trainer] rollout server pid {client.info['pid']} ({r.engine}, {client.info['device']}"
+        f"[trainer] rollout server {replica} pid {client.info['pid']} ({r.engine}, {client.info['device']}"
         f"{'' if gpu is None else f', GPU {gpu}'}; weights by {client.backend}); log {common['log_path']}",
         file=sys.stderr,
         flush=True,
     )
     return ServerEngine.connect(client, fmt)
+
+
+class ReplicatedServers:
+    """Several rollout servers as one engine for the episode loop (`rollout.server_replicas`): turns spread over
+    them (`RoutedTurns`: each episode kept on one server, new episodes to the least busy), every new policy pushed
+    to each in turn."""
+
+    def __init__(self, engines: list[ServerEngine]):
+        self.engines = engines
+        self.fmt = engines[0].fmt
+        self.policy_version = 0
+
+    def turn_engine(self):
+        from trainer.rollout.episode_loop import RoutedTurns
+
+        return RoutedTurns([engine.turn_engine() for engine in self.engines])
+
+    def load_state_dict(self, state_dict: dict, version: int) -> None:
+        for engine in self.engines:
+            engine.load_state_dict(state_dict, version)
+        self.policy_version = int(version)
+
+    def play(self, *args, **kwargs):
+        raise RuntimeError("several rollout servers play through the episode loop (rollout.loop: episodes)")
+
+    def close(self) -> None:
+        for engine in self.engines:
+            engine.close()

@@ -186,17 +186,15 @@ STOP = 2
 
 
 class StandinFormat:
-    """Token counts as text: an observation "E:n" is n tokens opening with the episode's marker E + 10 (so the
-    engine can keep an episode's prefix cache on one replica)."""
+    """Token counts as text: an observation "n" is n tokens."""
 
     stop_ids = {STOP}
 
     def prompt_ids(self, obs: str) -> list[int]:
-        marker, n = obs.split(":")
-        return [int(marker) + 10] + [1] * (int(n) - 1)
+        return [1] * int(obs)
 
     def observation_ids(self, obs: str, last_token=None) -> list[int]:
-        return [1] * int(obs.split(":")[1])
+        return [1] * int(obs)
 
     def decode_action(self, ids) -> str:
         return "action"
@@ -210,11 +208,11 @@ class StandinEnv:
 
     def reset(self, task) -> str:
         x = self.x
-        self.marker, self.k = int(task), 0
+        self.k = 0
         self.turns = int(self.rng.integers(x.turns_min, x.turns_max + 1))
         self.owed_s += lognormal(self.rng, x.start_s_median, x.start_s_sigma)
         n = max(2, round(lognormal(self.rng, x.prompt_tokens_median, 0.3)))
-        return f"{self.marker}:{n}"
+        return str(n)
 
     def step(self, action: str) -> StepResult:
         x = self.x
@@ -224,8 +222,8 @@ class StandinEnv:
         if self.k >= self.turns:
             self.owed_s += lognormal(self.rng, x.grading_s_median, x.grading_s_sigma, x.grading_timeout_s)
             reward = float(self.rng.random() < x.success_rate)
-            return StepResult(observation=f"{self.marker}:{n}", done=True, reward=reward, info=StepInfo(tool="t"))
-        return StepResult(observation=f"{self.marker}:{n}", done=False, reward=0.0, info=StepInfo(tool="t"))
+            return StepResult(observation=str(n), done=True, reward=reward, info=StepInfo(tool="t"))
+        return StepResult(observation=str(n), done=False, reward=0.0, info=StepInfo(tool="t"))
 
     def truncated_reward(self) -> float:
         x = self.x
@@ -272,23 +270,23 @@ class SimulatedEngine:
         self.pushing = False
         self._loops = [asyncio.get_running_loop().create_task(self._serve(r)) for r in self.replicas]
 
-    async def generate(self, prompt, *, sampling, max_tokens, seed):
-        x, marker = self.x, prompt[0]
-        if marker not in self.home:
-            self.home[marker] = min(range(len(self.replicas)), key=lambda i: len(self.replicas[i].running))
-        replica = self.replicas[self.home[marker]]
+    async def generate(self, prompt, *, sampling, max_tokens, seed, key=0):
+        x = self.x
+        if key not in self.home:
+            self.home[key] = min(range(len(self.replicas)), key=lambda i: len(self.replicas[i].running))
+        replica = self.replicas[self.home[key]]
         length = max(1, round(lognormal(self.rng, x.action_tokens_median, x.action_tokens_sigma)))
         n = min(length, max_tokens)
         request = _Request(
             tokens_left=n,
             context=len(prompt),
-            prefill=len(prompt) - min(self.cached.get(marker, 0), len(prompt)),
+            prefill=len(prompt) - min(self.cached.get(key, 0), len(prompt)),
             done=asyncio.get_running_loop().create_future(),
         )
         replica.waiting.append(request)
         replica.wake.set()
         await request.done
-        self.cached[marker] = len(prompt) + n
+        self.cached[key] = len(prompt) + n
         tokens = [1] * n
         if n == length:
             tokens[-1] = STOP
