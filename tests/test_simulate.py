@@ -17,12 +17,12 @@ from trainer.rollout.sampling import SamplingParams
 from trainer.rollout.simulate import (
     SimInputs,
     SimulatedEngine,
+    StandinCalls,
     StandinFormat,
     load_inputs,
     main,
     run_virtual,
     simulate,
-    standin_calls,
 )
 
 SAMPLING = SamplingParams(temperature=1.0, max_turn_tokens=64, max_episode_tokens=4096)
@@ -127,11 +127,11 @@ class FixedEnv:
         pass
 
 
-@pytest.mark.parametrize("lockstep,seconds", [(True, 11.0), (False, 7.0)])
-def test_lockstep_rounds_wait_for_the_slowest_tool_call(lockstep, seconds):
+@pytest.mark.parametrize("lockstep,workers,seconds", [(True, 8, 11.0), (False, 8, 7.0), (False, 1, 13.0)])
+def test_lockstep_rounds_wait_for_the_slowest_tool_call(lockstep, workers, seconds):
     """A free engine (no step cost) and two episodes with tool waits A = (5, 1) and B = (1, 5, 1): lock-step turns
     wait for the slowest of each round, 5 + 5 + 1 = 11 s; each episode on its own ends at its own sum, the batch
-    at the longer one, max(6, 7) = 7 s."""
+    at the longer one, max(6, 7) = 7 s; with one container call at a time, every wait in turn, 13 s."""
 
     async def main_():
         x = engine_inputs(step_base_s=0.0, step_per_seq_s=0.0, kv_s_per_token=0.0, prefill_tokens_per_s=1e12)
@@ -139,7 +139,7 @@ def test_lockstep_rounds_wait_for_the_slowest_tool_call(lockstep, seconds):
         envs = [FixedEnv(0, [5.0, 1.0]), FixedEnv(1, [1.0, 5.0, 1.0])]
         jobs = [Dispatch(0, "a", 0), Dispatch(1, "b", 1)]
         episodes = await play_batch(
-            engine, VersionGate(), standin_calls, StandinFormat(), envs, jobs, sampling=SAMPLING, lockstep=lockstep
+            engine, VersionGate(), StandinCalls(workers), StandinFormat(), envs, jobs, sampling=SAMPLING, lockstep=lockstep
         )
         engine.close()
         return asyncio.get_running_loop().time(), episodes

@@ -418,7 +418,7 @@ class Trainer:
         )
 
     def _publish(self) -> None:
-        """Hand the current weights to the rollouts (collective when sharded: every rank gathers)."""
+        """Hand the current weights to the rollouts (collective when sharded: rank 0 gathers them)."""
         weights = full_weights(self.model, self.dist)
         if self.driver is not None:
             self.driver.publish(weights, self.update)

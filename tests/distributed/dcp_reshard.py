@@ -40,6 +40,8 @@ def main(cell: str, out: str, full_ckpt: str) -> int:
         _equal(weights, want["model_state"], "weights")
         _equal(optimizer, want["extra"]["optimizer"], "optimizer")
         print(f"dcp reshard OK on {trainer.dist.world_size} ranks (step {trainer.update})")
+    else:
+        assert weights == {}, "full_weights gathers the weights into rank 0's memory only"
     torch.distributed.destroy_process_group()
     return 0
 

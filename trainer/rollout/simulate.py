@@ -83,6 +83,9 @@ class SimInputs(Section):
     """Assumed: an episode submits after a uniform number of turns in [turns_min, turns_max] (R2E-Gym's 40-step
     limit), unless a token budget ends it first."""
     success_rate: float = knob(0.3, ge=0, le=1)
+    env_workers: int = knob(16, ge=1)
+    """Container calls (start, tool call, grading) running at once; more wait their turn (`rollout.env_workers`,
+    configs/paper.yaml's 16)."""
     start_s_median: float = knob(4.0, ge=0)
     """Assumed: a container started from an R2E-Gym image with its repository (lognormal, `start_s_sigma`)."""
     start_s_sigma: float = knob(0.5, ge=0)
@@ -234,13 +237,20 @@ class StandinEnv:
         pass
 
 
-async def standin_calls(env: StandinEnv, fn: Callable, *args, **kwargs):
-    """The simulator's `env_calls`: run the call at once, then wait out the latency it ran up."""
-    result = fn(*args, **kwargs)
-    owed, env.owed_s = env.owed_s, 0.0
-    if owed > 0:
-        await asyncio.sleep(owed)
-    return result
+class StandinCalls:
+    """The simulator's `env_calls`: at most `workers` calls at once, each run at once and then waiting out the
+    latency it ran up on its environment (the time a worker thread would be blocked in it)."""
+
+    def __init__(self, workers: int):
+        self._slots = asyncio.Semaphore(workers)
+
+    async def __call__(self, env: StandinEnv, fn: Callable, *args, **kwargs):
+        async with self._slots:
+            result = fn(*args, **kwargs)
+            owed, env.owed_s = env.owed_s, 0.0
+            if owed > 0:
+                await asyncio.sleep(owed)
+        return result
 
 
 @dataclass
@@ -372,6 +382,7 @@ async def simulate_cell(x: SimInputs, loop: str, updates: int) -> SimResult:
 
     clock = asyncio.get_running_loop()
     gate = VersionGate()
+    standin_calls = StandinCalls(x.env_workers)
     stream = producer = None
     if loop == "episodes":
         stream = EpisodeStream(
