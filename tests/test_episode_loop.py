@@ -110,7 +110,7 @@ def test_episode_loop_plays_the_lock_step_episodes(world, mode, group_size):
     turns, _ = run_driver(world, "turns", mode=mode, updates=3, group_size=group_size)
     episodes, driver = run_driver(world, "episodes", mode=mode, updates=3, group_size=group_size)
     assert [[record(e) for e in b] for b in turns] == [[record(e) for e in b] for b in episodes]
-    assert driver.turns.calls < sum(len(e.turns) for b in episodes for e in b)  # pending turns went out together
+    assert driver.turns.steps == sum(len(e.turns) for b in episodes for e in b)  # stepped: one turn a step
     versions = {v for b in episodes for e in b for v in e.versions if v != ENV_TOKEN}
     assert versions == ({0, 1, 2} if mode == "sync" else {0, 1})  # the pushes took effect
     assert len({e.rollout_logp[-1] for b in episodes for e in b}) > 1
@@ -455,6 +455,51 @@ class SteppedReferenceLLM:
         output.request_id, output.finished = request_id, True
         self.steps += 1
         return [output]
+
+
+class CallsOnlyLLM:
+    """A reference LLM that can only be called (no `llm_engine`, as a rollout server's client): records how many
+    requests each generate call carried."""
+
+    def __init__(self, model):
+        from trainer.rollout.reference_llm import ReferenceLLM
+
+        self.reference, self.sizes = ReferenceLLM(model), []
+
+    def generate(self, prompts, sampling_params=None, *, use_tqdm=True):
+        self.sizes.append(len(prompts))
+        return self.reference.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def collective_rpc(self, *args, **kwargs):
+        return self.reference.collective_rpc(*args, **kwargs)
+
+    def reset_prefix_cache(self):
+        return True
+
+
+def test_batched_calls_play_the_lock_step_episodes(world, monkeypatch):
+    """Where the engine cannot be stepped, the turns pending at each call go out together (BatchedTurns): the same
+    episodes as lock-step, in fewer calls than turns, some calls carrying several turns."""
+    import copy
+
+    from trainer.rollout.episode_loop import BatchedTurns
+    from trainer.rollout.reference_llm import ReferenceSamplingParams
+    from trainer.rollout.vllm_engine import VLLMEngine
+
+    made = []
+
+    def calls_only_engine(model, fmt):
+        llm = CallsOnlyLLM(copy.deepcopy(model))
+        made.append(llm)
+        return VLLMEngine.from_llm(llm, fmt, sampling_params_cls=ReferenceSamplingParams)
+
+    turns, _ = run_driver(world, "turns", mode="lagged", updates=3)
+    monkeypatch.setattr(sys.modules[__name__], "reference_engine", calls_only_engine)
+    episodes, driver = run_driver(world, "episodes", mode="lagged", updates=3)
+    assert isinstance(driver.turns, BatchedTurns)
+    assert [[record(e) for e in b] for b in turns] == [[record(e) for e in b] for b in episodes]
+    n_turns = sum(len(e.turns) for b in episodes for e in b)
+    assert sum(made[0].sizes) == n_turns and len(made[0].sizes) < n_turns and max(made[0].sizes) > 1
 
 
 @pytest.mark.parametrize("mode", ["lagged", "async"])

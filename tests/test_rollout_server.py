@@ -8,6 +8,7 @@ boundary. On a GPU the same protocol carries vLLM over NCCL (benchmarks/gpu_chec
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import signal
@@ -28,6 +29,8 @@ from trainer.policy.tiny import TinyModelSpec, build_tiny_model
 from trainer.rollout.reference_llm import reference_engine
 from trainer.rollout.sampling import SamplingParams
 from trainer.rollout.server_client import ServerEngine, launch_server
+
+torch.set_num_threads(1)  # as the server's (`launch_server(threads=1)`): equal log-probs need equal reductions
 
 ROOT = Path(__file__).resolve().parents[1]
 GREEDY = SamplingParams(temperature=0, max_turn_tokens=8, max_episode_tokens=400)
@@ -151,6 +154,60 @@ def test_a_dead_server_is_a_clear_error(tmp_path, served):
     client.process.wait()
     with pytest.raises(RuntimeError, match=r"rollout server is gone .*exit code -9.*server\.log"):
         _play(engine, GREEDY)
+
+
+def _stream(engine, fmt, sampling, seed=1):
+    """The episode loop's batch over `engine.turn_engine()` with the seeds `_play` draws."""
+    from trainer.rollout.episode_loop import Dispatch, EnvCalls, VersionGate, play_batch
+    from trainer.rollout.vllm_engine import request_seeds
+
+    turns = engine.turn_engine()
+    seeds = request_seeds(len(TASKS), torch.Generator().manual_seed(seed))
+    jobs = [Dispatch(t, str(t), s) for t, s in zip(TASKS, seeds)]
+    calls = EnvCalls(4)
+    gate = None
+
+    async def main():
+        nonlocal gate
+        gate = VersionGate(engine.policy_version)
+        return await play_batch(turns, gate, calls, fmt, [TallyEnv() for _ in TASKS], jobs, sampling=sampling)
+
+    try:
+        return turns, asyncio.run(main())
+    finally:
+        calls.close()
+        turns.close()
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_streamed_turns_play_the_lock_step_episodes(served, sampling):
+    """The episode loop's turns streamed to the server, which steps its engine for them as they come: the episodes
+    the lock-step loop plays through the control channel, field by field."""
+    from trainer.rollout.server_client import StreamingTurns
+
+    model, fmt, engine = served
+    engine.load_state_dict(model.state_dict(), 0)
+    turns, got = _stream(engine, fmt, sampling)
+    assert isinstance(turns, StreamingTurns) and engine.llm.info["turns"] is True
+    assert _same(got, _play(engine, sampling))
+
+
+def test_a_dead_server_fails_the_streamed_turns_waiting(tmp_path, served):
+    """Killed with its turns channel open: the turn waiting, and any later one, fail with the exit code and log."""
+    model, fmt, _ = served
+    client = _own_server(tmp_path, model, fmt)
+    engine = ServerEngine.connect(client, fmt)
+    turns = engine.turn_engine()
+
+    async def turn():
+        return await turns.generate([1, 2, 3], sampling=GREEDY, max_tokens=4, seed=None)
+
+    os.kill(client.info["pid"], signal.SIGKILL)
+    client.process.wait()
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match=r"rollout server is gone .*exit code -9.*server\.log"):
+            asyncio.run(asyncio.wait_for(turn(), 30))
+    turns.close()
 
 
 class _Task(int):

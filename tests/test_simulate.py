@@ -139,7 +139,14 @@ def test_lockstep_rounds_wait_for_the_slowest_tool_call(lockstep, workers, secon
         envs = [FixedEnv(0, [5.0, 1.0]), FixedEnv(1, [1.0, 5.0, 1.0])]
         jobs = [Dispatch(0, "a", 0), Dispatch(1, "b", 1)]
         episodes = await play_batch(
-            engine, VersionGate(), StandinCalls(workers), StandinFormat(), envs, jobs, sampling=SAMPLING, lockstep=lockstep
+            engine,
+            VersionGate(),
+            StandinCalls(workers),
+            StandinFormat(),
+            envs,
+            jobs,
+            sampling=SAMPLING,
+            lockstep=lockstep,
         )
         engine.close()
         return asyncio.get_running_loop().time(), episodes

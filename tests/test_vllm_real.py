@@ -318,6 +318,37 @@ def test_the_server_plays_what_the_colocated_engine_plays(served, server):
         assert_same_episodes(got, ref)
 
 
+def test_turns_streamed_to_the_server_play_what_the_colocated_engine_plays(served, server):
+    """The episode loop's turns streamed to vLLM in the server, which steps its engine for them as they come
+    (continuous batching there): the colocated lock-step engine's episodes, greedy and seeded."""
+    import asyncio
+
+    from trainer.rollout.episode_loop import Dispatch, EnvCalls, VersionGate, play_batch
+    from trainer.rollout.server_client import StreamingTurns
+    from trainer.rollout.vllm_engine import request_seeds
+
+    model, fmt, engine = served
+    sampled = SamplingParams(temperature=1.0, max_turn_tokens=8, max_episode_tokens=200)
+    for sp in (GREEDY, sampled):
+        turns, calls = server.turn_engine(), EnvCalls(4)
+        assert isinstance(turns, StreamingTurns)
+        seeds = request_seeds(len(TASKS), torch.Generator().manual_seed(2))
+        jobs = [Dispatch(t, str(t), s) for t, s in zip(TASKS, seeds)]
+
+        async def main(turns=turns, calls=calls, jobs=jobs, sp=sp):
+            return await play_batch(
+                turns, VersionGate(), calls, fmt, [SlowTallyEnv() for _ in TASKS], jobs, sampling=sp
+            )
+
+        try:
+            got = asyncio.run(main())
+        finally:
+            calls.close()
+            turns.close()
+        ref = engine.play([TallyEnv() for _ in TASKS], TASKS, sampling=sp, generator=torch.Generator().manual_seed(2))
+        assert_same_episodes(got, ref)
+
+
 def test_weights_pushed_to_the_server_are_played_and_a_bad_push_keeps_it_in_step(served, server):
     model, fmt, _ = served
     changed = copy.deepcopy(model)

@@ -71,6 +71,26 @@ class _Weights:
         return loaded
 
 
+class ReferenceEngine:
+    """vLLM's `LLM.llm_engine` stepping API over a `ReferenceLLM` (what `Stepper` drives): each `step()` decodes the
+    oldest pending request whole and returns it finished, with its `request_id`."""
+
+    def __init__(self, llm: ReferenceLLM):
+        self.llm, self.pending = llm, []
+
+    def add_request(self, request_id: str, prompt: dict, params) -> None:
+        self.pending.append((request_id, prompt, params))
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.pending)
+
+    def step(self) -> list:
+        request_id, prompt, params = self.pending.pop(0)
+        (output,) = self.llm.generate([prompt], [params])
+        output.request_id, output.finished = request_id, True
+        return [output]
+
+
 class ReferenceLLM:
     """See the module docstring. `model` is any Hugging Face causal LM; it is put in eval mode."""
 
@@ -78,6 +98,7 @@ class ReferenceLLM:
         self.model, self.mode = model.eval(), logprobs_mode
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.llm_engine = ReferenceEngine(self)
 
     @property
     def device(self) -> torch.device:

@@ -9,6 +9,11 @@ rank 0 starts this module as a subprocess instead and drives it as an engine (th
   turn of all live episodes. The episodes' bookkeeping and the environments (containers) stay with the trainer
   (`play_episodes` runs there against `ServerClient.generate`); only token ids, sampling parameters (as the
   keyword dicts of `request_kwargs`) and the sampled tokens' log-probs cross the process boundary.
+- **Streamed turns** for the episode loop (`rollout.loop: episodes`): the trainer opens a second connection, the
+  turns channel, and sends each turn as it comes (`("submit", id, prompt, params)`); the server steps its engine
+  continuously (trainer/rollout/continuous.py's `Stepper`: vLLM's in-process `LLMEngine`, or the reference
+  engine's stand-in of it) and answers each turn when it is done (`("done", id, output)`), in any order. Weights
+  still come over the control channel, loaded on the stepper's thread between steps.
 - **Weights** travel by broadcast from trainer rank 0 to the server over a two-process group of their own (torch's
   `ProcessGroupNCCL` between the two GPUs, `ProcessGroupGloo` when either side is on CPU), created on a `TCPStore`
   the trainer hosts, apart from the trainer's own process group. Each parameter goes as one tensor in the server's
@@ -54,9 +59,10 @@ import torch
 import torch.distributed as dist
 
 from trainer.policy.load import DTYPES
+from trainer.rollout.continuous import steppable
 from trainer.rollout.vllm_engine import LOGPROBS_MODES, engine_max_model_len, push_weights
 
-PROTOCOL = "trainer.rollout-server/1"
+PROTOCOL = "trainer.rollout-server/2"
 AUTHKEY_ENV = "TRAINER_ROLLOUT_SERVER_KEY"
 BACKENDS = ("vllm", "reference")
 
@@ -104,6 +110,9 @@ class RolloutServer:
         self.logprobs_mode, self.max_model_len = logprobs_mode, max_model_len
         self.group, self.backend = None, None
         self.version: int | None = None
+        self.stepper = None
+        """Started by the first turns channel (`serve_turns`); weight loads then run on its thread."""
+        self._stepper_lock = threading.Lock()
 
     def info(self) -> dict:
         return dict(
@@ -113,39 +122,69 @@ class RolloutServer:
             weight_dtype=str(self.weight_dtype).removeprefix("torch."),
             logprobs_mode=self.logprobs_mode,
             max_model_len=self.max_model_len,
+            turns=steppable(self.llm),
         )
 
     def generate(self, prompts: list[list[int]], params: list[dict]) -> list[tuple]:
         """(sampled tokens, [{token: log-prob}] per position, cached prompt tokens or None) per request."""
-        outputs = list(
-            self.llm.generate(
-                [{"prompt_token_ids": p} for p in prompts],
-                sampling_params=[self.sampling_params_cls(**kw) for kw in params],
-                use_tqdm=False,
+
+        def call():
+            return list(
+                self.llm.generate(
+                    [{"prompt_token_ids": p} for p in prompts],
+                    sampling_params=[self.sampling_params_cls(**kw) for kw in params],
+                    use_tqdm=False,
+                )
             )
-        )
+
+        outputs = call() if self.stepper is None else self.stepper.call(call)  # never beside a step
         if len(outputs) != len(prompts):
             raise RuntimeError(f"the engine returned {len(outputs)} outputs for {len(prompts)} requests")
-        plain = []
-        for prompt, output in zip(prompts, outputs):
-            sent = getattr(output, "prompt_token_ids", None)
-            if sent is not None and [int(t) for t in sent] != prompt:  # checked here: prompts are not sent back
-                raise RuntimeError(
-                    "the engine returned an output for a different prompt than the request at this "
-                    "position (outputs out of order?)"
-                )
-            completion = output.outputs[0]
-            logps = (
-                None
-                if completion.logprobs is None
-                else [
-                    None if entry is None else {int(t): float(getattr(v, "logprob", v)) for t, v in entry.items()}
-                    for entry in completion.logprobs
-                ]
-            )
-            cached = getattr(output, "num_cached_tokens", None)
-            plain.append(([int(t) for t in completion.token_ids], logps, None if cached is None else int(cached)))
-        return plain
+        return [plain_output(prompt, output) for prompt, output in zip(prompts, outputs)]
+
+    def serve_turns(self, conn) -> None:
+        """Answer streamed turns on `conn` until it closes: each `("submit", id, prompt, params)` joins the engine's
+        running batch; its `("done", id, output)` (or `("error", id, why)`) is sent when it finishes."""
+        from trainer.rollout.continuous import Stepper
+
+        with self._stepper_lock:  # one stepper for every turns channel
+            if self.stepper is None:
+                self.stepper = Stepper(self.llm.llm_engine)
+        sending = threading.Lock()
+
+        def reply(message) -> None:
+            with sending:
+                try:
+                    conn.send(message)
+                except (OSError, EOFError):
+                    pass  # the trainer is gone
+
+        def answer(request_id, prompt):
+            def done(output, error):
+                if error is not None:
+                    reply(("error", request_id, f"{type(error).__name__}: {error}"))
+                    return
+                try:
+                    reply(("done", request_id, plain_output(prompt, output)))
+                except Exception as err:
+                    reply(("error", request_id, f"{type(err).__name__}: {err}"))
+
+            return done
+
+        while True:
+            try:
+                kind, request_id, prompt, params = conn.recv()
+            except (EOFError, ConnectionError, OSError):
+                return
+            if kind != "submit":
+                reply(("error", request_id, f"unknown turns message {kind!r} (this server speaks {PROTOCOL})"))
+                continue
+            try:
+                sampling = self.sampling_params_cls(**params)
+            except Exception as err:
+                reply(("error", request_id, f"{type(err).__name__}: {err}"))
+                continue
+            self.stepper.submit(prompt, sampling, answer(request_id, prompt))
 
     def join(self, host: str, port: int, backend: str, timeout_s: float) -> str:
         if self.device.type == "cuda":
@@ -169,7 +208,10 @@ class RolloutServer:
                 broadcast_from_trainer(self.group, tensor)
         except Exception as err:
             raise BrokenChannel(f"the weight broadcast failed part-way: {err}") from err
-        push_weights(self.llm, weights)
+        if self.stepper is not None:  # between two steps of the streamed turns' engine
+            self.stepper.call(lambda: push_weights(self.llm, weights))
+        else:
+            push_weights(self.llm, weights)
         self.version = int(version)
         return self.version
 
@@ -200,6 +242,28 @@ class RolloutServer:
                 print(traceback.format_exc(), file=sys.stderr, flush=True)
                 reply = ("error", f"{type(err).__name__}: {err}")
             conn.send(reply)
+
+
+def plain_output(prompt: list[int], output) -> tuple:
+    """(sampled tokens, [{token: log-prob}] per position, cached prompt tokens or None) of one vLLM output: what
+    crosses to the trainer (`server_client.from_plain` turns it back)."""
+    sent = getattr(output, "prompt_token_ids", None)
+    if sent is not None and [int(t) for t in sent] != list(prompt):  # checked here: prompts are not sent back
+        raise RuntimeError(
+            "the engine returned an output for a different prompt than the request at this position (outputs out of "
+            "order?)"
+        )
+    completion = output.outputs[0]
+    logps = (
+        None
+        if completion.logprobs is None
+        else [
+            None if entry is None else {int(t): float(getattr(v, "logprob", v)) for t, v in entry.items()}
+            for entry in completion.logprobs
+        ]
+    )
+    cached = getattr(output, "num_cached_tokens", None)
+    return [int(t) for t in completion.token_ids], logps, None if cached is None else int(cached)
 
 
 class BrokenChannel(RuntimeError):
@@ -319,6 +383,20 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"protocol": PROTOCOL, "address": list(listener.address)}), file=handshake, flush=True)
         handshake.close()
         with listener.accept() as conn:
+
+            def turns_channels() -> None:  # opened by the trainer's episode loop, after the control channel
+                while True:
+                    try:
+                        turns = listener.accept()
+                    except OSError:
+                        return
+                    threading.Thread(target=serve_and_close, args=(turns,), name="turns", daemon=True).start()
+
+            def serve_and_close(turns) -> None:
+                with turns:
+                    server.serve_turns(turns)
+
+            threading.Thread(target=turns_channels, name="turns-listener", daemon=True).start()
             server.serve(conn)
     return 0
 

@@ -5,6 +5,8 @@ channel and the weight group), and drive it as an engine (`ServerEngine`).
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import os
 import secrets
@@ -20,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.policy.load import DTYPES
+from trainer.rollout.continuous import settle
 from trainer.rollout.server import (
     AUTHKEY_ENV,
     BACKENDS,
@@ -27,7 +30,7 @@ from trainer.rollout.server import (
     broadcast_from_trainer,
     weight_group,
 )
-from trainer.rollout.vllm_engine import VLLMEngine
+from trainer.rollout.vllm_engine import VLLMEngine, read_output
 
 _TORCHRUN_ENV = (
     "RANK",
@@ -62,8 +65,11 @@ class ServerClient:
         device: str = "cpu",
         timeout_s: float = 3600.0,
         join_timeout_s: float = 300.0,
+        address: tuple | None = None,
+        authkey: bytes | None = None,
     ):
         self.conn, self.process, self.log_path = conn, process, log_path
+        self.address, self.authkey = address, authkey
         self.device = torch.device(device)
         self.timeout_s, self.join_timeout_s = timeout_s, join_timeout_s
         self._lock = threading.Lock()
@@ -118,14 +124,16 @@ class ServerClient:
         plain = self.call(
             "generate", [list(p["prompt_token_ids"]) for p in prompts], [dict(sp) for sp in sampling_params]
         )
-        return [
-            SimpleNamespace(
-                prompt_token_ids=None,
-                num_cached_tokens=cached,
-                outputs=[SimpleNamespace(token_ids=tokens, logprobs=logps)],
-            )
-            for tokens, logps, cached in plain
-        ]
+        return [from_plain(p) for p in plain]
+
+    def open_turns(self):
+        """A second connection to the server, its turns channel (`RolloutServer.serve_turns`)."""
+        if self.address is None:
+            raise RuntimeError("this rollout server client was made without the server's address")
+        try:
+            return Client(self.address, authkey=self.authkey)
+        except (OSError, EOFError) as err:
+            raise self._fail(f"{type(err).__name__} opening the turns channel", err) from err
 
     def _join(self) -> None:
         """Set up the weight channel (the server's answer comes once both sides are in the group)."""
@@ -214,6 +222,14 @@ class ServerEngine(VLLMEngine):
     def load_state_dict(self, state_dict: dict, version: int) -> None:
         self.llm.push_weights(state_dict, version)
         self.policy_version = int(version)
+
+    def turn_engine(self):
+        """Streamed turns where the server steps its engine (continuous batching there), else batched calls."""
+        if self.llm.info.get("turns"):
+            return StreamingTurns(self)
+        from trainer.rollout.episode_loop import BatchedTurns
+
+        return BatchedTurns(self)
 
     def close(self) -> None:
         self.llm.close()
@@ -315,7 +331,10 @@ def launch_server(
     process.stdout.close()
     try:
         address = tuple(json.loads(line)["address"])
-        return ServerClient(Client(address, authkey=bytes.fromhex(key)), process, log_path, device=trainer_device)
+        authkey = bytes.fromhex(key)
+        return ServerClient(
+            Client(address, authkey=authkey), process, log_path, device=trainer_device, address=address, authkey=authkey
+        )
     except BaseException:  # a server nobody will talk to must not keep its GPU
         process.kill()
         process.wait()
@@ -424,3 +443,82 @@ class ReplicatedServers:
     def close(self) -> None:
         for engine in self.engines:
             engine.close()
+
+
+def from_plain(plain) -> SimpleNamespace:
+    """A vLLM `RequestOutput` look-alike from what the server sent (`server.plain_output`)."""
+    tokens, logps, cached = plain
+    return SimpleNamespace(
+        prompt_token_ids=None, num_cached_tokens=cached, outputs=[SimpleNamespace(token_ids=tokens, logprobs=logps)]
+    )
+
+
+class StreamingTurns:
+    """The `TurnEngine` of a rollout server that steps its engine: each turn goes out on the turns channel as it
+    comes and is answered when done, in any order (continuous batching in the server); weights go over the control
+    channel, as for the lock-step loop. A server that dies fails every turn waiting, with its exit code and log."""
+
+    def __init__(self, engine: ServerEngine):
+        self.engine, self.client = engine, engine.llm
+        self.conn = self.client.open_turns()
+        self._stop_ids = {int(t) for t in engine.fmt.stop_ids}
+        self._sending = threading.Lock()
+        self._waiting: dict[int, tuple] = {}
+        self._ids = itertools.count()
+        self._failure: BaseException | None = None
+        self._closing = False
+        threading.Thread(target=self._read, name="turns-reader", daemon=True).start()
+
+    async def generate(self, prompt, *, sampling, max_tokens, seed, key=0):
+        from trainer.rollout.vllm_engine import request_kwargs
+
+        if self._failure is not None:
+            raise self._failure
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        request_id = next(self._ids)
+        self._waiting[request_id] = (loop, future)
+        with self._sending:
+            try:
+                self.conn.send(
+                    ("submit", request_id, list(prompt), request_kwargs(sampling, max_tokens, self._stop_ids, seed))
+                )
+            except (OSError, EOFError) as err:
+                self._waiting.pop(request_id, None)
+                raise self.client._fail(f"{type(err).__name__} sending a turn", err) from err
+        output = from_plain(await future)
+        return read_output(output, prompt, max_tokens, self._stop_ids)
+
+    def _read(self) -> None:
+        while True:
+            try:
+                kind, request_id, value = self.conn.recv()
+            except (EOFError, OSError) as err:
+                if self._closing:
+                    return
+                if self.client.process is not None:  # a server that died: give its exit code a moment to exist
+                    try:
+                        self.client.process.wait(timeout=5)
+                    except subprocess.TimeoutExpired:
+                        pass
+                self._failure = self.client._fail(f"the turns channel closed: {type(err).__name__}", err)
+                for loop, future in list(self._waiting.values()):
+                    loop.call_soon_threadsafe(settle, future, None, self._failure)
+                self._waiting.clear()
+                return
+            waiting = self._waiting.pop(request_id, None)
+            if waiting is None:
+                continue
+            loop, future = waiting
+            error = None if kind == "done" else RuntimeError(f"rollout server: {value}")
+            loop.call_soon_threadsafe(settle, future, value, error)
+
+    async def load_weights(self, state_dict, version):
+        await asyncio.to_thread(self.engine.load_state_dict, state_dict, version)
+
+    def close(self) -> None:
+        self._closing = True
+        try:
+            self.conn.close()
+        except OSError:
+            pass

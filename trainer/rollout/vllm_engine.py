@@ -676,9 +676,7 @@ class VLLMEngine:
         """The engine as the episode-level loop drives it (`rollout.loop: episodes`): continuous batching over vLLM's
         in-process engine (trainer/rollout/continuous.py); the turns pending at each call batched into one generate
         call where the LLM cannot be stepped (the reference engine, a rollout server's client)."""
-        from trainer.rollout.continuous import ContinuousTurns
+        from trainer.rollout.continuous import ContinuousTurns, steppable
         from trainer.rollout.episode_loop import BatchedTurns
 
-        if hasattr(getattr(self.llm, "llm_engine", None), "step"):
-            return ContinuousTurns(self)
-        return BatchedTurns(self)
+        return ContinuousTurns(self) if steppable(self.llm) else BatchedTurns(self)
