@@ -27,7 +27,6 @@ import hashlib
 import json
 import math
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from trainer.environments.protocol import StepInfo, StepResult  # noqa: E402
+from trainer.logs.provenance import hardware  # noqa: E402
 from trainer.policy.load import new_tiny_policy, save_policy  # noqa: E402
 from trainer.rollout.config import RolloutConfig  # noqa: E402
 from trainer.rollout.driver import RolloutDriver, TaskSampler  # noqa: E402
@@ -147,7 +147,8 @@ def main() -> None:
     for r in results.values():
         r["speedup_vs_turns"] = r["episodes_per_s"] / base
     report = {
-        "machine": platform.processor() or platform.machine(),
+        "machine": hardware()["processor"],
+        "cpu_features": hardware().get("cpu_features"),
         "settings": {k: str(v) for k, v in vars(args).items()},
         "results": results,
     }

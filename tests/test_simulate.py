@@ -210,6 +210,22 @@ def test_the_command_prints_every_placement_and_the_best(tmp_path, capsys):
     assert "best for turns:" in text and "best for episodes:" in text
     results = json.loads(out.read_text())["results"]
     assert sorted({(r["update_gpus"], r["engine_gpus"]) for r in results}) == [(1, 3), (2, 2), (3, 1)]
+    args = [
+        "--inputs",
+        str(inputs),
+        "--updates",
+        "3",
+        "--loop",
+        "episodes",
+        "--set",
+        "update_gpus=2",
+        "--json",
+        str(out),
+    ]
+    assert main(args) == 0
+    assert [(r["loop"], r["update_gpus"]) for r in json.loads(out.read_text())["results"]] == [("episodes", 2)]
+    with pytest.raises(ConfigError, match="--set expects KEY=VALUE"):
+        main(["--inputs", str(inputs), "--set", "update_gpus"])
 
 
 def test_bad_inputs_name_the_key(tmp_path):

@@ -66,8 +66,8 @@ class SimInputs(Section):
     batch_size: int = knob(64, ge=1)
     """Episodes per update (configs/paper.yaml)."""
     max_staleness: int = knob(4, ge=0)
-    max_in_flight: int | None = knob(None, ge=1)
-    """Episodes in flight under the episode loop (None: `batch_size`)."""
+    max_in_flight: int | None = knob(128, ge=1)
+    """Episodes in flight under the episode loop (None: `batch_size`; configs/paper.yaml's 128)."""
     max_turn_tokens: int = knob(4096, ge=1)
     max_episode_tokens: int = knob(32768, ge=2)
     prompt_tokens_median: float = knob(1500.0, gt=0)
@@ -83,9 +83,9 @@ class SimInputs(Section):
     """Assumed: an episode submits after a uniform number of turns in [turns_min, turns_max] (R2E-Gym's 40-step
     limit), unless a token budget ends it first."""
     success_rate: float = knob(0.3, ge=0, le=1)
-    env_workers: int = knob(16, ge=1)
+    env_workers: int = knob(64, ge=1)
     """Container calls (start, tool call, grading) running at once; more wait their turn (`rollout.env_workers`,
-    configs/paper.yaml's 16)."""
+    configs/paper.yaml's 64)."""
     start_s_median: float = knob(4.0, ge=0)
     """Assumed: a container started from an R2E-Gym image with its repository (lognormal, `start_s_sigma`)."""
     start_s_sigma: float = knob(0.5, ge=0)
@@ -506,12 +506,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--update-gpus", type=int, help="one placement only (default: every placement)")
     p.add_argument("--batch-size", type=int)
     p.add_argument("--loop", choices=["turns", "episodes", "both"], default="both")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="SimInputs fields (YAML values)")
     p.add_argument("--updates", type=int, default=6, help="updates simulated (the first is warm-up)")
     p.add_argument("--json", type=Path, help="write the results here too")
 
 
 def run(args: argparse.Namespace) -> int:
-    x = load_inputs(args.inputs, {"gpus": args.gpus, "batch_size": args.batch_size, "update_gpus": args.update_gpus})
+    overrides = {"gpus": args.gpus, "batch_size": args.batch_size, "update_gpus": args.update_gpus}
+    for pair in args.set:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ConfigError(f"--set expects KEY=VALUE, got {pair!r}")
+        overrides[key] = yaml.safe_load(value)
+    x = load_inputs(args.inputs, overrides)
     loops = ["turns", "episodes"] if args.loop == "both" else [args.loop]
     if x.update_gpus is not None:
         results = [simulate(x, loop, args.updates) for loop in loops]
