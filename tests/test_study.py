@@ -297,8 +297,16 @@ def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_pat
             lambda s: s.update(
                 cell={"rollout": {"engine": "vllm", "server": True}}, resources={"train": {"gpu": 8, "processes": 8}}
             ),
-            r"resources.train.gpu: 8 GPUs for 8 trainer process\(es\) and a vLLM rollout server .*ask for 9",
+            r"resources.train.gpu: 8 GPUs for 8 trainer process\(es\) and 1 vLLM rollout server\(s\) .*ask for 9",
             id="server-gpu",
+        ),
+        pytest.param(
+            lambda s: s.update(
+                cell={"rollout": {"engine": "vllm", "server": True, "server_replicas": 6, "loop": "episodes"}},
+                resources={"train": {"gpu": 8, "processes": 3}},
+            ),
+            r"resources.train.gpu: 8 GPUs for 3 trainer process\(es\) and 6 vLLM rollout server\(s\) .*ask for 9",
+            id="server-replicas-gpu",
         ),
         pytest.param(
             lambda s: s.update(cell={"rollout": {"engine": "hf", "server": True}}),
