@@ -405,18 +405,9 @@ def test_a_served_lagged_cell_on_the_episode_loop_equals_the_in_process_lock_ste
 def test_an_asynchronous_episode_stream_cell_learns_with_bounded_staleness(tmp_path):
     """Async rollouts at episode level: episodes flow across updates, none older than max_staleness is trained on,
     and the policy learns the recall game (settings of test_rollout_server's asynchronous served cell)."""
-    from builders import cell_logs, recall_cell, train_cli, word_policy
+    from builders import async_recall_learns
 
-    policy = word_policy(tmp_path / "policy")
-    cell = recall_cell(policy, mode="async", max_staleness=2, loop="episodes", env_workers=4)
-    cell["rollout"]["batch_size"] = 128
-    cell["run"].update(updates=30, eval_every=30)
-    train_cli(tmp_path, cell, "async")
-    metrics, episodes = cell_logs(tmp_path / "async")
-    train = episodes[episodes["split"] == "train"]
-    assert (train["staleness"] <= 2).all() and train["policy_version"].max() >= 25
-    success = metrics["success_rate"].tolist()
-    assert sum(success[:3]) / 3 <= 0.3 and sum(success[-10:]) / 10 >= 0.85, " ".join(f"{s:.2f}" for s in success)
+    async_recall_learns(tmp_path, loop="episodes", env_workers=4)
 
 
 # ------------------------------------------------------------------------------------------- continuous batching
