@@ -101,6 +101,65 @@ def test_the_command_reads_a_cell(tmp_path, capsys):
         assert "no GPU is visible here; give one GPU's memory" in capsys.readouterr().err
 
 
+def test_the_command_predicts_the_cells_wall_time(tmp_path, capsys):
+    """`--wall-time`: the simulator on the cell's own rollout settings and placement (2 update GPUs + 2 servers),
+    the same numbers as `simulate` called with them, and the best split of the 4 GPUs, no fewer update GPUs than
+    the memory plan needs (the 4B update at 32k does not fit on one H100: at least 2)."""
+    from transformers import AutoConfig
+
+    from trainer.rollout.simulate import SimInputs, best, placements, simulate
+
+    kwargs = dict(QWEN3_4B)
+    AutoConfig.for_model(kwargs.pop("model_type"), **kwargs).save_pretrained(tmp_path / "model")
+    rollout = dict(
+        engine="vllm",
+        server=True,
+        server_replicas=2,
+        loop="episodes",
+        max_in_flight=16,
+        batch_size=8,
+        max_episode_tokens=32768,
+        max_turn_tokens=512,
+        env_workers=8,
+        max_staleness=2,
+    )
+    cell = tmp_path / "cell.yaml"
+    cell.write_text(
+        yaml.safe_dump(
+            {
+                "model": {"path": str(tmp_path / "model")},
+                "env": {"name": "minirepo"},
+                "rollout": rollout,
+                "run": {"updates": 50},
+            }
+        )
+    )
+    shape = dict(prompt_tokens_median=300.0, turns_min=2, turns_max=6, action_tokens_median=50.0)
+    (tmp_path / "sim.yaml").write_text(yaml.safe_dump(shape))
+    args = ["plan", "--config", str(cell), "--gpus", "2", "--gpu-memory-gib", "79.1", "--wall-time"]
+    assert main([*args, "--sim-inputs", str(tmp_path / "sim.yaml")]) == 0
+    out = capsys.readouterr().out
+    x = SimInputs(
+        **shape,
+        gpus=4,
+        update_gpus=2,
+        min_update_gpus=2,
+        batch_size=8,
+        max_staleness=2,
+        max_in_flight=16,
+        max_turn_tokens=512,
+        max_episode_tokens=32768,
+        env_workers=8,
+        updates=50,
+    )
+    here = simulate(x, "episodes", 4)
+    assert f"{here.seconds_per_update:.0f} s per update at 2 update GPU(s) + 2 rollout GPU(s)" in out
+    assert f"{here.cell_hours:.1f} h and {here.gpu_hours:.0f} GPU-hours for 50 updates" in out
+    top = best(placements(x, ["episodes"], 4), "episodes")
+    assert top.update_gpus >= 2
+    assert f"best split of the 4 GPUs: {top.update_gpus} update + {top.engine_gpus} rollout, " in out
+
+
 def test_the_command_reads_a_checkpoint_with_its_own_code(tmp_path, capsys):
     """A MiniCPM release (its modelling code behind auto_map): counted with the study's trust_remote_code, without a
     prompt; the count is the loaded model's."""

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from pathlib import Path
 
 GiB = 1024**3
 H200_GIB = 139.8
@@ -198,6 +199,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--reserve-gib", type=float, default=0.0, help="memory kept for other uses (a colocated rollout server's share)"
     )
+    parser.add_argument(
+        "--wall-time",
+        action="store_true",
+        help="also the cell's predicted hours and GPU-hours (`python -m trainer simulate` with the cell's rollout "
+        "settings), at its placement and at the best split of its GPUs",
+    )
+    parser.add_argument("--sim-inputs", type=Path, default=None, help="with --wall-time: SimInputs rates (YAML)")
 
 
 def gpu_memory_gib(given: float | None) -> tuple[float, str]:
@@ -250,4 +258,59 @@ def run(args: argparse.Namespace) -> int:
         f"{capacity:.1f} GiB per GPU ({source})"
     )
     print(plan.table())
+    if args.wall_time:
+        print_wall_time(cfg, args, counts, tokens, capacity)
     return 0 if plan.fits else 1
+
+
+def print_wall_time(cfg, args: argparse.Namespace, counts: ModelCounts, tokens: int, capacity: float) -> None:
+    """The simulated seconds per update, hours and GPU-hours of the cell (trainer/rollout/simulate.py): its GPUs
+    are `--gpus` for the update plus one per rollout server (one engine when it has no server), the rates are
+    `--sim-inputs`' (else the simulator's stated defaults), the episode shape, batch, staleness and workers the
+    cell's. The best split keeps at least the fewest update GPUs the memory plan fits on."""
+    from trainer.rollout.simulate import best, load_inputs, placements, simulate
+
+    r = cfg.rollout
+    engines = r.server_replicas if r.server else 1
+    fits = [
+        g
+        for g in range(1, args.gpus + engines)
+        if plan_memory(
+            counts,
+            tokens,
+            g,
+            checkpointing=not args.no_checkpointing,
+            head_chunk_tokens=args.head_chunk or None,
+            adam_only=cfg.optim.name != "muon",
+            master_bytes=4 if cfg.model.dtype == "float32" else 2,
+            capacity_gib=capacity,
+            reserve_gib=args.reserve_gib,
+        ).fits
+    ]
+    x = load_inputs(
+        args.sim_inputs,
+        dict(
+            gpus=args.gpus + engines,
+            update_gpus=args.gpus,
+            min_update_gpus=fits[0] if fits else args.gpus,
+            batch_size=r.batch_size,
+            max_staleness=r.max_staleness,
+            max_in_flight=r.max_in_flight or r.batch_size,
+            max_turn_tokens=r.max_turn_tokens,
+            max_episode_tokens=r.max_episode_tokens,
+            env_workers=r.env_workers,
+            updates=cfg.run.updates,
+        ),
+    )
+    here = simulate(x, r.loop, 4)
+    top = best(placements(x, [r.loop], 4), r.loop)
+    print(
+        f"wall time (simulated, loop {r.loop}; rates assumed unless measured: docs/scale.md): {here.seconds_per_update:.0f} s "
+        f"per update at {x.update_gpus} update GPU(s) + {engines} rollout GPU(s), {here.cell_hours:.1f} h and "
+        f"{here.gpu_hours:.0f} GPU-hours for {x.updates} updates; engines {here.engine_busy:.0%} busy, update "
+        f"{here.update_busy:.0%}"
+    )
+    print(
+        f"best split of the {x.gpus} GPUs: {top.update_gpus} update + {top.engine_gpus} rollout, "
+        f"{top.seconds_per_update:.0f} s per update, {top.cell_hours:.1f} h and {top.gpu_hours:.0f} GPU-hours"
+    )

@@ -140,6 +140,12 @@ class SimInputs(Section):
             self.refuse("min_update_gpus", f"{self.min_update_gpus} leaves no GPU of {self.gpus} for an engine")
         if self.turns_min > self.turns_max:
             self.refuse("turns_min", f"{self.turns_min} is above turns_max {self.turns_max}")
+        if self.prompt_tokens_median * 2 > self.max_episode_tokens:
+            self.refuse(
+                "prompt_tokens_median",
+                f"{self.prompt_tokens_median:g} leaves most episodes no room in max_episode_tokens "
+                f"{self.max_episode_tokens} (they would be skipped): give the cell's episode shape",
+            )
 
 
 def lognormal(rng: np.random.Generator, median: float, sigma: float, cap: float = math.inf) -> float:
