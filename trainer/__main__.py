@@ -5,6 +5,7 @@
     python -m trainer sft   --config SFT.yaml  --out DIR [--exit-with PID|parent]
     python -m trainer eval  --config CELL.yaml --policy DIR [--update N] [--tasks 64] [--show 3]
     python -m trainer plan  --config CELL.yaml [--gpus N] [--tokens T] [--no-checkpointing] [--head-chunk C]
+                            [--wall-time [--sim-inputs RATES.yaml]]
     python -m trainer export CHECKPOINT --out POLICY_DIR
     python -m trainer simulate [--inputs SIM.yaml] [--gpus 8] [--update-gpus U] [--loop turns|episodes|both]
 
