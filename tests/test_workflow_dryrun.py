@@ -70,10 +70,10 @@ def test_paper_study_uses_checkpoints_instead_of_a_warm_start(scratch_repo):
     assert job_counts(out) == {"preflight": 1, "cell_config": 60, "train": 60, "summarize": 1, "figures": 1, "all": 1}
     assert "python -m trainer.environments.swe.preflight" in out and "--min-gold-share 0.9" in out
     assert "model=Qwen3.5-4B/recipe=full/optimizer=muon/seed=2" in out and "tiny" not in out
-    assert "gpu=8" in out and "runtime=2880" in out and "cpus_per_task=56" in out  # 7 processes x 8 threads
+    assert "gpu=8" in out and "runtime=2880" in out and "cpus_per_task=16" in out  # 2 processes x 8 threads
     assert "nodes=1, slurm_extra=--exclusive" in out  # a whole node, never spread over two
     assert "--save-policy results/cells/model=Qwen3.5-4B/" in out and "--checkpoint-last" in out  # keep: both
-    assert "python -m torch.distributed.run --standalone --nproc-per-node=7 -m trainer train" in out  # -p
+    assert "python -m torch.distributed.run --standalone --nproc-per-node=2 -m trainer train" in out  # -p
 
 
 def test_paths_are_rebased_from_the_repository_root_to_the_studys_workdir(tmp_path):
