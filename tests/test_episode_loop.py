@@ -393,7 +393,9 @@ def test_a_served_lagged_cell_on_the_episode_loop_equals_the_in_process_lock_ste
     for replicas in (1, 2):
         cell = recall_cell(policy, mode="lagged", server=True, server_replicas=replicas, loop="episodes", env_workers=4)
         run = train_cli(tmp_path, cell, f"served{replicas}")
-        assert run.stderr.count("rollout server ") >= replicas
+        assert (
+            run.stderr.count("rollout server pid") == replicas and f"replica {replicas - 1} of {replicas}" in run.stderr
+        )
         (m_here, e_here), (m_served, e_served) = cell_logs(tmp_path / "here"), cell_logs(tmp_path / f"served{replicas}")
         pd.testing.assert_frame_equal(m_served, m_here)
         pd.testing.assert_frame_equal(e_served, e_here)

@@ -240,17 +240,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     counts = model_counts(cell_model_config(cfg), trust_remote_code=cfg.model.trust_remote_code)
     tokens = args.tokens or cfg.rollout.max_episode_tokens
-    plan = plan_memory(
-        counts,
-        tokens,
-        args.gpus,
-        checkpointing=not args.no_checkpointing,
-        head_chunk_tokens=args.head_chunk or None,
-        adam_only=cfg.optim.name != "muon",
-        master_bytes=4 if cfg.model.dtype == "float32" else 2,
-        capacity_gib=capacity,
-        reserve_gib=args.reserve_gib,
-    )
+    plan = cell_plan(cfg, args, counts, tokens, args.gpus, capacity)
     print(
         f"{args.config}: {counts.params / 1e9:.2f}B parameters ({counts.muon_params / 1e9:.2f}B on Muon), "
         f"{tokens:,} tokens per micro-batch, {args.gpus} GPU(s){', sharded' if args.gpus > 1 else ''}, "
@@ -263,6 +253,23 @@ def run(args: argparse.Namespace) -> int:
     return 0 if plan.fits else 1
 
 
+def cell_plan(
+    cfg, args: argparse.Namespace, counts: ModelCounts, tokens: int, gpus: int, capacity: float
+) -> MemoryPlan:
+    """The memory plan of the cell's update on `gpus` GPUs, with the command's checkpointing, head chunk and reserve."""
+    return plan_memory(
+        counts,
+        tokens,
+        gpus,
+        checkpointing=not args.no_checkpointing,
+        head_chunk_tokens=args.head_chunk or None,
+        adam_only=cfg.optim.name != "muon",
+        master_bytes=4 if cfg.model.dtype == "float32" else 2,
+        capacity_gib=capacity,
+        reserve_gib=args.reserve_gib,
+    )
+
+
 def print_wall_time(cfg, args: argparse.Namespace, counts: ModelCounts, tokens: int, capacity: float) -> None:
     """The simulated seconds per update, hours and GPU-hours of the cell (trainer/rollout/simulate.py): its GPUs
     are `--gpus` for the update plus one per rollout server (one engine when it has no server), the rates are
@@ -272,21 +279,7 @@ def print_wall_time(cfg, args: argparse.Namespace, counts: ModelCounts, tokens: 
 
     r = cfg.rollout
     engines = r.server_replicas if r.server else 1
-    fits = [
-        g
-        for g in range(1, args.gpus + engines)
-        if plan_memory(
-            counts,
-            tokens,
-            g,
-            checkpointing=not args.no_checkpointing,
-            head_chunk_tokens=args.head_chunk or None,
-            adam_only=cfg.optim.name != "muon",
-            master_bytes=4 if cfg.model.dtype == "float32" else 2,
-            capacity_gib=capacity,
-            reserve_gib=args.reserve_gib,
-        ).fits
-    ]
+    fits = [g for g in range(1, args.gpus + engines) if cell_plan(cfg, args, counts, tokens, g, capacity).fits]
     x = load_inputs(
         args.sim_inputs,
         dict(

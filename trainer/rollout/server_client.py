@@ -409,8 +409,9 @@ def _start_one_server(cfg, fmt, model, model_path, out: Path, replica: int) -> S
         gpu = None
         client = launch_server(model_path, backend="reference", dtype=cfg.model.dtype, device="cpu", **common)
     print(
-        f"[trainer] rollout server {replica} pid {client.info['pid']} ({r.engine}, {client.info['device']}"
-        f"{'' if gpu is None else f', GPU {gpu}'}; weights by {client.backend}); log {common['log_path']}",
+        f"[trainer] rollout server pid {client.info['pid']} ({r.engine}, {client.info['device']}"
+        f"{'' if gpu is None else f', GPU {gpu}'}; replica {replica} of {r.server_replicas}; weights by "
+        f"{client.backend}); log {common['log_path']}",
         file=sys.stderr,
         flush=True,
     )
