@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -117,6 +118,22 @@ class TallyEnv:
 
     def close(self):
         pass
+
+
+class IdTask(int):
+    """A TallyEnv task (an int) with the id the rollout driver's sampler keys tasks by."""
+
+    @property
+    def task_id(self) -> str:
+        return f"t{int(self)}"
+
+
+class SleepyTallyEnv(TallyEnv):
+    """TallyEnv whose steps sleep a task- and turn-dependent few milliseconds, so turns finish out of order."""
+
+    def step(self, action):
+        time.sleep(0.002 * ((int(self.task) * 7 + self.k) % 4))
+        return super().step(action)
 
 
 def recall_cell(policy, **rollout):

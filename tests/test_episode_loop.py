@@ -14,7 +14,7 @@ import time
 
 import pytest
 import torch
-from builders import TEXTS, TallyEnv
+from builders import TEXTS, IdTask, SleepyTallyEnv
 
 from trainer.policy.chat_format import TinyFormat, build_tokenizer
 from trainer.policy.tiny import TinyModelSpec, build_tiny_model
@@ -26,22 +26,6 @@ from trainer.rollout.reference_llm import reference_engine
 from trainer.rollout.sampling import SamplingParams, turn_seed
 
 torch.set_num_threads(1)
-
-
-class Task(int):
-    """A TallyEnv task (an int) with the id the driver's sampler needs."""
-
-    @property
-    def task_id(self) -> str:
-        return f"t{int(self)}"
-
-
-class SleepyTallyEnv(TallyEnv):
-    """TallyEnv whose steps sleep a task- and turn-dependent few milliseconds, so turns finish out of order."""
-
-    def step(self, action):
-        time.sleep(0.002 * ((int(self.task) * 7 + self.k) % 4))
-        return super().step(action)
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +68,7 @@ def run_driver(world, loop, *, mode, updates, group_size=1, **rollout):
     driver = RolloutDriver(
         engine,
         SleepyTallyEnv,
-        TaskSampler([Task(i) for i in range(8)], seed=1),
+        TaskSampler([IdTask(i) for i in range(8)], seed=1),
         cfg,
         sampling,
         seed=4,

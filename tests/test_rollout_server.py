@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from builders import TASKS, TEXTS, TallyEnv, async_recall_learns, cell_logs, recall_cell, train_cli, word_policy
+from builders import TASKS, TEXTS, IdTask, TallyEnv, async_recall_learns, cell_logs, recall_cell, train_cli, word_policy
 
 from trainer.policy.chat_format import TinyFormat, build_tokenizer
 from trainer.policy.load import save_policy
@@ -210,14 +210,6 @@ def test_a_dead_server_fails_the_streamed_turns_waiting(tmp_path, served):
     turns.close()
 
 
-class _Task(int):
-    """A TallyEnv task (an int) with the id the driver's sampler keys tasks by."""
-
-    @property
-    def task_id(self):
-        return f"t{int(self)}"
-
-
 @pytest.mark.slow
 def test_a_server_dying_under_asynchronous_rollouts_fails_the_batch(tmp_path, served):
     """The rollout thread's error reaches the trainer's thread (before: it waited for episodes forever)."""
@@ -229,7 +221,7 @@ def test_a_server_dying_under_asynchronous_rollouts_fails_the_batch(tmp_path, se
     driver = RolloutDriver(
         ServerEngine.connect(client, fmt),
         TallyEnv,
-        TaskSampler([_Task(t) for t in TASKS]),
+        TaskSampler([IdTask(t) for t in TASKS]),
         RolloutConfig(mode="async", batch_size=4, max_staleness=1),
         GREEDY,
     )

@@ -173,27 +173,13 @@ def test_seeded_sampling_repeats_and_differs_by_seed(served):
     assert run(5) != run(6)
 
 
-class IdTask(int):
-    """A TallyEnv task with the id the driver's sampler needs."""
-
-    @property
-    def task_id(self) -> str:
-        return f"t{int(self)}"
-
-
-class SlowTallyEnv(TallyEnv):
-    """TallyEnv whose steps sleep a task- and turn-dependent few milliseconds, so turns finish out of order."""
-
-    def step(self, action):
-        time.sleep(0.003 * ((int(self.task) * 7 + self.k) % 4))
-        return super().step(action)
-
-
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_continuous_batching_plays_the_lock_step_episodes(served, temperature):
     """`rollout.loop: episodes` on vLLM's in-process engine (turns added to the running batch as they come, steps
     finishing them out of order) plays the lock-step loop's episodes, greedy and seeded: every token, turn and
     reward, log-probs within LOGP_TOL (the same requests in other batch compositions)."""
+    from builders import IdTask, SleepyTallyEnv
+
     from trainer.rollout.config import RolloutConfig
     from trainer.rollout.continuous import ContinuousTurns
     from trainer.rollout.driver import RolloutDriver, TaskSampler
@@ -203,7 +189,7 @@ def test_continuous_batching_plays_the_lock_step_episodes(served, temperature):
     runs = {}
     for loop in ("turns", "episodes"):
         cfg = RolloutConfig(engine="vllm", loop=loop, mode="sync", batch_size=8, env_workers=4)
-        driver = RolloutDriver(engine, SlowTallyEnv, TaskSampler([IdTask(i) for i in range(12)], seed=2), cfg, sp)
+        driver = RolloutDriver(engine, SleepyTallyEnv, TaskSampler([IdTask(i) for i in range(12)], seed=2), cfg, sp)
         driver.publish(model.state_dict(), 0)
         try:
             runs[loop] = [driver.next_batch(v) for v in range(2)]
@@ -323,6 +309,8 @@ def test_turns_streamed_to_the_server_play_what_the_colocated_engine_plays(serve
     (continuous batching there): the colocated lock-step engine's episodes, greedy and seeded."""
     import asyncio
 
+    from builders import SleepyTallyEnv
+
     from trainer.rollout.episode_loop import Dispatch, EnvCalls, VersionGate, play_batch
     from trainer.rollout.server_client import StreamingTurns
     from trainer.rollout.vllm_engine import request_seeds
@@ -337,7 +325,7 @@ def test_turns_streamed_to_the_server_play_what_the_colocated_engine_plays(serve
 
         async def main(turns=turns, calls=calls, jobs=jobs, sp=sp):
             return await play_batch(
-                turns, VersionGate(), calls, fmt, [SlowTallyEnv() for _ in TASKS], jobs, sampling=sp
+                turns, VersionGate(), calls, fmt, [SleepyTallyEnv() for _ in TASKS], jobs, sampling=sp
             )
 
         try:
@@ -345,7 +333,9 @@ def test_turns_streamed_to_the_server_play_what_the_colocated_engine_plays(serve
         finally:
             calls.close()
             turns.close()
-        ref = engine.play([TallyEnv() for _ in TASKS], TASKS, sampling=sp, generator=torch.Generator().manual_seed(2))
+        ref = engine.play(
+            [SleepyTallyEnv() for _ in TASKS], TASKS, sampling=sp, generator=torch.Generator().manual_seed(2)
+        )
         assert_same_episodes(got, ref)
 
 

@@ -132,10 +132,7 @@ class RolloutDriver:
         self.env_calls = EnvCalls(self.cfg.env_workers)
         self._episodes_loop = asyncio.new_event_loop()
         threading.Thread(target=self._episodes_loop.run_forever, name="episodes", daemon=True).start()
-        self.gate = self._on_loop(self._make_gate())
-
-    async def _make_gate(self) -> VersionGate:
-        return VersionGate()
+        self.gate = VersionGate()  # its asyncio primitives bind to the episodes' loop at their first use
 
     def _on_loop(self, coroutine):
         """Run `coroutine` on the episodes' event loop and wait for its result."""

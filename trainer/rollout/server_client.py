@@ -30,7 +30,7 @@ from trainer.rollout.server import (
     broadcast_from_trainer,
     weight_group,
 )
-from trainer.rollout.vllm_engine import VLLMEngine, read_output
+from trainer.rollout.vllm_engine import VLLMEngine, read_output, request_kwargs
 
 _TORCHRUN_ENV = (
     "RANK",
@@ -471,8 +471,6 @@ class StreamingTurns:
         threading.Thread(target=self._read, name="turns-reader", daemon=True).start()
 
     async def generate(self, prompt, *, sampling, max_tokens, seed, key=0):
-        from trainer.rollout.vllm_engine import request_kwargs
-
         if self._failure is not None:
             raise self._failure
         loop = asyncio.get_running_loop()
@@ -482,7 +480,7 @@ class StreamingTurns:
         with self._sending:
             try:
                 self.conn.send(
-                    ("submit", request_id, list(prompt), request_kwargs(sampling, max_tokens, self._stop_ids, seed))
+                    ("submit", request_id, prompt, request_kwargs(sampling, max_tokens, self._stop_ids, seed))
                 )
             except (OSError, EOFError) as err:
                 self._waiting.pop(request_id, None)
