@@ -492,7 +492,7 @@ class StreamingTurns:
         while True:
             try:
                 kind, request_id, value = self.conn.recv()
-            except (EOFError, OSError) as err:
+            except Exception as err:  # EOF, a reset, or the connection closed under the read by `close()`
                 if self._closing:
                     return
                 if self.client.process is not None:  # a server that died: give its exit code a moment to exist
