@@ -51,6 +51,12 @@ def test_sharded_gradients_equal_one_process(nproc):
     assert f"fsdp parity OK on {nproc} ranks" in torchrun("fsdp_parity.py", nproc, timeout=400)
 
 
+@pytest.mark.parametrize("nproc", [2, 3])
+def test_weights_are_gathered_onto_rank_0_alone_as_torch_gathers_them(nproc):
+    """What a push hands the rollouts: torch's full state dict, in fp32 or cast to bf16 shard by shard."""
+    assert f"weight gather OK on {nproc} ranks" in torchrun("weight_gather.py", nproc)
+
+
 CELL = {
     "recipe": "full",
     "env": {"name": "minirepo", "options": {"max_depth": 1, "max_turns": 6}, "eval_tasks": 4},

@@ -179,3 +179,31 @@ def test_the_command_reads_a_checkpoint_with_its_own_code(tmp_path, capsys):
     loaded, _ = load_policy(ckpt, trust_remote_code=True)
     counted = model_counts(cell_model_config(load_config(cell)), trust_remote_code=True)
     assert counted.params == sum(p.numel() for p in loaded.parameters())
+
+
+def test_the_weights_pushed_to_a_vllm_server_are_planned_on_the_first_gpu(tmp_path):
+    """Rank 0 keeps the pushed weights on its GPU in the servers' precision through the update: one copy of P
+    parameters (bf16 here), `lag` + 1 under lagged rollouts, none without a vLLM server."""
+    from transformers import AutoConfig
+
+    from trainer.config import config_from_dict
+    from trainer.plan import pushed_weight_bytes
+
+    kwargs = dict(QWEN3_4B)
+    AutoConfig.for_model(kwargs.pop("model_type"), **kwargs).save_pretrained(tmp_path / "model")
+
+    def cell(**rollout):
+        rollout = {"engine": "vllm", "server": True, "mode": "async", **rollout}
+        run = {"compute_dtype": "bfloat16"}
+        return config_from_dict({"model": {"path": str(tmp_path / "model")}, "rollout": rollout, "run": run})
+
+    assert pushed_weight_bytes(cell()) == 2
+    assert pushed_weight_bytes(cell(mode="lagged", lag=1)) == 4
+    assert pushed_weight_bytes(cell(server=False)) == 0
+    assert pushed_weight_bytes(cell(engine="reference")) == 0
+    kwargs = dict(QWEN3_4B)
+    counts = model_counts(AutoConfig.for_model(kwargs.pop("model_type"), **kwargs))
+    plain, pushed = plan_memory(counts, 32768, 8), plan_memory(counts, 32768, 8, pushed_bytes=2)
+    assert "pushed weights" not in plain.terms
+    assert pushed.terms["pushed weights"] == pytest.approx(2 * counts.params / 2**30)
+    assert pushed.total_gib == pytest.approx(plain.total_gib + pushed.terms["pushed weights"])

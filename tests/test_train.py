@@ -471,3 +471,24 @@ def test_the_driver_rounds_published_weights_to_bf16_only_when_asked():
         assert version == 0 and got["w"].dtype == torch.float32 and torch.equal(got["w"], want)
         assert torch.equal(got["steps"], weights["steps"]) and got["w"].data_ptr() != weights["w"].data_ptr()
     assert not torch.equal(weights["w"], weights["w"].bfloat16().float())
+
+
+def test_the_driver_copies_published_weights_unless_they_are_handed_over():
+    """`owned`: the trainer's gathered weights (and a bf16 wire's, already rounded) are kept as they are, not copied
+    a second time; weights the caller still holds (a model's own tensors) are always copied, bf16 ones included."""
+    from trainer.rollout.config import RolloutConfig
+    from trainer.rollout.driver import RolloutDriver, TaskSampler
+
+    weights = {"w": torch.randn(5, 7).bfloat16(), "v": torch.randn(3), "steps": torch.arange(3)}
+    for dtype in ("float32", "bfloat16"):
+        for owned in (False, True):
+            driver = RolloutDriver(None, None, TaskSampler([]), RolloutConfig(lag=0, weight_dtype=dtype), None)
+            driver.publish(weights, 0, owned=owned)
+            ((_, got),) = driver.snapshots
+            v = weights["v"].bfloat16().float() if dtype == "bfloat16" else weights["v"]
+            assert torch.equal(got["w"], weights["w"]) and torch.equal(got["steps"], weights["steps"])
+            assert got["v"].dtype == torch.float32 and torch.equal(got["v"], v)
+            assert (got["w"].data_ptr() == weights["w"].data_ptr()) == owned
+            assert (got["steps"].data_ptr() == weights["steps"].data_ptr()) == owned
+            # fp32 under bf16 rollouts is a new, rounded tensor either way
+            assert (got["v"].data_ptr() == weights["v"].data_ptr()) == (owned and dtype == "float32")

@@ -16,6 +16,8 @@ The update's peak is the sum of these terms, per GPU:
 * **LM head**: per token of a chunk, the vocabulary's logits in bf16 and fp32, log-softmax, softmax for the
   entropy and the logits' gradient, about 20 bytes per entry; the chunk is the whole micro-batch unless the head
   is chunked.
+* **pushed weights**: with a vLLM rollout server, the policy rank 0 gathered onto its GPU for the push, in the
+  servers' precision, held through the update (`pushed_weight_bytes`).
 
 The terms follow the memory arithmetic of FSDP2 training (state sharded, one layer live) as torchtitan and prime-rl
 describe it; the head's 20 bytes per entry and the activation count are estimates. Checked against the measured
@@ -138,9 +140,12 @@ def plan_memory(
     master_bytes: int = 4,
     capacity_gib: float = H200_GIB,
     reserve_gib: float = 0.0,
+    pushed_bytes: int = 0,
 ) -> MemoryPlan:
     """The per-GPU peak of one update micro-batch of `tokens` tokens (see the module docstring). `sharded`
-    defaults to gpus > 1; `head_chunk_tokens` None means the head sees the whole micro-batch at once."""
+    defaults to gpus > 1; `head_chunk_tokens` None means the head sees the whole micro-batch at once;
+    `pushed_bytes` per parameter: the weights a rollout server is pushed from, held on the first GPU through the
+    update (the highest-loaded GPU is the one planned)."""
     if tokens < 1 or gpus < 1:
         raise ValueError(f"tokens and gpus must be >= 1, got {tokens} and {gpus}")
     sharded = gpus > 1 if sharded is None else sharded
@@ -161,6 +166,8 @@ def plan_memory(
         terms["activations"] = counts.layers * per_layer
     chunk = tokens if head_chunk_tokens is None else min(tokens, head_chunk_tokens)
     terms["lm head"] = chunk * counts.vocab * HEAD_BYTES_PER_ENTRY
+    if pushed_bytes:
+        terms["pushed weights"] = pushed_bytes * counts.params
     return MemoryPlan({name: value / GiB for name, value in terms.items()}, capacity_gib, reserve_gib)
 
 
@@ -267,7 +274,20 @@ def cell_plan(
         master_bytes=4 if cfg.model.dtype == "float32" else 2,
         capacity_gib=capacity,
         reserve_gib=args.reserve_gib,
+        pushed_bytes=pushed_weight_bytes(cfg),
     )
+
+
+def pushed_weight_bytes(cfg) -> int:
+    """Bytes per parameter that rank 0 keeps on its GPU for pushes to rollout servers (`Trainer._publish` gathers
+    them there in the servers' precision, the compute dtype): the latest policy, or the `lag` + 1 the lagged mode
+    keeps; 0 without a vLLM server (an engine in the trainer's process takes the weights from host memory, the
+    reference server is on the CPU)."""
+    r = cfg.rollout
+    if not r.server or r.engine != "vllm":
+        return 0
+    copies = r.lag + 1 if r.mode == "lagged" else 1
+    return copies * (2 if cfg.run.compute_dtype == "bfloat16" else 4)
 
 
 def print_wall_time(cfg, args: argparse.Namespace, counts: ModelCounts, tokens: int, capacity: float) -> None:

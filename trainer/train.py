@@ -418,10 +418,14 @@ class Trainer:
         )
 
     def _publish(self) -> None:
-        """Hand the current weights to the rollouts (collective when sharded: rank 0 gathers them)."""
-        weights = full_weights(self.model, self.dist)
+        """Hand the current weights to the rollouts (collective when sharded: rank 0 gathers them). An engine that
+        names where it receives them (`weight_target`: a rollout server's wire device and precision) gets them
+        gathered straight there, handed over without another copy."""
+        target = getattr(self.engine, "weight_target", None)
+        device, dtype = target if target is not None else (None, None)
+        weights = full_weights(self.model, self.dist, device=device, dtype=dtype)
         if self.driver is not None:
-            self.driver.publish(weights, self.update)
+            self.driver.publish(weights, self.update, owned=self.dist.enabled or target is not None)
 
     def evaluate(self) -> tuple[float, float | None]:
         """Success on the first `env.eval_tasks` held-out tasks with the current policy (greedy by default), and

@@ -184,14 +184,18 @@ class RolloutDriver:
         return batch
 
     # -- weights -------------------------------------------------------------------------------------------
-    def publish(self, state_dict: dict, version: int) -> None:
-        """Make the trainer's weights after `version` updates available to rollouts (copied; rounded to bf16
-        under `weight_dtype: bfloat16`)."""
+    def publish(self, state_dict: dict, version: int, *, owned: bool = False) -> None:
+        """Make the trainer's weights after `version` updates available to rollouts, rounded to bf16 under
+        `weight_dtype: bfloat16`; copied unless `owned` (tensors the caller made for this and never touches again,
+        as the trainer's gathered weights: a second copy of a 4B model on its GPU would cost 8 GB)."""
         rounded = self.cfg.weight_dtype == "bfloat16"
-        weights = {
-            k: v.detach().to(torch.bfloat16).to(v.dtype) if rounded and v.is_floating_point() else v.detach().clone()
-            for k, v in state_dict.items()
-        }
+
+        def handed(v: torch.Tensor) -> torch.Tensor:
+            if rounded and v.is_floating_point() and v.dtype != torch.bfloat16:
+                return v.detach().to(torch.bfloat16).to(v.dtype)
+            return v.detach() if owned else v.detach().clone()
+
+        weights = {k: handed(v) for k, v in state_dict.items()}
         if self.cfg.mode == "lagged":
             self.snapshots.append((version, weights))
             while len(self.snapshots) > self.cfg.lag + 1:

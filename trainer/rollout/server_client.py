@@ -219,6 +219,11 @@ class ServerEngine(VLLMEngine):
             logprobs_mode=client.info["logprobs_mode"],
         )
 
+    @property
+    def weight_target(self) -> tuple[torch.device, torch.dtype]:
+        """Where the pushed weights leave from and in what precision (the trainer gathers them there)."""
+        return self.llm.wire, self.llm.weight_dtype
+
     def load_state_dict(self, state_dict: dict, version: int) -> None:
         self.llm.push_weights(state_dict, version)
         self.policy_version = int(version)
@@ -427,6 +432,10 @@ class ReplicatedServers:
         self.engines = engines
         self.fmt = engines[0].fmt
         self.policy_version = 0
+
+    @property
+    def weight_target(self) -> tuple[torch.device, torch.dtype]:
+        return self.engines[0].weight_target  # the same wire and precision for every replica
 
     def turn_engine(self):
         from trainer.rollout.episode_loop import RoutedTurns
