@@ -128,6 +128,12 @@ def test_a_finished_cell_continues_from_its_last_checkpoint_as_one_longer_run(tm
     r = _cli("train", "--config", str(_write(tmp_path, MINIREPO_CELL)), "--out", str(out), "--no-progress", "--resume")
     assert r.returncode == 0, r.stderr
     pd.testing.assert_frame_equal(metrics_of(out), metrics_of(reference_run))
+    # the log says where it picked up, then one line per update it ran
+    assert "short: resumed from update 2 of 4" in r.stderr
+    assert [line.split("]")[0] for line in r.stderr.splitlines() if line.startswith("[update ")] == [
+        "[update 3/4",
+        "[update 4/4",
+    ]
     fewer = {**MINIREPO_CELL, "run": {**MINIREPO_CELL["run"], "updates": 1}}
     r = _cli("train", "--config", str(_write(tmp_path, fewer, "fewer.yaml")), "--out", str(out), "--resume")
     assert r.returncode != 0 and "run.updates: 4 then, 1 now" in r.stderr
@@ -492,3 +498,41 @@ def test_the_driver_copies_published_weights_unless_they_are_handed_over():
             assert (got["steps"].data_ptr() == weights["steps"].data_ptr()) == owned
             # fp32 under bf16 rollouts is a new, rounded tensor either way
             assert (got["v"].data_ptr() == weights["v"].data_ptr()) == (owned and dtype == "float32")
+
+
+def test_the_live_line_shows_the_update_its_metrics_and_the_time_left():
+    from trainer.train import live_line
+
+    row = {"success_rate": 0.5, "eval_success": None, "approx_kl": 0.00123, "entropy": 1.5, "grad_norm": 2.0}
+    assert live_line(row, 3, 10, 65.0) == (
+        "[update 3/10] success=0.5 eval=- kl=0.00123 entropy=1.5 grad_norm=2 s_per_update=65 eta=0:07:35"
+    )
+    assert live_line(row, 10, 10, 65.0).endswith("eta=0:00:00")
+    assert live_line(row, 0, 100, 3600.0).endswith("eta=100:00:00")
+
+
+def test_the_logs_are_flushed_while_the_cell_runs(tmp_path, monkeypatch):
+    """Between checkpoints (none here) the Parquet logs are rewritten every LIVE_FLUSH_S seconds (0: every update),
+    so a running cell can be read; each flush holds every update so far."""
+    import trainer.train as train_module
+    from trainer.config import config_from_dict
+    from trainer.logs.parquet_log import MetricsLog
+
+    flushed = []
+    original = MetricsLog.flush
+
+    def spy(log):
+        if log.path.name == "metrics.parquet":
+            flushed.append(len(log))
+        original(log)
+
+    monkeypatch.setattr(train_module, "LIVE_FLUSH_S", 0.0)
+    monkeypatch.setattr(MetricsLog, "flush", spy)
+    cell = {
+        "recipe": "spo_muon",
+        "env": {"name": "recall", "eval_tasks": 4},
+        "rollout": {"engine": "hf", "batch_size": 8, "max_turn_tokens": 1, "max_episode_tokens": 32},
+        "run": {"updates": 3, "eval_every": 0, "checkpoint_every": 0},
+    }
+    train_module.train(config_from_dict(cell), tmp_path / "out", progress=False)
+    assert flushed == [1, 2, 3, 3]  # after each update, then at the end

@@ -69,6 +69,10 @@ from trainer.update import (
 
 METRICS_FILE, EPISODES_FILE, CHECKPOINT_DIR = "metrics.parquet", "episodes.parquet", "checkpoints"
 STATE_FORMAT = "trainer.state/2"
+
+LIVE_FLUSH_S = 10.0
+"""The Parquet logs are rewritten at most this often between checkpoints, so a running cell can be read (a
+rewrite is atomic and costs milliseconds; what a resume later drops is rewritten at its next flush)."""
 """The layout of `Trainer.state_dict()`; a checkpoint with another (or none) is refused at resume."""
 
 
@@ -481,7 +485,12 @@ class Trainer:
         bar = None
         try:  # from here on, whatever fails, the rollouts (a server process, environment workers) are closed
             if resume:
-                self.resume()
+                if self.resume() and self.dist.is_main:
+                    print(
+                        f"[trainer] {self.out.name}: resumed from update {self.update} of {cfg.updates}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             elif list_checkpoints(self.out / CHECKPOINT_DIR):
                 raise FileExistsError(
                     f"{self.out / CHECKPOINT_DIR} holds checkpoints of an earlier run: pass "
@@ -496,6 +505,7 @@ class Trainer:
                 desc=self.out.name,
                 disable=(None if progress is None else not progress) if self.dist.is_main else True,
             )
+            first_update, started, flushed = self.update, time.perf_counter(), time.perf_counter()
             while self.update < cfg.updates:
                 row = self.train_step()
                 last = self.update == cfg.updates
@@ -508,6 +518,18 @@ class Trainer:
                 bar.set_postfix(
                     success=f"{row['success_rate']:.2f}", tok_s=f"{row['gen_tokens'] / max(row['rollout_s'], 1e-9):.0f}"
                 )
+                if self.dist.is_main:
+                    per_update = (time.perf_counter() - started) / (self.update - first_update)
+                    if bar.disable:  # no bar (a workflow job's log, --no-progress): one line per update instead
+                        print(
+                            live_line(row, self.update, cfg.updates, per_update),
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                    if time.perf_counter() - flushed >= LIVE_FLUSH_S:
+                        self.metrics.flush()
+                        self.episodes.flush()
+                        flushed = time.perf_counter()
                 if (cfg.checkpoint_every and self.update % cfg.checkpoint_every == 0 and not last) or (
                     last and checkpoint_last
                 ):
@@ -533,6 +555,27 @@ class Trainer:
                     extra={"trained": {"update": self.update, "seed": cfg.seed}},
                 )
         return self.out / METRICS_FILE
+
+
+def live_line(row: dict, done: int, updates: int, seconds_per_update: float) -> str:
+    """The update just done (`done` of `updates`; `row` its metrics) as `key=value` fields, which grep and awk
+    read: where the cell is, how its policy does, when it ends."""
+
+    def number(key: str) -> str:
+        value = row.get(key)
+        return "-" if value is None else f"{value:.4g}"
+
+    eta = round(seconds_per_update * (updates - done))
+    fields = [
+        f"success={number('success_rate')}",
+        f"eval={number('eval_success')}",
+        f"kl={number('approx_kl')}",
+        f"entropy={number('entropy')}",
+        f"grad_norm={number('grad_norm')}",
+        f"s_per_update={seconds_per_update:.3g}",
+        f"eta={eta // 3600}:{eta // 60 % 60:02d}:{eta % 60:02d}",
+    ]
+    return f"[update {done}/{updates}] " + " ".join(fields)
 
 
 def train(
