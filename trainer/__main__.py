@@ -211,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_parser("simulate", help="a paper cell's wall time on a virtual clock, per loop and GPU placement")
     )
 
+    from trainer import status
+
+    status.add_arguments(sub.add_parser("status", help="where a study stands: each warm start and cell's state"))
+
     args = ap.parse_args(argv)
     try:
         if getattr(args, "exit_with", None) is not None:
@@ -246,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
             return plan.run(args)
         elif args.command == "simulate":
             return simulate.run(args)
+        elif args.command == "status":
+            return status.run(args)
         elif args.command == "export":
             print(json.dumps(export_checkpoint(args.checkpoint, args.out)))
         else:
