@@ -162,3 +162,20 @@ def test_the_references_readings_are_cell_keys_with_the_references_defaults(tmp_
     assert spo.rho_timing == "before_update" and spo.needs_old_logp
     full = config_from_dict({"recipe": "full"})
     assert not make_estimator(full.rl, full.shaping).needs_old_logp
+
+
+def test_a_number_yaml_reads_as_a_string_is_refused_with_its_fix():
+    """PyYAML (YAML 1.1) reads `3e-4` as the string '3e-4': the message names the trap and the spelling that works."""
+    import yaml
+
+    from trainer.config import ConfigError, config_from_dict
+
+    data = yaml.safe_load("optim: {lr: 3e-4}\nrollout: {temperature: 1E0}")
+    assert data["optim"]["lr"] == "3e-4"
+    with pytest.raises(ConfigError, match=r"optim\.lr: .*the string '3e-4': YAML 1\.1 .*; write 3\.0e-4$"):
+        config_from_dict(data)
+    assert yaml.safe_load("lr: 3.0e-4")["lr"] == 3.0e-4  # the fix it names is read as a number
+    with pytest.raises(ConfigError, match=r"rollout\.temperature: .*write 1\.0e0$"):
+        config_from_dict({"rollout": {"temperature": "1E0"}})
+    with pytest.raises(ConfigError, match=r"optim\.lr: expected a finite number, got 'fast'$"):
+        config_from_dict({"optim": {"lr": "fast"}})

@@ -67,3 +67,12 @@ def test_the_study_view_lists_each_warm_start_and_cell_in_its_state(tmp_path, mo
     assert main(["status", "--study", "study.yaml", "--only", "failed", "stopped"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 3
     assert main(["status", "--study", "nope.yaml"]) == 2
+
+
+def test_a_bad_study_file_is_one_config_error_line(tmp_path, monkeypatch, capsys):
+    shutil.copy(ROOT / "config.yaml", tmp_path / "config.yaml")
+    (tmp_path / "study.yaml").write_text("base: config.yaml\nworkdir: w\ncell: {optim: {lr: 3e-4}}\n")
+    monkeypatch.chdir(tmp_path)
+    assert main(["status", "--study", "study.yaml"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("config error: cell.optim.lr: ") and err.rstrip().endswith("write 3.0e-4")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import itertools
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -448,16 +450,34 @@ def test_rules_name_existing_conda_environments():
     for path in named:
         env = yaml.safe_load((REPO / path).read_text())
         deps = [d for d in env["dependencies"] if isinstance(d, str)]
-        pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+        pip = next((d["pip"] for d in env["dependencies"] if isinstance(d, dict)), [])
         names = {re.split(r"[ =<>]", d)[0] for d in deps + pip}
         assert env["channels"][0] == "conda-forge" and "python" in names, path
         assert {"pandas", "pyarrow", "numpy"} <= names, path
         needed = {
             "envs/trainer-cpu.yaml": {"torch", "transformers", "tokenizers"},
             "envs/trainer-gpu.yaml": {"vllm", "transformers", "tokenizers"},  # vllm brings its CUDA torch
-            "envs/analysis.yaml": {"matplotlib-base", "seaborn-base", "torch"},
+            "envs/analysis.yaml": {"matplotlib-base", "seaborn-base", "scipy"},
         }[path]
         assert needed <= names, path
+    assert "torch" not in yaml.safe_load((REPO / "envs/analysis.yaml").read_text())["dependencies"]
+
+
+def test_the_analysis_needs_no_torch():
+    """envs/analysis.yaml has no torch: every analysis module and the rules' scripts import without it."""
+    modules = sorted(f"trainer.analysis.{p.stem}" for p in (REPO / "trainer/analysis").glob("*.py"))
+    modules += ["trainer.study", "trainer.rollout.config"]  # what they import inside their functions
+    code = (
+        "import sys, importlib, importlib.abc\n"
+        "class NoTorch(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] == 'torch': raise ImportError('no torch in the analysis environment')\n"
+        "sys.meta_path.insert(0, NoTorch())\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "import trainer.logs.provenance as p; assert 'torch_error' in p.hardware()\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
     people = yaml.safe_load((REPO / "environment.yml").read_text())
     assert "-e ." in next(d["pip"] for d in people["dependencies"] if isinstance(d, dict))
 

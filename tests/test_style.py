@@ -33,3 +33,19 @@ def _run(*cmd: str) -> subprocess.CompletedProcess:
 def test_the_tree_is_linted_and_formatted(cmd):
     run = _run(*cmd)
     assert run.returncode == 0, f"{' '.join(cmd)} found something:\n{run.stdout[-4000:]}\n{run.stderr[-4000:]}"
+
+
+def test_the_python_floor_is_the_one_the_dependencies_set_and_every_path_named_exists():
+    """pyproject's requires-python is Snakemake's own floor (the project cannot run below it), ruff targets it, and
+    the scripts its pytest markers and the envs name exist."""
+    import importlib.metadata
+    import re
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    floor = project["project"]["requires-python"]
+    assert floor == importlib.metadata.metadata("snakemake")["Requires-Python"]
+    assert project["tool"]["ruff"]["target-version"] == "py" + floor.removeprefix(">=").replace(".", "")
+    for marker in project["tool"]["pytest"]["ini_options"]["markers"]:
+        for path in re.findall(r"[\w./-]+\.(?:sh|py|yaml)\b", marker):
+            assert (REPO / path).exists(), (marker, path)

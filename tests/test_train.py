@@ -536,3 +536,21 @@ def test_the_logs_are_flushed_while_the_cell_runs(tmp_path, monkeypatch):
     }
     train_module.train(config_from_dict(cell), tmp_path / "out", progress=False)
     assert flushed == [1, 2, 3, 3]  # after each update, then at the end
+
+
+def test_an_error_is_one_line_with_the_traceback_kept_in_the_cells_folder(tmp_path):
+    """Not a config error (here: checkpoints of an earlier run in --out): one line naming it, exit 1, the traceback
+    in OUT/error.log; `--debug` prints the traceback instead."""
+    out = tmp_path / "out"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "ckpt-00000001.pt").write_bytes(b"")
+    cfg = str(_write(tmp_path, MINIREPO_CELL))
+    r = _cli("train", "--config", cfg, "--out", str(out), "--no-progress")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"error: FileExistsError: {out / 'checkpoints'} holds checkpoints of an earlier run: pass --resume to "
+        f"continue it, or use a fresh --out directory (traceback in {out / 'error.log'})"
+    )
+    assert (out / "error.log").read_text().startswith("Traceback (most recent call last)")
+    r = _cli("--debug", "train", "--config", cfg, "--out", str(out), "--no-progress")
+    assert r.returncode == 1 and "Traceback (most recent call last)" in r.stderr and "FileExistsError" in r.stderr

@@ -27,6 +27,8 @@ import re
 import sys
 import threading
 import time
+import traceback
+from pathlib import Path
 
 import yaml
 
@@ -164,6 +166,11 @@ def export_checkpoint(checkpoint: str, out: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.split("\n")[0])
+    ap.add_argument(
+        "--debug",
+        action="store_true",
+        help="on an error, print the whole traceback (otherwise one line, the traceback in OUT/error.log)",
+    )
     sub = ap.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train one cell of the grid")
@@ -260,7 +267,38 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"config error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:
+        from trainer.study import StudyError  # imported here: it takes pandas, which most commands do without
+
+        if isinstance(err, StudyError):
+            print(f"config error: {err}", file=sys.stderr)
+            return 2
+        return report_error(err, args)
     return 0
+
+
+def report_error(err: Exception, args: argparse.Namespace) -> int:
+    """One line for an error that is not the config's (a resume mismatch, a missing vLLM, a dead rollout server),
+    the traceback kept in the cell's folder (`train`: OUT/error.log), or printed with --debug. Exit 1."""
+    trace = traceback.format_exc()
+    if args.debug:
+        print(trace, file=sys.stderr, end="")
+        return 1
+    kept = None
+    out = args.out if args.command == "train" else None  # sft's and export's --out is a policy directory
+    if out is not None:
+        try:
+            Path(out).mkdir(parents=True, exist_ok=True)
+            kept = Path(out) / "error.log"
+            kept.write_text(trace)
+        except OSError:
+            kept = None
+    where = f"traceback in {kept}" if kept else "the traceback: python -m trainer --debug ..."
+    print(f"error: {type(err).__name__}: {err} ({where})", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -111,6 +112,17 @@ class ConfigError(ValueError):
     """A bad configuration: the message names the key and the value."""
 
 
+def _yaml_1_1_number(text: str) -> bool:
+    """`3e-4`, `1E5`: what a reader takes for a number and PyYAML (YAML 1.1) for a string."""
+    return re.fullmatch(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+", text.strip()) is not None and "." not in text
+
+
+def _with_dot(text: str) -> str:
+    """`3e-4` as YAML 1.1 reads it as a number: `3.0e-4`."""
+    mantissa, exponent = re.split(r"[eE]", text.strip(), maxsplit=1)
+    return f"{mantissa}.0e{exponent}"
+
+
 def _check_value(tp, value, where: str):
     """Coerce `value` to annotation `tp` or raise ConfigError naming `where`."""
     origin = typing.get_origin(tp)
@@ -150,6 +162,11 @@ def _check_value(tp, value, where: str):
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str) and _yaml_1_1_number(value):
+            raise ConfigError(
+                f"{where}: expected a finite number, got the string {value!r}: YAML 1.1 reads a number in exponent "
+                f"form without a dot as a string; write {_with_dot(value)}"
+            )
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ConfigError(f"{where}: expected a finite number, got {value!r}")
         return float(value)

@@ -26,7 +26,9 @@ from pathlib import Path
 import yaml
 
 STATES = ("done", "running", "stopped", "failed", "waiting")
-ERROR = re.compile(r"^(Traceback \(most recent call last\)|config error:|\w*Error: |warm start: .* outside the band)")
+ERROR = re.compile(
+    r"^(Traceback \(most recent call last\)|config error: |error: |interrupted$|\w*Error: |warm start: .* outside the band)"
+)
 TAIL_BYTES = 16384
 
 
