@@ -218,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_parser("simulate", help="a paper cell's wall time on a virtual clock, per loop and GPU placement")
     )
 
+    from trainer.logs import transcripts
+
+    transcripts.add_arguments(sub.add_parser("show", help="what the policy typed: a cell's transcripts as text"))
     from trainer import status
 
     status.add_arguments(sub.add_parser("status", help="where a study stands: each warm start and cell's state"))
@@ -259,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
             return simulate.run(args)
         elif args.command == "status":
             return status.run(args)
+        elif args.command == "show":
+            return transcripts.run(args)
         elif args.command == "export":
             print(json.dumps(export_checkpoint(args.checkpoint, args.out)))
         else:

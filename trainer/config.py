@@ -96,6 +96,11 @@ class RunConfig(Section):
     eval_every: int = knob(10, ge=0)
     """Evaluate on held-out tasks every N updates (0: never); also after the first update (nearly the base
     policy, the point later evaluations are compared with) and after the last."""
+    transcript_episodes: int = knob(2, ge=0)
+    """Episodes whose whole text (observations, actions, flags) is kept in `transcripts.parquet`: the first ones
+    of every evaluation and of every `transcript_every`-th training batch (0: none). A few KB an episode here."""
+    transcript_every: int = knob(10, ge=0)
+    """Training updates between transcript samples (0: evaluations only)."""
     checkpoint_every: int = knob(25, ge=0)
     keep_checkpoints: int = knob(2, ge=1)
     checkpoint_format: Literal["full", "sharded"] = "full"

@@ -51,6 +51,7 @@ from trainer.environments.suite import make_suite
 from trainer.logs.parquet_log import EPISODE_COLUMNS, METRIC_COLUMNS, MetricsLog
 from trainer.logs.provenance import collect_provenance
 from trainer.logs.rows import episode_row, update_row
+from trainer.logs.transcripts import TRANSCRIPT_COLUMNS, TRANSCRIPTS_FILE, transcript_rows
 from trainer.optim.hybrid import build_adamw_by_role, build_muon_adamw, route_parameters
 from trainer.optim.muon import resolve_ns_dtype
 from trainer.policy.load import DTYPES, load_policy, new_tiny_policy, policy_options, save_policy
@@ -200,6 +201,7 @@ class Trainer:
         provenance = collect_provenance(config_to_dict(cfg))
         self.metrics = MetricsLog(self.out / METRICS_FILE, provenance, METRIC_COLUMNS)
         self.episodes = MetricsLog(self.out / EPISODES_FILE, provenance, EPISODE_COLUMNS)
+        self.transcripts = MetricsLog(self.out / TRANSCRIPTS_FILE, provenance, TRANSCRIPT_COLUMNS)
         self.update = 0
         self.wall_offset = 0.0
 
@@ -252,6 +254,7 @@ class Trainer:
             "rng": capture_rng_state(),
             "metrics_rows": self.metrics.rows,
             "episode_rows": self.episodes.rows,
+            "transcript_rows": self.transcripts.rows,
             "wall_s": self._wall(),
         }
 
@@ -270,6 +273,7 @@ class Trainer:
         restore_rng_state(state["rng"])
         self.metrics.rows = state["metrics_rows"]
         self.episodes.rows = state["episode_rows"]
+        self.transcripts.rows = state.get("transcript_rows", [])  # none in checkpoints from before transcripts
         self.update = state["update"]
         self.wall_offset = state["wall_s"]
 
@@ -286,6 +290,7 @@ class Trainer:
             if self.dist.is_main:
                 self.metrics.flush()
                 self.episodes.flush()
+                self.transcripts.flush()
             save_sharded_checkpoint(
                 directory, step=self.update, model=self.model, optimizer=self.optimizer, extra=extra, keep=keep
             )
@@ -295,6 +300,7 @@ class Trainer:
             return
         self.metrics.flush()
         self.episodes.flush()
+        self.transcripts.flush()
         save_checkpoint(
             directory, step=self.update, model_state=model_state, optimizer_state=None, extra=extra, keep=keep
         )
@@ -406,6 +412,8 @@ class Trainer:
                     baseline_informed=informed[i] if informed is not None else False,
                 )
             )
+        if run.transcript_every and u % run.transcript_every == 0:
+            self._keep_transcripts(episodes, u, "train")
         return update_row(
             update=u,
             policy_version=self.update,
@@ -467,7 +475,14 @@ class Trainer:
             self.episodes.append(
                 episode_row(e, update=self.update - 1, split=split, staleness=0, shaping=self.estimator.shaping)
             )
+        self._keep_transcripts(episodes, self.update - 1, split)
         return success
+
+    def _keep_transcripts(self, episodes, update: int, split: str) -> None:
+        """The first `run.transcript_episodes` episodes' text, into transcripts.parquet."""
+        for i, e in enumerate(episodes[: self.cfg.run.transcript_episodes]):
+            for row in transcript_rows(e, update=update, split=split, index=i):
+                self.transcripts.append(row)
 
     # -- the loop ----------------------------------------------------------------------------------------------
     def run(
@@ -529,6 +544,7 @@ class Trainer:
                     if time.perf_counter() - flushed >= LIVE_FLUSH_S:
                         self.metrics.flush()
                         self.episodes.flush()
+                        self.transcripts.flush()
                         flushed = time.perf_counter()
                 if (cfg.checkpoint_every and self.update % cfg.checkpoint_every == 0 and not last) or (
                     last and checkpoint_last
@@ -545,6 +561,7 @@ class Trainer:
         if self.dist.is_main:
             self.metrics.flush()
             self.episodes.flush()
+            self.transcripts.flush()
             if save_policy_to is not None:
                 if final is not None:
                     self.rollout_model.load_state_dict(final)
