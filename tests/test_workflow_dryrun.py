@@ -329,3 +329,19 @@ def test_bad_config_fails_before_any_job_with_the_key_named(scratch_repo, edit, 
     assert r.returncode != 0
     assert named in r.stdout + r.stderr
     assert not (scratch_repo / SMOKE_DIR / "results").exists() and not (scratch_repo / "results").exists()
+
+
+def test_a_studys_trackers_reach_its_train_jobs(scratch_repo):
+    """`trackers:` adds the trainer's --track flags: the study file's name as the group, the cell's folder as the
+    run's name; without the key, no flag."""
+    study = scratch_repo / "configs" / "smoke-tracked.yaml"
+    study.write_text("base: configs/smoke.yaml\ntrackers: {tensorboard: true, wandb: true}\n")
+    try:
+        r = snakemake(scratch_repo, "-n", "-p", "--cores", "all", "--configfile", "configs/smoke-tracked.yaml")
+    finally:
+        study.unlink()
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    assert "--track tensorboard wandb --track-group smoke-tracked --track-name model=" in out
+    plain = snakemake(scratch_repo, "-n", "-p", "--cores", "all", *SMOKE)
+    assert plain.returncode == 0 and "--track" not in plain.stdout + plain.stderr

@@ -184,6 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument(
         "--checkpoint-last", action="store_true", help="checkpoint after the last update too (a cell to continue)"
     )
+    t.add_argument(
+        "--track", nargs="+", default=[], metavar="TRACKER", help="also log each update to: tensorboard, wandb"
+    )
+    t.add_argument("--track-group", help="the trackers' group (a study's name)")
+    t.add_argument("--track-name", help="the trackers' run name (default: the --out folder's name)")
 
     s = sub.add_parser("sft", help="supervised warm start of a tiny base policy")
     s.add_argument("--config", required=True)
@@ -240,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
                 progress=False if args.no_progress else None,
                 save_policy_to=args.save_policy,
                 checkpoint_last=args.checkpoint_last,
+                track=args.track,
+                track_group=args.track_group,
+                track_name=args.track_name,
             )
             if os.environ.get("RANK", "0") == "0":  # one line, also under torchrun
                 print(f"wrote {path}")

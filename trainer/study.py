@@ -404,6 +404,20 @@ class KeepConfig(Section):
 
 
 @dataclass
+class TrackersConfig(Section):
+    """`trackers:` where each cell's metrics also go, beside its Parquet logs (trainer/logs/trackers.py): the study
+    file's name is the runs' group, the cell's folder their name. Turning one on changes the train jobs' command,
+    which Snakemake's default rerun triggers count: set it before a study runs, or add `--rerun-triggers mtime`."""
+
+    blank_is_absent = True
+
+    tensorboard: bool = False
+    """Event files in CELL/tensorboard/ (`tensorboard --logdir <workdir>/results/cells`)."""
+    wandb: bool = False
+    """A Weights & Biases run, offline (CELL/wandb/, `wandb sync` uploads it) unless WANDB_API_KEY is set."""
+
+
+@dataclass
 class StudyConfig(Section):
     """A study file's keys (its `base` merged first): which models, which cells, the trainer settings shared by
     every cell, the warm start, job resources and analysis settings. Built by `check_study` before any job starts;
@@ -442,6 +456,7 @@ class StudyConfig(Section):
     analysis: AnalysisConfig = field(default_factory=AnalysisConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     keep: KeepConfig = field(default_factory=KeepConfig)
+    trackers: TrackersConfig = field(default_factory=TrackersConfig)
     preregistration: Preregistration | None = None
     """What the study claims before it runs (trainer/analysis/registration.py): a `study: arms` only; its summary
     judges each hypothesis against its statement."""

@@ -24,6 +24,7 @@ import random
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -491,25 +492,41 @@ class Trainer:
         progress: bool | None = None,
         save_policy_to: str | Path | None = None,
         checkpoint_last: bool = False,
+        track: Sequence[str] = (),
+        track_group: str | None = None,
+        track_name: str | None = None,
     ) -> Path:
         """Train to `run.updates` (from the newest checkpoint with `resume`); with `save_policy_to`, write the final
         policy there (a policy directory `eval` and `model.path` read); with `checkpoint_last`, checkpoint the
-        finished run too (its optimizer state, for a cell to be continued). Returns the metrics file."""
+        finished run too (its optimizer state, for a cell to be continued); `track`: trackers each update's metrics
+        also go to (trainer/logs/trackers.py; `track_group` the study, `track_name` the cell). Returns the metrics
+        file."""
         self.t_start = time.perf_counter()
         cfg = self.cfg.run
-        bar = None
+        bar = trackers = None
         try:  # from here on, whatever fails, the rollouts (a server process, environment workers) are closed
-            if resume:
-                if self.resume() and self.dist.is_main:
-                    print(
-                        f"[trainer] {self.out.name}: resumed from update {self.update} of {cfg.updates}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-            elif list_checkpoints(self.out / CHECKPOINT_DIR):
+            resumed = bool(resume) and self.resume()
+            if resumed and self.dist.is_main:
+                print(
+                    f"[trainer] {self.out.name}: resumed from update {self.update} of {cfg.updates}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            if not resume and list_checkpoints(self.out / CHECKPOINT_DIR):
                 raise FileExistsError(
                     f"{self.out / CHECKPOINT_DIR} holds checkpoints of an earlier run: pass "
                     "--resume to continue it, or use a fresh --out directory"
+                )
+            if track and self.dist.is_main:
+                from trainer.logs.trackers import Trackers
+
+                trackers = Trackers(
+                    list(track),
+                    self.out,
+                    config_to_dict(self.cfg),
+                    group=track_group,
+                    name=track_name,
+                    resumed_at=self.update if resumed else None,
                 )
             if self.cfg.rollout.mode != "lagged" or self.update == 0:
                 self._publish()  # a resumed lagged run has its snapshots back from the checkpoint
@@ -529,6 +546,8 @@ class Trainer:
                 if cfg.eval_every and (self.update % cfg.eval_every == 0 or self.update == 1 or last):
                     row["eval_success"], row["cheat_rate"] = self.evaluate()
                 self.metrics.append(row)
+                if trackers is not None:
+                    trackers.log(row, self.update)
                 bar.update(1)
                 bar.set_postfix(
                     success=f"{row['success_rate']:.2f}", tok_s=f"{row['gen_tokens'] / max(row['rollout_s'], 1e-9):.0f}"
@@ -553,6 +572,8 @@ class Trainer:
         finally:
             if bar is not None:
                 bar.close()
+            if trackers is not None:
+                trackers.close()
             if self.driver is not None:
                 self.driver.close()
             if hasattr(self.engine, "close"):  # a rollout server exits with its trainer
@@ -602,7 +623,9 @@ def train(
     progress: bool | None = None,
     save_policy_to: str | Path | None = None,
     checkpoint_last: bool = False,
+    **tracking,
 ) -> Path:
+    """One cell (see `Trainer.run`; `tracking`: its `track`, `track_group` and `track_name`)."""
     return Trainer(cfg, out_dir).run(
-        resume=resume, progress=progress, save_policy_to=save_policy_to, checkpoint_last=checkpoint_last
+        resume=resume, progress=progress, save_policy_to=save_policy_to, checkpoint_last=checkpoint_last, **tracking
     )

@@ -181,6 +181,16 @@ def keep_flags(keep: dict, out) -> str:
     return " ".join(flags + (["--checkpoint-last"] if keep["checkpoint"] else []))
 
 
+def track_flags(trackers: dict, out) -> str:
+    """The trainer flags of the study's `trackers:`: each tracker on, the study file as the group, the cell's folder
+    (`model=.../seed=S`) as the run's name."""
+    names = [name for name, on in trackers.items() if on]
+    if not names:
+        return ""
+    cell = Path(out).relative_to(CELLS_DIR).as_posix()
+    return f"--track {' '.join(names)} --track-group {Path(STUDY_FILE).stem} --track-name {cell}"
+
+
 def trainer_launcher(res: dict) -> str:
     """The command that starts `-m trainer train`: python; torchrun on one node; srun + torchrun on several.
 

@@ -61,6 +61,7 @@ rule train:
         trainer_version=TRAINER_VERSION,
         launcher=trainer_launcher(config["resources"]["train"]),
         keep=lambda wildcards, output: keep_flags(config["keep"], Path(output.metrics).parent),
+        track=lambda wildcards, output: track_flags(config["trackers"], Path(output.metrics).parent),
         keep_checkpoint="yes" if config["keep"]["checkpoint"] else "no",
         exit_with="parent" if config["resources"]["train"]["nodes"] > 1 else "$PPID",
     shell:
@@ -74,7 +75,7 @@ rule train:
         mkdir -p {params.out}/checkpoints && echo "$key" > {params.out}/checkpoints/RESUME_KEY
         rm -rf {params.out}/policy.partial
         {params.launcher} -m trainer train --config {input.cell} --out {params.out} --resume --no-progress \
-            --exit-with {params.exit_with} {params.keep} > {log} 2>&1
+            --exit-with {params.exit_with} {params.keep} {params.track} > {log} 2>&1
         if [ -d {params.out}/policy.partial ]; then
             rm -rf {params.out}/policy && mv {params.out}/policy.partial {params.out}/policy
         fi
