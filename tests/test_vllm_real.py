@@ -532,3 +532,21 @@ def test_the_gpu_check_passes_on_cpu(tmp_path, server):
     summary = json.loads(out.read_text())
     assert proc.returncode == 0 and summary["status"] == "PASS", summary
     assert summary["metrics"].get("weight_channel", "gloo") == "gloo"
+
+
+def test_a_saved_tiny_policy_is_a_model_vllm_serves_with_its_own_chat_template(served):
+    """vLLM reads the policy directory's tokenizer (its vocabulary the model's, `<eot>` its EOS) and renders a
+    conversation with the saved chat template to the ids the harness's TinyFormat builds."""
+    from vllm import SamplingParams as VLLMSampling
+
+    model, fmt, engine = served
+    tokenizer = engine.llm.get_tokenizer()
+    assert len(tokenizer) == model.config.vocab_size and tokenizer.eos_token_id == fmt.eot_id
+    messages = [
+        {"role": "user", "content": TEXTS[0]},
+        {"role": "assistant", "content": TEXTS[1]},
+        {"role": "tool", "content": TEXTS[2]},
+    ]
+    (out,) = engine.llm.chat(messages, VLLMSampling(max_tokens=4, temperature=0), use_tqdm=False)
+    want = fmt.prompt_ids(TEXTS[0]) + fmt.action_ids(TEXTS[1]) + fmt.observation_ids(TEXTS[2])
+    assert list(out.prompt_token_ids) == want

@@ -22,8 +22,10 @@ their own code revision, versions and hardware). Choices and why:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import platform
+import re
 import socket
 import subprocess
 import sys
@@ -99,6 +101,39 @@ def package_versions() -> dict:
     return versions
 
 
+LOCK_FILE = PROJECT_ROOT / "requirements.lock"
+"""The constraints README's install uses (envs/lock.sh writes them)."""
+
+
+def read_lock(path: Path = LOCK_FILE) -> dict[str, str]:
+    """{normalised package name: version} of a constraints file's `name==version` lines."""
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "==" in line:
+            name, version = line.split("==", 1)
+            pins[_normalised(name)] = version.strip()
+    return pins
+
+
+def _normalised(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower().strip()
+
+
+def lock_state(path: Path = LOCK_FILE) -> dict:
+    """Which lock the environment was installed from, and where it is not that: the file's sha256 and every
+    locked package whose installed version differs (None: not installed), {} without a lock file."""
+    if not path.is_file():
+        return {}
+    installed = {_normalised(d.metadata["Name"]): d.version for d in metadata.distributions() if d.metadata["Name"]}
+    differ = {}
+    for name, version in read_lock(path).items():
+        have = installed.get(name)
+        if have is None or have.split("+", 1)[0] != version:
+            differ[name] = have
+    return {"file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "differ": differ}
+
+
 def _cpuinfo() -> dict[str, str]:
     """The first value of each key of /proc/cpuinfo (the first CPU's), empty where it cannot be read."""
     info: dict[str, str] = {}
@@ -156,6 +191,7 @@ def collect_provenance(config: dict) -> dict:
         "trainer_version": TRAINER_VERSION,
         "git": git_revision(),
         "versions": package_versions(),
+        "lock": lock_state(),
         "hardware": hardware(),
         "hostname": socket.gethostname(),
         "argv": list(sys.argv),

@@ -84,6 +84,33 @@ def build_tokenizer(
     return tokenizer
 
 
+TINY_CHAT_TEMPLATE = (
+    "{{- '<bos>' -}}"
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'assistant' -%}{{- message['content'] -}}<eot>"
+    "{%- else -%}<obs>{{- message['content'] -}}<act>{%- endif -%}"
+    "{%- endfor -%}"
+)
+"""`TinyFormat`'s layout as a Hugging Face chat template (saved with a tiny policy, so transformers and vLLM render
+a conversation as the harness does): every message but the assistant's is an observation, which ends with `<act>`,
+so the generation prompt is already there."""
+
+
+def tiny_tokenizer_config(fmt: TinyFormat) -> dict:
+    """tokenizer_config.json of a saved tiny policy: its own special tokens as BOS, EOS (`<eot>`, the stop token)
+    and pad, and its chat template; without it, transformers would add a default EOS beyond the model's vocabulary."""
+    tokenizer = fmt.tokenizer
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": tokenizer.id_to_token(fmt.bos_id),
+        "eos_token": tokenizer.id_to_token(fmt.eot_id),
+        "pad_token": tokenizer.id_to_token(fmt.pad_id),
+        "additional_special_tokens": [tokenizer.id_to_token(fmt.obs_id), tokenizer.id_to_token(fmt.act_id)],
+        "chat_template": TINY_CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+    }
+
+
 class TinyFormat:
     """`<bos> <obs> text <act>` action `<eot>` `<obs> text <act>` ... for a tokenizer built by `build_tokenizer`."""
 

@@ -23,6 +23,7 @@ from trainer.policy.tiny import TinyModelSpec, build_tiny_model
 
 POLICY_META = "harness_policy.json"
 TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -40,7 +41,7 @@ def new_tiny_policy(preset: str, texts: list[str], *, vocab_size: int = 384, see
 def save_policy(model, fmt, directory: str | Path, extra: dict | None = None) -> None:
     """Write model + tokenizer + metadata (`extra` merged in) into `directory`, so that `load_policy` reads back the
     same weights and chat format."""
-    from trainer.policy.chat_format import HFChatFormat, TinyFormat
+    from trainer.policy.chat_format import HFChatFormat, TinyFormat, tiny_tokenizer_config
 
     if not isinstance(fmt, (TinyFormat, HFChatFormat)):
         raise TypeError(f"save_policy: unknown chat format {type(fmt).__name__}")
@@ -54,9 +55,14 @@ def save_policy(model, fmt, directory: str | Path, extra: dict | None = None) ->
         )
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    if isinstance(fmt, TinyFormat):  # its own special tokens, so generate() and vLLM stop where the harness does
+        for config in (model.config, getattr(model, "generation_config", None)):
+            if config is not None:
+                config.bos_token_id, config.eos_token_id, config.pad_token_id = fmt.bos_id, fmt.eot_id, fmt.pad_id
     model.save_pretrained(directory)
     if isinstance(fmt, TinyFormat):
         (directory / TOKENIZER_FILE).write_text(fmt.tokenizer.to_str())
+        (directory / TOKENIZER_CONFIG_FILE).write_text(json.dumps(tiny_tokenizer_config(fmt), indent=2))
     else:
         fmt.tokenizer.save_pretrained(directory)
     meta = {"format": "tiny"} if isinstance(fmt, TinyFormat) else {"format": "hf"}
