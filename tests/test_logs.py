@@ -732,3 +732,17 @@ def test_an_episodes_grading_goes_into_its_row_and_the_updates_tamper_rate():
         (None, None),
     ]
     assert tamper_rate([flagged, clean, plain]) == 0.5 and tamper_rate([plain]) is None
+
+
+def test_provenance_names_the_lock_and_what_differs_from_it(tmp_path):
+    from importlib import metadata
+
+    from trainer.logs.provenance import lock_state
+
+    numpy = metadata.version("numpy")
+    lock = tmp_path / "requirements.lock"
+    lock.write_text(f"# comment\nNumPy=={numpy}\npyyaml==0.0.1\nno-such-package==1.0\n")
+    state = lock_state(lock)
+    assert state["file"] == "requirements.lock" and len(state["sha256"]) == 64
+    assert state["differ"] == {"pyyaml": metadata.version("pyyaml"), "no-such-package": None}
+    assert lock_state(tmp_path / "absent.lock") == {}

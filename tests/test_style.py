@@ -49,3 +49,23 @@ def test_the_python_floor_is_the_one_the_dependencies_set_and_every_path_named_e
     for marker in project["tool"]["pytest"]["ini_options"]["markers"]:
         for path in re.findall(r"[\w./-]+\.(?:sh|py|yaml)\b", marker):
             assert (REPO / path).exists(), (marker, path)
+
+
+def test_the_lock_pins_every_dependency_and_the_install_uses_it():
+    """requirements.lock (envs/lock.sh) pins each of pyproject's dependencies and extras to one version, torch to
+    the README's 2.13.0, without local labels; README's two commands install with it."""
+    import re
+    import tomllib
+
+    from trainer.logs.provenance import read_lock
+
+    pins = read_lock(REPO / "requirements.lock")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    wanted = project["dependencies"] + [
+        d for extra in ("test", "docker", "trackers") for d in project["optional-dependencies"][extra]
+    ]
+    names = {re.split(r"[<>=!~\[ ;]", d)[0].lower().replace("_", "-") for d in wanted}
+    assert names - set(pins) == set()
+    assert pins["torch"] == "2.13.0" and not any("+" in v for v in pins.values())
+    readme = (REPO / "README.md").read_text()
+    assert readme.count("pip install -q -c requirements.lock -e ") == 2
