@@ -9,6 +9,7 @@ shards before the gather is the cast after it), integer buffers untouched, and n
 import sys
 
 import torch
+from fsdp_parity import ARCHS, VOCAB  # the tiny shapes of the other checks (this script's folder is on the path)
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from trainer.distributed import full_weights, init_distributed, shard_model
@@ -17,17 +18,7 @@ from trainer.distributed import full_weights, init_distributed, shard_model
 def model_for(tied: bool):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.for_model(
-        "qwen3",
-        vocab_size=97,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        tie_word_embeddings=tied,
-    )
+    config = AutoConfig.for_model("qwen3", vocab_size=VOCAB, tie_word_embeddings=tied, **ARCHS["qwen3"])
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config).float()
 
