@@ -45,7 +45,7 @@ def test_the_study_view_lists_each_warm_start_and_cell_in_its_state(tmp_path, mo
     (cells / "seed=2/train.log").write_text(
         "[update 1/100] ok\nTraceback (most recent call last):\n  x\nValueError: bad\n"
     )
-    (cells / "seed=3/train.log").write_text("[update 7/100] success=0.3\n")
+    (cells / "seed=3/train.log").write_text("0: [update 7/100] success=0.3\n")  # srun --label's prefix
     hour_ago = time.time() - 3600
     os.utime(cells / "seed=3/train.log", (hour_ago, hour_ago))
 

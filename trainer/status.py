@@ -30,6 +30,7 @@ ERROR = re.compile(
     r"^(Traceback \(most recent call last\)|config error: |error: |interrupted$|\w*Error: |warm start: .* outside the band)"
 )
 TAIL_BYTES = 16384
+PROGRESS = re.compile(r"\[update \d+/\d+\].*")
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,9 @@ def cell_entry(folder: Path, name: str, stalled_s: float, now: float) -> Entry:
         return Entry("cell", name, "done", detail)
     if not log.exists():
         return Entry("cell", name, "waiting", "")
-    progress = next((line for line in reversed(tail_lines(log)) if line.startswith("[update ")), None)
+    # anywhere in the line: on several nodes srun --label puts the node's number in front
+    found = (PROGRESS.search(line) for line in reversed(tail_lines(log)))
+    progress = next((m.group(0) for m in found if m), None)
     return Entry("cell", name, *log_state(log, progress, stalled_s, now))
 
 
