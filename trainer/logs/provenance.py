@@ -122,14 +122,15 @@ def _normalised(name: str) -> str:
 
 def lock_state(path: Path = LOCK_FILE) -> dict:
     """Which lock the environment was installed from, and where it is not that: the file's sha256 and every
-    locked package whose installed version differs (None: not installed), {} without a lock file."""
+    installed package whose version differs from its pin ({} without a lock file). Locked packages that are not
+    installed (an install without the test extras) are no difference in what ran."""
     if not path.is_file():
         return {}
     installed = {_normalised(d.metadata["Name"]): d.version for d in metadata.distributions() if d.metadata["Name"]}
     differ = {}
     for name, version in read_lock(path).items():
         have = installed.get(name)
-        if have is None or have.split("+", 1)[0] != version:
+        if have is not None and have.split("+", 1)[0] != version:
             differ[name] = have
     return {"file": path.name, "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "differ": differ}
 
