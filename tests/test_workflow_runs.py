@@ -209,6 +209,21 @@ def test_smoke_study_writes_the_summary_and_every_figure(smoke_run):
             assert (repo / SMOKE_DIR / "figures" / f"{fig}.{ext}").stat().st_size > 0
     summary = pd.read_csv(repo / SMOKE_DIR / "results" / "summary.csv")
     assert len(summary) == 28  # model x recipe x optimizer, one seed each
+    # each cell's log has a line per update, and the study view lists every cell done with its last numbers
+    cell = repo / SMOKE_DIR / "results/cells/model=qwen-tiny/recipe=full/optimizer=muon/seed=0"
+    updates = yaml.safe_load((cell / "cell.yaml").read_text())["run"]["updates"]
+    lines = [line for line in (cell / "train.log").read_text().splitlines() if line.startswith("[update ")]
+    assert [line.split("]")[0] for line in lines] == [f"[update {u}/{updates}" for u in range(1, updates + 1)]
+    status = subprocess.run(
+        [sys.executable, "-m", "trainer", "status", "--study", "configs/smoke.yaml"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.splitlines()[0].endswith("2 warm start(s), 28 cells; 30 done")
+    assert (cell / "transcripts.parquet").is_file()
     up_to_date = snakemake(repo, "-n", "--cores", "all", *SMOKE)
     assert "Nothing to be done" in up_to_date.stdout + up_to_date.stderr
     report = snakemake(repo, *SMOKE, "--report", "report.zip")
