@@ -534,12 +534,16 @@ def test_the_gpu_check_passes_on_cpu(tmp_path, server):
     assert summary["metrics"].get("weight_channel", "gloo") == "gloo"
 
 
-def test_a_saved_tiny_policy_is_a_model_vllm_serves_with_its_own_chat_template(served):
-    """vLLM reads the policy directory's tokenizer (its vocabulary the model's, `<eot>` its EOS) and renders a
-    conversation with the saved chat template to the ids the harness's TinyFormat builds."""
+def test_a_saved_tiny_policy_is_a_model_vllm_serves_with_its_own_chat_template(tmp_path):
+    """A study's tiny policy (minicpm-tiny; qwen-tiny's head size 40 is not one vLLM's CPU attention serves): vLLM
+    reads its tokenizer (the model's vocabulary, `<eot>` its EOS) and renders a conversation with the saved chat
+    template to the ids the harness's TinyFormat builds. (The qwen2.5-tiny test preset is the exception:
+    transformers gives a qwen2 model Qwen2Tokenizer, which rebuilds the BPE with Qwen's own split.)"""
     from vllm import SamplingParams as VLLMSampling
 
-    model, fmt, engine = served
+    model, fmt = new_tiny_policy("minicpm-tiny", TEXTS, vocab_size=300, seed=3)
+    save_policy(model, fmt, tmp_path / "policy")
+    engine = VLLMEngine(str(tmp_path / "policy"), fmt, dtype="float32", seed=0, enforce_eager=True, max_model_len=512)
     tokenizer = engine.llm.get_tokenizer()
     assert len(tokenizer) == model.config.vocab_size and tokenizer.eos_token_id == fmt.eot_id
     messages = [

@@ -101,10 +101,11 @@ def tiny_tokenizer_config(fmt: TinyFormat) -> dict:
     and pad, and its chat template; without it, transformers would add a default EOS beyond the model's vocabulary."""
     tokenizer = fmt.tokenizer
     return {
-        "tokenizer_class": "PreTrainedTokenizerFast",
+        "tokenizer_class": "TokenizersBackend",  # the tokenizer.json as it is (a model type's own class would rebuild it)
         "bos_token": tokenizer.id_to_token(fmt.bos_id),
         "eos_token": tokenizer.id_to_token(fmt.eot_id),
         "pad_token": tokenizer.id_to_token(fmt.pad_id),
+        "unk_token": None,  # byte-level BPE needs none; model-specific classes (Qwen2Tokenizer) would add one
         "additional_special_tokens": [tokenizer.id_to_token(fmt.obs_id), tokenizer.id_to_token(fmt.act_id)],
         "chat_template": TINY_CHAT_TEMPLATE,
         "clean_up_tokenization_spaces": False,
