@@ -418,6 +418,7 @@ def test_the_checked_study_has_every_default_and_only_the_keys_given():
         "analysis": {"window_fraction": 0.1, "ema_span": 5, "collapse": {}},
         "preflight": {"min_gold_share": 0.9, "rows_per_repository": 2, "workers": 4, "mem_mb": 8000, "runtime": 120},
         "keep": {"policy": True, "checkpoint": False},
+        "trackers": {"tensorboard": False, "wandb": False},
     }
     assert type(study["models"]["m"]["horizon"]) is int  # a label keeps its spelling (the horizon figure's axis)
     assert raw == {
