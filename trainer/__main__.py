@@ -305,7 +305,8 @@ def report_error(err: Exception, args: argparse.Namespace) -> int:
     if out is not None:
         try:
             Path(out).mkdir(parents=True, exist_ok=True)
-            kept = Path(out) / "error.log"
+            rank = os.environ.get("RANK", "0")  # under torchrun each rank keeps its own
+            kept = Path(out) / ("error.log" if rank == "0" else f"error-rank{rank}.log")
             kept.write_text(trace)
         except OSError:
             kept = None
