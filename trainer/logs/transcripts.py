@@ -88,7 +88,9 @@ def format_episode(frame) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("cell", help="a cell's folder (or its transcripts.parquet)")
-    parser.add_argument("--split", default="eval", help="train, eval or impossible (default: eval)")
+    parser.add_argument(
+        "--split", help="train, eval or impossible (default: eval, or train for a cell that never evaluated)"
+    )
     parser.add_argument("--update", type=int, help="the update (default: the last one with transcripts)")
     parser.add_argument("--episode", type=int, nargs="+", help="which of its episodes (default: all)")
 
@@ -102,16 +104,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"show: {path}: no transcripts (a cell trained by this trainer writes them)", file=sys.stderr)
         return 2
     frame = pd.read_parquet(path)
-    frame = frame[frame["split"] == args.split]
+    split = args.split or ("eval" if (frame["split"] == "eval").any() else "train")
+    frame = frame[frame["split"] == split]
     if frame.empty:
-        print(f"show: {path}: no {args.split!r} transcripts", file=sys.stderr)
+        print(f"show: {path}: no {split!r} transcripts", file=sys.stderr)
         return 1
     update = frame["update"].max() if args.update is None else args.update
     frame = frame[frame["update"] == update]
     if args.episode is not None:
         frame = frame[frame["episode"].isin(args.episode)]
     if frame.empty:
-        print(f"show: {path}: no {args.split!r} transcripts at update {update}", file=sys.stderr)
+        print(f"show: {path}: no {split!r} transcripts at update {update}", file=sys.stderr)
         return 1
     print("\n\n".join(format_episode(group) for _, group in frame.groupby("episode", sort=True)))
     return 0
