@@ -76,3 +76,22 @@ def test_a_bad_study_file_is_one_config_error_line(tmp_path, monkeypatch, capsys
     assert main(["status", "--study", "study.yaml"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("config error: cell.optim.lr: ") and err.rstrip().endswith("write 3.0e-4")
+
+
+def test_a_reader_that_stops_early_gets_no_error(tmp_path):
+    """`status ... | head -1`: the pipe closes under the listing; the command ends quietly (141, as a shell's)."""
+    import subprocess
+    import sys
+
+    shutil.copy(ROOT / "config.yaml", tmp_path / "config.yaml")
+    (tmp_path / "study.yaml").write_text(yaml.safe_dump(STUDY))
+    run = subprocess.run(
+        f"{sys.executable} -m trainer status --study study.yaml | head -c 1",
+        shell=True,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert run.stdout == "s" and run.stderr == ""

@@ -283,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`| head`): nothing to say, and nothing more to flush
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as err:
         from trainer.study import StudyError  # imported here: it takes pandas, which most commands do without
 
