@@ -1,10 +1,12 @@
 """Trackers (trainer/logs/trackers.py) read back: TensorBoard's event files with its own EventAccumulator, a Weights
 & Biases offline run from its `.wandb` record log (wandb's LevelDB-style log of protobuf records, read with wandb's
-own protobuf classes), both against the cell's metrics.parquet; a resumed cell continues the same runs."""
+own protobuf classes), both against the cell's metrics.parquet; a resumed cell continues the same runs. Both
+libraries come with the `test` extra, so this runs wherever the tests do (the trainer itself needs neither)."""
 
 from __future__ import annotations
 
 import json
+import os
 import struct
 import subprocess
 import sys
@@ -13,9 +15,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-
-pytest.importorskip("tensorboard")
-pytest.importorskip("wandb")
 
 CELL = {
     "recipe": "spo_muon",
@@ -81,7 +80,7 @@ def train(tmp_path, out, updates, *extra):
         capture_output=True,
         text=True,
         timeout=600,
-        env={**__import__("os").environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"},
+        env={**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true"},
     )
     assert run.returncode == 0, run.stderr[-3000:]
 

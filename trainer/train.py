@@ -71,11 +71,10 @@ from trainer.update import (
 
 METRICS_FILE, EPISODES_FILE, CHECKPOINT_DIR = "metrics.parquet", "episodes.parquet", "checkpoints"
 STATE_FORMAT = "trainer.state/2"
-
+"""The layout of `Trainer.state_dict()`; a checkpoint with another (or none) is refused at resume."""
 LIVE_FLUSH_S = 10.0
 """The Parquet logs are rewritten at most this often between checkpoints, so a running cell can be read (a
 rewrite is atomic and costs milliseconds; what a resume later drops is rewritten at its next flush)."""
-"""The layout of `Trainer.state_dict()`; a checkpoint with another (or none) is refused at resume."""
 
 
 def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
@@ -289,9 +288,7 @@ class Trainer:
 
             extra = self.state_dict(optimizer=False) if self.dist.is_main else None
             if self.dist.is_main:
-                self.metrics.flush()
-                self.episodes.flush()
-                self.transcripts.flush()
+                self._flush_logs()
             save_sharded_checkpoint(
                 directory, step=self.update, model=self.model, optimizer=self.optimizer, extra=extra, keep=keep
             )
@@ -299,9 +296,7 @@ class Trainer:
         model_state, extra = full_weights(self.model, self.dist), self.state_dict()  # collective when sharded
         if not self.dist.is_main:
             return
-        self.metrics.flush()
-        self.episodes.flush()
-        self.transcripts.flush()
+        self._flush_logs()
         save_checkpoint(
             directory, step=self.update, model_state=model_state, optimizer_state=None, extra=extra, keep=keep
         )
@@ -479,6 +474,10 @@ class Trainer:
         self._keep_transcripts(episodes, self.update - 1, split)
         return success
 
+    def _flush_logs(self) -> None:
+        for log in (self.metrics, self.episodes, self.transcripts):
+            log.flush()
+
     def _keep_transcripts(self, episodes, update: int, split: str) -> None:
         """The first `run.transcript_episodes` episodes' text, into transcripts.parquet."""
         for i, e in enumerate(episodes[: self.cfg.run.transcript_episodes]):
@@ -561,9 +560,7 @@ class Trainer:
                             flush=True,
                         )
                     if time.perf_counter() - flushed >= LIVE_FLUSH_S:
-                        self.metrics.flush()
-                        self.episodes.flush()
-                        self.transcripts.flush()
+                        self._flush_logs()
                         flushed = time.perf_counter()
                 if (cfg.checkpoint_every and self.update % cfg.checkpoint_every == 0 and not last) or (
                     last and checkpoint_last
@@ -580,9 +577,7 @@ class Trainer:
                 self.engine.close()
         final = full_weights(self.model, self.dist) if self.dist.enabled and save_policy_to is not None else None
         if self.dist.is_main:
-            self.metrics.flush()
-            self.episodes.flush()
-            self.transcripts.flush()
+            self._flush_logs()
             if save_policy_to is not None:
                 if final is not None:
                     self.rollout_model.load_state_dict(final)
