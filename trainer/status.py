@@ -62,8 +62,7 @@ def ago(seconds: float) -> str:
 def log_state(log: Path, progress: str | None, stalled_s: float, now: float) -> tuple[str, str]:
     """failed / running / stopped from a log that exists and has no finished result beside it."""
     lines = tail_lines(log)
-    errors = [i for i, line in enumerate(lines) if ERROR.match(line)]
-    if errors:
+    if any(ERROR.match(line) for line in lines):
         return "failed", lines[-1]
     age = now - log.stat().st_mtime
     detail = f"{progress or 'started'} (log {ago(age)})"
