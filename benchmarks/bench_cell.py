@@ -7,7 +7,7 @@ The cell config is built exactly as the workflow builds it (trainer/study.py: th
 resolved, its `cell` block plus recipe, optimizer and its lr, seed, policy path and offline statistics), and the
 trainer runs as a subprocess, so start-up (imports, task generation, model load) is included. Besides the wall
 time it reports the split the trainer logs per update (rollout_s, train_s) and the time spent in evaluations.
-`--policy` is a warm-started base policy (`snakemake results/policies/minicpm-tiny` or `python -m trainer sft`).
+`--policy` is a warm-started base policy (`snakemake results/policies/minicpm-tiny` or `python -m trainer warm-start`).
 
 `--against CHECKOUT` runs every cell twice at the same time, one thread each: with this checkout's trainer and with
 the one in CHECKOUT (e.g. `git worktree add /tmp/base HEAD`), so that a shared machine's load hits both alike. It

@@ -101,11 +101,11 @@ def test_load_from_yaml_with_overrides(tmp_path):
     ],
 )
 def test_unreadable_config_files_are_named(tmp_path, content, message):
-    from trainer.config import load_sft_config
+    from trainer.config import load_warm_start_config
 
     path = tmp_path / "empty.yaml"
     path.write_bytes(content)
-    for load in (load_config, load_sft_config):
+    for load in (load_config, load_warm_start_config):
         with pytest.raises(ConfigError, match=message):
             load(path)
 

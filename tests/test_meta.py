@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from trainer.analysis.meta import load_runs, main, pooled_contrast
+from trainer.meta import load_runs, main, pooled_contrast
 
 
 def _publish(folder, study_file, runs, cpu=("avx2",)):

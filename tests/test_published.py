@@ -1,4 +1,4 @@
-"""Published results as data (trainer/analysis/published.py): the committed studies are of this trainer version,
+"""Published results as data (trainer/published.py): the committed studies are of this trainer version,
 `publish` records where its numbers came from, `compare` tells identical, within-interval and outside runs apart."""
 
 import json
@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from trainer import TRAINER_VERSION
-from trainer.analysis.published import KEYS, compare, main, publish, read_published, version_at
 from trainer.logs.parquet_log import PROVENANCE_KEY
+from trainer.published import KEYS, compare, main, publish, read_published, version_at
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = sorted(p.parent for p in (ROOT / "docs" / "results").glob("*/provenance.json"))
@@ -214,14 +214,14 @@ def test_the_command_exits_1_on_a_run_outside_and_0_when_identical(tmp_path, cap
 
 
 def test_the_module_runs_as_a_command():
-    run = subprocess.run([sys.executable, "-m", "trainer.analysis.published", "--help"], capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-m", "trainer.published", "--help"], capture_output=True, text=True)
     assert run.returncode == 0 and "compare" in run.stdout
 
 
 def test_recompute_rebuilds_a_published_summary_from_its_runs_with_t_intervals_and_degradation(tmp_path):
     """No retraining: the summary of a published arms study from its runs.csv alone, each arm's interval Student's
     t over its 2 seeds (mean +- t(0.975, 1) |a - b| / 2, t(0.975, 1) = 12.7062), the degradation verdict added."""
-    from trainer.analysis.published import recompute
+    from trainer.published import recompute
 
     folder = tmp_path / "edge-warmstarts"
     shutil.copytree(ROOT / "docs" / "results" / "edge-warmstarts", folder)
@@ -266,7 +266,7 @@ def test_compare_judges_one_rerun_cell_against_its_published_seeds(tmp_path, cap
 
 
 def test_why_a_rerun_is_not_identical_names_the_cpu_kind_and_the_packages():
-    from trainer.analysis.published import why_not_identical
+    from trainer.published import why_not_identical
 
     published = {
         "trainer_version": "6",
@@ -295,8 +295,8 @@ def test_why_a_rerun_is_not_identical_names_the_cpu_kind_and_the_packages():
 
 def test_curves_are_every_cells_success_per_update_with_its_keys(tmp_path):
     """What publish writes as curves.csv: enough to apply a later collapse rule to a published study."""
-    from trainer.analysis.published import curves
     from trainer.analysis.synthetic import cell_path, synthetic_metrics, write_metrics
+    from trainer.published import curves
 
     for seed in (0, 1):
         columns = synthetic_metrics(30, 0.5, np.random.default_rng(seed), eval_every=10)

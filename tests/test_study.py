@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from workflow_runner import REPO, read_study
 
 import trainer.study as cc
-from trainer.config import RECIPES, config_from_dict, load_sft_config
+from trainer.analysis.cell_logs import lr_label
+from trainer.config import RECIPES, config_from_dict, load_warm_start_config
 
 STUDY_FILES = ["config.yaml", *sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").glob("*.yaml"))]
 
@@ -173,7 +174,7 @@ def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_pat
     for model in cc.warm_started_models(study, grid):
         path = tmp_path / f"{model}.yaml"
         cc.write_yaml(cc.warm_start_config(study, model, threads=1), path, header="test")
-        assert load_sft_config(path).model.preset == study["models"][model]["preset"]
+        assert load_warm_start_config(path).model.preset == study["models"][model]["preset"]
 
 
 @pytest.mark.parametrize(
@@ -516,7 +517,7 @@ def test_a_grid_with_lrs_gets_an_lr_column_and_folder():
 
 @pytest.mark.parametrize("lr", [1e-4, 3e-4, 2.5e-4, 1e-2, 0.1, 1.0, 1.234567e-5, 7e-7])
 def test_the_lr_folder_name_reads_back_exactly(lr):
-    assert float(cc.lr_label(lr)) == lr
+    assert float(lr_label(lr)) == lr
 
 
 def test_per_optimizer_lrs_and_adam_high_lr():

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from trainer.analysis import load_metrics, summarize, summarize_companion
-from trainer.analysis.cell_logs import LR_RUN_KEYS, RUN_KEYS
+from trainer.analysis.cell_logs import LR_RUN_KEYS, RUN_KEYS, lr_label
 from trainer.analysis.horizon import (
     figure_horizon,
     horizon_run_table,
@@ -45,7 +45,6 @@ from trainer.analysis.synthetic import (
     synthetic_metrics,
     write_metrics,
 )
-from trainer.study import lr_label
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = {"minicpm-tiny": "MiniCPM5-2B", "qwen-tiny": "Qwen3.5-4B"}

@@ -1,4 +1,4 @@
-"""The bundled trainer of the harness: `python -m trainer {train,sft,eval,plan}` (see trainer/__main__.py).
+"""The bundled trainer of the harness: `python -m trainer {train,warm-start,eval,plan}` (see trainer/__main__.py).
 
 `TRAINER_VERSION` names the behaviour of the trainer's results, not the package release. The Snakemake workflow
 passes it as a parameter of every training and warm-start job, so bumping it marks every cell and base policy out

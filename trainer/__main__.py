@@ -1,8 +1,8 @@
-"""Command line: `python -m trainer {train,sft,eval} ...`. The workflow calls only this.
+"""Command line: `python -m trainer {train,warm-start,eval} ...`. The workflow calls only this.
 
     python -m trainer train --config CELL.yaml --out DIR [--resume] [--set loss.tis_cap=null ...]
                             [--exit-with PID|parent] [--save-policy POLICY_DIR] [--checkpoint-last]
-    python -m trainer sft   --config SFT.yaml  --out DIR [--exit-with PID|parent]
+    python -m trainer warm-start --config WARM_START.yaml --out DIR [--exit-with PID|parent]
     python -m trainer eval  --config CELL.yaml --policy DIR [--update N] [--tasks 64] [--show 3]
     python -m trainer plan  --config CELL.yaml [--gpus N] [--tokens T] [--no-checkpointing] [--head-chunk C]
                             [--wall-time [--sim-inputs RATES.yaml]]
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import yaml
 
-from trainer.config import ConfigError, load_config, load_sft_config
+from trainer.config import ConfigError, load_config, load_warm_start_config
 from trainer.process import process_start_time
 
 _EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--track-group", help="the trackers' group (a study's name)")
     t.add_argument("--track-name", help="the trackers' run name (default: the --out folder's name)")
 
-    s = sub.add_parser("sft", help="supervised warm start of a tiny base policy")
+    s = sub.add_parser("warm-start", help="supervised warm start of a tiny base policy")
     s.add_argument("--config", required=True)
     s.add_argument("--out", required=True, help="policy directory to write")
     s.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE")
@@ -251,9 +251,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             if os.environ.get("RANK", "0") == "0":  # one line, also under torchrun
                 print(f"wrote {path}")
-        elif args.command == "sft":
-            cfg = load_sft_config(args.config, _overrides(args.set))
-            from trainer.policy.sft import warm_start
+        elif args.command == "warm-start":
+            cfg = load_warm_start_config(args.config, _overrides(args.set))
+            from trainer.warm_start import warm_start
 
             report = warm_start(cfg, args.out, progress=False if args.no_progress else None)
             print(json.dumps({k: report[k] for k in ("in_band", "heldout_success", "step", "seconds")}))
@@ -304,7 +304,7 @@ def report_error(err: Exception, args: argparse.Namespace) -> int:
         print(trace, file=sys.stderr, end="")
         return 1
     kept = None
-    out = args.out if args.command == "train" else None  # sft's and export's --out is a policy directory
+    out = args.out if args.command == "train" else None  # warm-start's and export's --out is a policy directory
     if out is not None:
         try:
             Path(out).mkdir(parents=True, exist_ok=True)

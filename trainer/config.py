@@ -187,7 +187,7 @@ class TrainConfig(Section):
 
 
 @dataclass
-class SFTConfig(Section):
+class WarmStartConfig(Section):
     """The supervised warm start that turns a random tiny model into the embedded study's base policy."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -235,7 +235,7 @@ class SFTConfig(Section):
 
 
 OFFLINE_STATS_FILE = "offline_stats.json"
-"""What the warm start writes beside the policy for `rl.spo.offline_stats` (SFTConfig.offline_samples > 0)."""
+"""What the warm start writes beside the policy for `rl.spo.offline_stats` (WarmStartConfig.offline_samples > 0)."""
 
 
 def config_from_dict(data: dict) -> TrainConfig:
@@ -276,14 +276,14 @@ def load_config(path: str | Path, overrides: dict | None = None) -> TrainConfig:
     return config_from_dict(merge(read_yaml_mapping(path), overrides or {}))
 
 
-def load_sft_config(path: str | Path, overrides: dict | None = None) -> SFTConfig:
+def load_warm_start_config(path: str | Path, overrides: dict | None = None) -> WarmStartConfig:
     """Read and validate a warm-start config."""
-    return sft_config_from_dict(merge(read_yaml_mapping(path), overrides or {}))
+    return warm_start_config_from_dict(merge(read_yaml_mapping(path), overrides or {}))
 
 
-def sft_config_from_dict(data: dict, where: str = "") -> SFTConfig:
-    """Build and validate an SFTConfig (`where`: the prefix of the keys in messages, e.g. "warm_start")."""
-    return build_config(SFTConfig, data, where)
+def warm_start_config_from_dict(data: dict, where: str = "") -> WarmStartConfig:
+    """Build and validate an WarmStartConfig (`where`: the prefix of the keys in messages, e.g. "warm_start")."""
+    return build_config(WarmStartConfig, data, where)
 
 
 def config_to_dict(cfg) -> dict:

@@ -58,6 +58,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from trainer.analysis.cell_logs import lr_label
 from trainer.analysis.config import AnalysisConfig
 from trainer.analysis.kinds import STUDY_KINDS
 from trainer.analysis.registration import Preregistration
@@ -66,8 +67,8 @@ from trainer.config import (
     ConfigError,
     EnvConfig,
     OptimConfig,
-    SFTConfig,
     TrainConfig,
+    WarmStartConfig,
     build_config,
     config_from_dict,
 )
@@ -92,7 +93,7 @@ ARM_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$"
 MODEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 """A model name as its folder spells it (`model=NAME`)."""
 
-SFT_ROLLOUT_KEYS = ("max_turn_tokens", "max_episode_tokens", "temperature", "top_p")
+WARM_START_ROLLOUT_KEYS = ("max_turn_tokens", "max_episode_tokens", "temperature", "top_p")
 """The rollout settings the warm start uses (it measures its band by sampling as the RL rollouts do); the rest
 would only make an unrelated rollout change retrain the base policy."""
 
@@ -100,13 +101,6 @@ would only make an unrelated rollout change retrain the base policy."""
 class StudyError(ValueError):
     """A study file the harness refuses before any job starts (a key, type, range or rule across keys); the message
     names the key."""
-
-
-def lr_label(lr: float) -> str:
-    """A learning rate as its cell folder spells it (`.../lr=L/`): the shortest scientific form that reads back as
-    the same float ("3e-04", "2.5e-04", "1e-02"), so the analysis recovers the exact lr from the folder."""
-    lr = float(lr)
-    return next(text for text in (f"{lr:.{p}e}" for p in range(17)) if float(text) == lr)
 
 
 def deep_merge(base: dict, over: dict) -> dict:
@@ -185,7 +179,7 @@ and seed from the grid, the threads from `resources.train.threads`, SPO's offlin
 policy, and the keys a recipe defines (a shared `loss.tis_cap` would silently turn TIS on for the no-TIS recipes)."""
 
 WARM_START_SET_KEYS = ("model", "env", "rollout", "threads")
-"""SFTConfig keys the workflow sets per model (its preset, the cells' env and token limits, the job's threads)."""
+"""WarmStartConfig keys the workflow sets per model (its preset, the cells' env and token limits, the job's threads)."""
 
 
 def per_cell_key(cell: dict) -> tuple[str, str] | None:
@@ -449,7 +443,7 @@ class StudyConfig(Section):
     run.threads, rl.spo.offline_stats and the keys a recipe defines. The estimator sections (rl.spo, rl.gigpo,
     ...) reach only the cells of that estimator; a model's env_options and the study's lrs are merged per cell."""
     warm_start: dict = field(default_factory=dict)
-    """The supervised warm start of `preset` models: an SFTConfig of trainer/config.py without model, env, rollout
+    """The supervised warm start of `preset` models: an WarmStartConfig of trainer/config.py without model, env, rollout
     and threads (from the model entry, the `cell` block and resources.warm_start), plus `allow_out_of_band` (keep
     a base policy whose held-out success missed the band; otherwise the rule fails)."""
     resources: Resources = field(default_factory=Resources)
@@ -503,7 +497,7 @@ class StudyConfig(Section):
         return list(dict.fromkeys(m for block in self.grid for m in block.models or self.models))
 
     def _check_trainer_blocks(self) -> None:
-        """The shared `cell` as a TrainConfig and `warm_start` as an SFTConfig: the trainer's own sections."""
+        """The shared `cell` as a TrainConfig and `warm_start` as an WarmStartConfig: the trainer's own sections."""
         per_cell = per_cell_key(self.cell)
         if per_cell is not None:
             self.refuse(f"cell.{per_cell[0]}", f"{per_cell[1]}; remove it from the shared block")
@@ -516,10 +510,10 @@ class StudyConfig(Section):
         for key in WARM_START_SET_KEYS:
             if key in warm_start:
                 self.refuse(f"warm_start.{key}", "set per model by the workflow; remove it")
-        build_config(SFTConfig, warm_start, "warm_start")
+        build_config(WarmStartConfig, warm_start, "warm_start")
         for name, entry in self.models.items():
             if entry.warm_start:
-                build_config(SFTConfig, {**warm_start, **entry.warm_start}, f"models.{name}.warm_start")
+                build_config(WarmStartConfig, {**warm_start, **entry.warm_start}, f"models.{name}.warm_start")
 
     def _check_models(self) -> None:
         """Model names are folder names, a shared policy is a warm-started model's, every model a block names exists,
@@ -853,7 +847,7 @@ def cell_config(
 
 
 def warm_start_config(study: dict, model: str, threads: int) -> dict:
-    """The `python -m trainer sft` config of one model family: its preset, the cells' env (with the model's
+    """The `python -m trainer warm-start` config of one model family: its preset, the cells' env (with the model's
     env_options) and token limits, its own `warm_start` keys over the study's; the model's `warm_start_seed`, where it has one, seeds both the warm start
     (demonstrations, their order, evaluations) and the tiny model's initialisation."""
     shared = study.get("cell", {})
@@ -863,7 +857,7 @@ def warm_start_config(study: dict, model: str, threads: int) -> dict:
     seed = study["models"][model].get("warm_start_seed")
     if seed is not None:
         options["seed"], model_keys["init_seed"] = seed, seed
-    rollout = {k: v for k, v in shared.get("rollout", {}).items() if k in SFT_ROLLOUT_KEYS}
+    rollout = {k: v for k, v in shared.get("rollout", {}).items() if k in WARM_START_ROLLOUT_KEYS}
     return {
         "model": {"preset": study["models"][model]["preset"], **model_keys},
         "env": model_env(study, model),
@@ -1023,7 +1017,7 @@ class Study:
             yield Cell(key, key.folder, self.cell_config(key))
 
     def warm_start_config(self, model: str) -> dict:
-        """The `python -m trainer sft` config of a warm-started model."""
+        """The `python -m trainer warm-start` config of a warm-started model."""
         return warm_start_config(self.data, model, threads=self.data["resources"]["warm_start"]["threads"])
 
     def check_cells(self) -> None:

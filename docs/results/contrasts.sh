@@ -1,7 +1,7 @@
 #!/bin/bash
-# The contrasts README's findings quote, from the published studies (trainer.analysis.meta).
+# The contrasts README's findings quote, from the published studies (trainer.meta).
 cd "$(dirname "$0")/../.."
-M="${PYTHON:-python} -m trainer.analysis.meta"
+M="${PYTHON:-python} -m trainer.meta"
 for o in window_success heldout_auc; do
   echo "== pooled 3e-4 SPO, Muon-trained bases ($o)"; $M docs/results/edge docs/results/edge-rerun docs/results/edge-minicpm docs/results/edge-warmstarts docs/results/edge-adamw --first muon_m3e-4_r1e-4:spo_muon --second adamw_lr3e-4:spo_adam --outcome $o
   echo "== E2 1e-4 ($o)"; $M docs/results/conditions --first arm=muon --second arm=adamw_b0.999 --outcome $o

@@ -1,7 +1,7 @@
 """Read many cells' metrics logs into one long table: one row per (model, recipe, optimizer, seed, update).
 
 Each training cell writes `<base_dir>/model=M/recipe=R/optimizer=O/seed=S/metrics.parquet` (Hive-style folders);
-a study with a learning-rate axis (the stability study) adds `lr=L` before the seed (`trainer.study.lr_label`), a
+a study with a learning-rate axis (the stability study) adds `lr=L` before the seed (`lr_label`), a
 study of arms (the decisive comparisons) `arm=A` after the optimizer.
 Choices and why:
 
@@ -62,6 +62,13 @@ ARM_RUN_KEYS: tuple[str, ...] = ("model", "recipe", "optimizer", "arm", "seed")
 PARTITION_SCHEMA = pa.schema(
     [("model", pa.string()), ("recipe", pa.string()), ("optimizer", pa.string()), ("seed", pa.int64())]
 )
+
+
+def lr_label(lr: float) -> str:
+    """A learning rate as its cell folder spells it (`.../lr=L/`): the shortest scientific form that reads back as
+    the same float ("3e-04", "2.5e-04", "1e-02"), so the analysis recovers the exact lr from the folder."""
+    lr = float(lr)
+    return next(text for text in (f"{lr:.{p}e}" for p in range(17)) if float(text) == lr)
 
 
 def run_keys(frame: pd.DataFrame) -> list[str]:

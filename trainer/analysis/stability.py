@@ -44,7 +44,7 @@ import yaml
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from trainer.analysis.cell_logs import NONFINITE_COLUMNS, load_metrics, paper_model, run_keys
+from trainer.analysis.cell_logs import NONFINITE_COLUMNS, load_metrics, lr_label, paper_model, run_keys
 from trainer.analysis.collapse import CollapseCriterion
 from trainer.analysis.kinds import STABILITY
 from trainer.analysis.plotting import (
@@ -82,7 +82,6 @@ from trainer.analysis.summary import (
     table_row,
     write_tables,
 )
-from trainer.study import lr_label
 
 STABILITY_COLUMNS: tuple[str, ...] = (
     "update",

@@ -15,7 +15,7 @@ close to nominal for bounded outcomes such as a success rate, where the tests me
 * **The minimum detectable effect** of a test (from the noncentral t at the test's degrees of freedom) is the
   smallest true difference it would find with probability `power` (0.8): a null whose MDE is 15 points cannot
   exclude a 10-point effect, and the reports print it beside every null.
-* **A run's identity by content** (`run_fingerprint`), so that trainer/analysis/meta.py counts a run published by
+* **A run's identity by content** (`run_fingerprint`), so that trainer/meta.py counts a run published by
   two studies once when it pools a contrast over them.
 """
 

@@ -22,8 +22,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from trainer.analysis.cell_logs import lr_label
 from trainer.logs.parquet_log import CONFIG_KEY, EPISODE_COLUMNS, METRIC_COLUMNS, PROVENANCE_KEY
-from trainer.study import lr_label
 
 
 def synthetic_metrics(

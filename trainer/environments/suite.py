@@ -18,8 +18,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trainer.config import ConfigError, build_config
 from trainer.environments.protocol import Environment, StepResult, TaskSource
+from trainer.knobs import ConfigError, build_config
 
 
 @dataclass

@@ -35,5 +35,5 @@ rule warm_start:
         allow=out_of_band_flag,
         trainer_version=TRAINER_VERSION,  # an environment or trainer change rebuilds the base policy too
     shell:
-        "python -m trainer sft --config {input.config} --out {output} --no-progress {params.allow} "
+        "python -m trainer warm-start --config {input.config} --out {output} --no-progress {params.allow} "
         "--exit-with $PPID > {log} 2>&1"

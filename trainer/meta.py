@@ -12,7 +12,7 @@ cells are E1-rerun's and E1-minicpm's), and cited as separate confirmations they
 * **The unit is the base policy**: per base, the mean over its runs of each arm, the difference of the two arms;
   pooled by a one-sample Student-t over the bases' differences, with the minimum detectable effect.
 
-    python -m trainer.analysis.meta --first muon_m3e-4_r1e-4:spo_muon --second adamw_lr3e-4:spo_adam \\
+    python -m trainer.meta --first muon_m3e-4_r1e-4:spo_muon --second adamw_lr3e-4:spo_adam \\
         docs/results/edge* [--outcome window_success]
 """
 
@@ -71,7 +71,7 @@ def base_keys(study: dict, provenance: dict, folder: Path) -> dict[str, str]:
 def load_runs(folders: list[Path]) -> pd.DataFrame:
     """Every published run of `folders` with its `study`, `base` (merged where bases share a run) and
     `fingerprint`; a run published twice is kept once (its first study)."""
-    from trainer.analysis.published import published_study, read_published
+    from trainer.published import published_study, read_published
 
     frames = []
     for folder in folders:
@@ -149,7 +149,7 @@ def pooled_contrast(runs: pd.DataFrame, first: str, second: str, outcome: str) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.analysis.meta", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m trainer.meta", description=__doc__.split("\n")[0])
     parser.add_argument("published", type=Path, nargs="+", help="published study folders (docs/results/...)")
     parser.add_argument(
         "--first", required=True, help="ARM, ARM:RECIPE or key=value,... (the contrast is first minus second)"

@@ -14,8 +14,8 @@ the distribution the published seeds came from? Each run is **identical**, **wit
 prediction test rejects, Holm-corrected over every test of the comparison), **untestable** (the published seeds
 have no spread), **missing** or **extra**; it exits 0 when the rerun is consistent (nothing outside or missing).
 
-    python -m trainer.analysis.published publish --results results --study config.yaml --out docs/results/default
-    python -m trainer.analysis.published compare --results results --published docs/results/default
+    python -m trainer.published publish --results results --study config.yaml --out docs/results/default
+    python -m trainer.published compare --results results --published docs/results/default
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ final-window validation success and validation AUC, the collapse verdict."""
 KEYS = ("model", "recipe", "optimizer", "arm", "lr", "seed")
 """Run keys, in order; `arm` only in a study of arms, `lr` only where the study has an lr axis."""
 FILES = ("summary.csv", "runs.csv", "provenance.json")
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 """The checkout, where a published provenance's `study_file` is found."""
 ALPHA = 0.05
 """The family-wise level of `compare`'s tests: an equivalent rerun is called outside at most this often."""
@@ -403,7 +403,7 @@ def cell_run(cell: Path, published: dict, repo: Path) -> pd.DataFrame:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.analysis.published", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m trainer.published", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     pub = sub.add_parser("publish", help="write a finished study's summary, runs and provenance to a folder")
     pub.add_argument("--results", type=Path, required=True, help="the study's results/ folder")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.config import OFFLINE_STATS_FILE, SFTConfig, config_to_dict
+from trainer.config import OFFLINE_STATS_FILE, WarmStartConfig, config_to_dict
 from trainer.environments.suite import make_suite
 from trainer.optim.hybrid import build_adamw_by_role, build_muon_adamw
 from trainer.optim.muon import resolve_ns_dtype
@@ -35,7 +35,7 @@ from trainer.rollout.sampling import SamplingParams
 from trainer.update import pad_episodes, token_logprobs
 
 MUON_WARM_START_LR = 0.02
-"""Muon's hidden-matrix lr when the warm start names none (SFTConfig.matrix_lr)."""
+"""Muon's hidden-matrix lr when the warm start names none (WarmStartConfig.matrix_lr)."""
 
 
 def demonstration_episode(demo, fmt, task_id: str) -> Episode:
@@ -79,7 +79,7 @@ def offline_stats(model, fmt, suite, tasks, sampling, samples: int, seed: int) -
     return stats
 
 
-def warm_start(cfg: SFTConfig, out_dir: str | Path, progress: bool | None = None) -> dict:
+def warm_start(cfg: WarmStartConfig, out_dir: str | Path, progress: bool | None = None) -> dict:
     """Train, evaluate, save the base policy into `out_dir`; returns (and writes) the report."""
     from tqdm import tqdm
 

@@ -3,8 +3,8 @@
 import pytest
 import yaml
 
-from trainer.config import load_sft_config
-from trainer.policy.sft import warm_start
+from trainer.config import load_warm_start_config
+from trainer.warm_start import warm_start
 
 
 def test_no_demonstration_fits_the_episode_budget_names_the_key(tmp_path):
@@ -27,10 +27,10 @@ def test_no_demonstration_fits_the_episode_budget_names_the_key(tmp_path):
         "vocab_size": 300,
         "max_steps": 1,
     }
-    path = tmp_path / "sft.yaml"
+    path = tmp_path / "warm_start.yaml"
     path.write_text(yaml.safe_dump(config))
     with pytest.raises(ValueError, match="rollout.max_episode_tokens=16"):
-        warm_start(load_sft_config(path), tmp_path / "policy", progress=False)
+        warm_start(load_warm_start_config(path), tmp_path / "policy", progress=False)
     assert not (tmp_path / "policy").exists()
 
 
@@ -42,10 +42,10 @@ def test_cloning_loss_per_demonstration_equals_the_padded_batch():
 
     import torch
 
-    from trainer.policy.sft import cloning_loss_backward
     from trainer.policy.tiny import TinyModelSpec, build_tiny_model
     from trainer.rollout.episode import Episode
     from trainer.update import pad_episodes, token_logprobs
+    from trainer.warm_start import cloning_loss_backward
 
     rng = random.Random(0)
     demos = []
@@ -73,7 +73,7 @@ def test_demonstrations_come_from_outside_the_rl_pool_and_the_offline_pass_cover
     `offline_samples` times each, and the rest, which the demonstrations come from."""
     import json
 
-    import trainer.policy.sft as sft
+    import trainer.warm_start as warm_start_module
     from trainer.environments.suite import make_suite
 
     seen = []
@@ -85,10 +85,12 @@ def test_demonstrations_come_from_outside_the_rl_pool_and_the_offline_pass_cover
         suite.demonstrate = lambda task, noise, rng: (seen.append(task.task_id), demonstrate(task, noise, rng))[1]
         return suite
 
-    monkeypatch.setattr(sft, "make_suite", spy)
+    monkeypatch.setattr(warm_start_module, "make_suite", spy)
     built = []  # the warm start's Muon runs Newton-Schulz in fp32 on the CPU (optim.ns_dtype's "auto")
-    real_build = sft.build_muon_adamw
-    monkeypatch.setattr(sft, "build_muon_adamw", lambda *a, **kw: (built.append(kw), real_build(*a, **kw))[1])
+    real_build = warm_start_module.build_muon_adamw
+    monkeypatch.setattr(
+        warm_start_module, "build_muon_adamw", lambda *a, **kw: (built.append(kw), real_build(*a, **kw))[1]
+    )
     config = {
         "model": {"preset": "qwen-tiny"},
         "env": {
@@ -113,10 +115,10 @@ def test_demonstrations_come_from_outside_the_rl_pool_and_the_offline_pass_cover
         "band": [0.0, 1.0],
         "offline_samples": 2,
     }
-    path = tmp_path / "sft.yaml"
+    path = tmp_path / "warm_start.yaml"
     path.write_text(yaml.safe_dump(config))
-    report = warm_start(load_sft_config(path), tmp_path / "policy", progress=False)
-    pool = [t.task_id for t in real(load_sft_config(path).env).tasks.tasks("train", 12)]
+    report = warm_start(load_warm_start_config(path), tmp_path / "policy", progress=False)
+    pool = [t.task_id for t in real(load_warm_start_config(path).env).tasks.tasks("train", 12)]
     assert seen and not set(seen) & set(pool) and report["pool_tasks"] == 12 and report["demo_tasks"] == 28
     stats = json.loads((tmp_path / "policy" / "offline_stats.json").read_text())
     assert sorted(stats) == sorted(pool) and all(n == 2 and 0 <= s <= 2 for n, s in stats.values())
