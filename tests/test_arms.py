@@ -130,10 +130,10 @@ def test_the_decisive_studies_pass_every_check_and_set_what_they_say(study_file,
     if study_file == "configs/companion-equal.yaml":
         # the confound removed (AdamW half at 1e-4 whatever the matrices take) beside the companion's own Muon cell
         assert {(c.optim.name, c.optim.matrix_lr, c.optim.lr) for c in configs.values()} == {
-            ("adam", None, 1e-4),
+            ("adam", 1e-4, 1e-4),
             ("muon", 1e-4, 1e-4),
             ("muon", 1e-3, 1e-4),
-            ("adam", None, 1e-3),
+            ("adam", 1e-3, 1e-3),
             ("muon", 1e-3, 1e-3),
         }
         assert set(grid["recipe"]) == {"grpo", "gigpo", "graphgpo"}
@@ -150,8 +150,8 @@ def test_the_decisive_studies_pass_every_check_and_set_what_they_say(study_file,
         for cfg in configs.values():
             assert (cfg.optim.weight_decay, cfg.run.minibatches, cfg.run.skip_no_signal) == (0.01, 8, False)
             assert (cfg.rollout.lag, cfg.rollout.weight_dtype) == (3, "bfloat16")
-        assert study["warm_start"]["optimizer"] == "adamw"
-        assert cc.warm_start_config(study, "qwen-tiny", 1)["optimizer"] == "adamw"
+        adamw_base = {"name": "adam", "matrix_lr": 3e-3}  # E2's AdamW-trained base policy, every matrix at 3e-3
+        assert study["warm_start"]["optim"] == cc.warm_start_config(study, "qwen-tiny", 1)["optim"] == adamw_base
 
 
 # -- the arm key of the logs -----------------------------------------------------------------------------------

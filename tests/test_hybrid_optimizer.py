@@ -201,8 +201,8 @@ def test_newton_schulz_runs_in_fp32_on_a_cpu_and_in_bf16_on_a_gpu_unless_the_con
     """`optim.ns_dtype: auto` (the default): bf16 where the parameters are on CUDA, fp32 on a CPU, where torch's bf16
     matmul is a reference loop on CPUs without AVX512-BF16 or AMX; a named dtype is used as it is."""
     from trainer.config import TrainConfig
+    from trainer.optim.build import build_optimizer
     from trainer.optim.muon import resolve_ns_dtype
-    from trainer.train import build_optimizer
 
     assert resolve_ns_dtype("auto", "cpu") == "float32"
     assert resolve_ns_dtype("auto", torch.device("cuda", 3)) == "bfloat16"
@@ -212,10 +212,10 @@ def test_newton_schulz_runs_in_fp32_on_a_cpu_and_in_bf16_on_a_gpu_unless_the_con
         resolve_ns_dtype("float16", "cpu")
     cfg = TrainConfig()
     assert cfg.optim.ns_dtype == "auto"
-    muon_groups = [g for g in build_optimizer(Toy(), cfg).param_groups if g["use_muon"]]
+    muon_groups = [g for g in build_optimizer(Toy(), cfg.optim).param_groups if g["use_muon"]]
     assert [g["ns_dtype"] for g in muon_groups] == ["float32"]
     cfg.optim.ns_dtype = "bfloat16"
-    muon_groups = [g for g in build_optimizer(Toy(), cfg).param_groups if g["use_muon"]]
+    muon_groups = [g for g in build_optimizer(Toy(), cfg.optim).param_groups if g["use_muon"]]
     assert [g["ns_dtype"] for g in muon_groups] == ["bfloat16"]
 
 
@@ -224,12 +224,12 @@ def test_adamw_eps_is_the_cells_under_either_optimizer(name):
     """`optim.eps` reaches every AdamW-trained parameter. First AdamW step, by hand: m_hat = g and v_hat = g^2,
     so the step is lr * g / (|g| + eps): half of lr where |g| = eps, all of it (to 1e-6) where eps is tiny."""
     from trainer.config import TrainConfig
-    from trainer.train import build_optimizer
+    from trainer.optim.build import build_optimizer
 
     for eps, share in ((1e-6, 0.5), (1e-14, 1.0)):
         model, cfg = Toy(), TrainConfig()
         cfg.optim.name, cfg.optim.lr, cfg.optim.eps, cfg.optim.weight_decay = name, 1e-3, eps, 0.0
-        opt = build_optimizer(model, cfg)
+        opt = build_optimizer(model, cfg.optim)
         before = model.embed.weight.detach().clone()
         for p in model.parameters():
             p.grad = torch.zeros_like(p)
@@ -244,7 +244,7 @@ def test_a_spectrally_matched_muon_cell_matches_the_cells_own_adamw():
     """`optim.adjust_lr_fn: match_spectral_adamw`: the Muon group measures the step of the AdamW the cell
     configures (its betas and eps), and the step it takes has that step's top singular value."""
     from trainer.config import TrainConfig
-    from trainer.train import build_optimizer
+    from trainer.optim.build import build_optimizer
 
     cfg = TrainConfig()
     cfg.optim.adjust_lr_fn, cfg.optim.betas, cfg.optim.eps, cfg.optim.weight_decay = (
@@ -254,7 +254,7 @@ def test_a_spectrally_matched_muon_cell_matches_the_cells_own_adamw():
         0.0,
     )
     model = Toy()
-    opt = build_optimizer(model, cfg)
+    opt = build_optimizer(model, cfg.optim)
     muon = next(g for g in opt.param_groups if g["use_muon"])
     assert muon["adamw_betas"] == (0.8, 0.99) and muon["adamw_eps"] == 1e-7
     reference = copy.deepcopy(model.down.weight)
@@ -301,3 +301,45 @@ def test_adamw_by_role_without_matrix_lr_is_torchs_adamw_bit_for_bit():
             model(ids).square().mean().backward()
             opt.step()
     assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+
+
+def test_the_warm_start_builds_its_optimizer_with_the_cells_builder_at_its_own_defaults():
+    """The warm start's `optim` is the cells' section with the warm start's defaults, built by the cells' builder:
+    under "muon" Muon at 0.02 (torch's shape rule, decay 0.1) on the hidden matrices and AdamW at 3e-3 (torch's
+    betas, no decay) on the rest; under "adam" with `matrix_lr: 3e-3`, torch's AdamW at 3e-3 on everything. Three
+    steps of each equal the references bit for bit."""
+    from trainer.config import WarmStartConfig
+    from trainer.optim.build import build_optimizer
+    from trainer.optim.config import OptimConfig, WarmStartOptimConfig
+
+    assert isinstance(WarmStartConfig().optim, OptimConfig)
+    for optim, reference in (
+        (
+            WarmStartOptimConfig(),
+            lambda m: build_muon_adamw(m, muon_lr=0.02, muon_weight_decay=0.1, adamw_lr=3e-3, ns_dtype="float32"),
+        ),
+        (
+            WarmStartOptimConfig(name="adam", matrix_lr=3e-3),
+            lambda m: torch.optim.AdamW(m.parameters(), lr=3e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0),
+        ),
+    ):
+        torch.manual_seed(0)
+        ours_model = Toy()
+        theirs_model = copy.deepcopy(ours_model)
+        ours, theirs = build_optimizer(ours_model, optim), reference(theirs_model)
+        for step in range(3):
+            for model, opt in ((ours_model, ours), (theirs_model, theirs)):
+                _grads(model, step)
+                opt.step()
+        assert all(torch.equal(a, b) for a, b in zip(ours_model.parameters(), theirs_model.parameters(), strict=True))
+
+
+def test_a_left_out_matrix_lr_is_the_lr_once_the_section_is_built():
+    """`optim.matrix_lr` left out means `lr` (one number, one step size under both optimizers), resolved when the
+    section is built, so the builder, the plan and the logs all read a rate."""
+    from trainer.config import config_from_dict
+
+    cfg = config_from_dict({"optim": {"name": "muon", "lr": 2e-4}})
+    assert (cfg.optim.lr, cfg.optim.matrix_lr) == (2e-4, 2e-4)
+    cfg = config_from_dict({"optim": {"name": "muon", "lr": 2e-4, "matrix_lr": 6e-4}})
+    assert (cfg.optim.lr, cfg.optim.matrix_lr) == (2e-4, 6e-4)

@@ -139,13 +139,17 @@ def test_a_models_warm_start_seed_seeds_its_warm_start_and_initialisation():
 
 def test_a_models_warm_start_keys_go_over_the_studys():
     study = {
-        "models": {"m": {"preset": "qwen-tiny"}, "a": {"preset": "qwen-tiny", "warm_start": {"optimizer": "adamw"}}},
+        "models": {
+            "m": {"preset": "qwen-tiny"},
+            "a": {"preset": "qwen-tiny", "warm_start": {"optim": {"name": "adam", "matrix_lr": 3e-3}}},
+        },
         "cell": {"env": {"name": "minirepo"}},
-        "warm_start": {"lr": 1e-3, "optimizer": "muon"},
+        "warm_start": {"optim": {"lr": 1e-3, "name": "muon"}, "noise": 0.2},
     }
     muon, adamw = (cc.warm_start_config(study, m, threads=1) for m in ("m", "a"))
-    assert (muon["optimizer"], muon["lr"]) == ("muon", 1e-3)
-    assert (adamw["optimizer"], adamw["lr"]) == ("adamw", 1e-3)
+    assert muon["optim"] == {"name": "muon", "lr": 1e-3} and muon["noise"] == 0.2
+    # key by key: the model's optimizer and matrix rate, the study's rate of the rest and its noise
+    assert adamw["optim"] == {"name": "adam", "lr": 1e-3, "matrix_lr": 3e-3} and adamw["noise"] == 0.2
 
 
 @pytest.mark.parametrize("study_file", STUDY_FILES)
@@ -200,7 +204,7 @@ def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_pat
             id="seed-without-preset",
         ),
         pytest.param(
-            lambda s: s["models"].update(h={"policy": "m", "warm_start": {"optimizer": "adamw"}}),
+            lambda s: s["models"].update(h={"policy": "m", "warm_start": {"optim": {"name": "adam"}}}),
             "models.h.warm_start: only a model with a `preset` is warm-started",
             id="warm-start-without-preset",
         ),
@@ -210,8 +214,8 @@ def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_pat
             id="warm-start-seed-per-model",
         ),
         pytest.param(
-            lambda s: s["models"]["m"].update(warm_start={"optimizer": "sgd"}),
-            "models.m.warm_start.optimizer",
+            lambda s: s["models"]["m"].update(warm_start={"optim": {"name": "sgd"}}),
+            "models.m.warm_start.optim.name",
             id="warm-start-optimizer-unknown",
         ),
         pytest.param(
@@ -529,7 +533,7 @@ def test_per_optimizer_lrs_and_adam_high_lr():
     assert cell("adam", lr=1e-2)["lr"] == 1e-2  # a grid lr wins over the table
     for optimizer, lr in (("adam", 3e-4), ("muon", 1e-3), ("adam_high_lr", 1e-3)):
         cfg = config_from_dict(cc.cell_config(study, "a", "full", optimizer, 0, str(REPO), 1))
-        assert (cfg.optim.lr, cfg.optim.matrix_lr) == (lr, None)
+        assert (cfg.optim.lr, cfg.optim.matrix_lr) == (lr, lr)  # a left-out matrix_lr is the lr, set once when built
     with pytest.raises(cc.StudyError, match=r"grid\[0\].optimizer: adam_high_lr runs AdamW at the Muon cells'"):
         cc.check_study(_tiny(grid=[{"recipes": ["full"], "optimizer": "adam_high_lr", "seeds": [0]}]))
     # no table, no grid lr: the shared block's rates, untouched

@@ -86,11 +86,11 @@ def test_demonstrations_come_from_outside_the_rl_pool_and_the_offline_pass_cover
         return suite
 
     monkeypatch.setattr(warm_start_module, "make_suite", spy)
+    import trainer.optim.build as builder
+
     built = []  # the warm start's Muon runs Newton-Schulz in fp32 on the CPU (optim.ns_dtype's "auto")
-    real_build = warm_start_module.build_muon_adamw
-    monkeypatch.setattr(
-        warm_start_module, "build_muon_adamw", lambda *a, **kw: (built.append(kw), real_build(*a, **kw))[1]
-    )
+    real_build = builder.build_muon_adamw
+    monkeypatch.setattr(builder, "build_muon_adamw", lambda *a, **kw: (built.append(kw), real_build(*a, **kw))[1])
     config = {
         "model": {"preset": "qwen-tiny"},
         "env": {

@@ -22,7 +22,7 @@ from typing import Literal
 import yaml
 
 from trainer.knobs import ConfigError, Section, build_config, knob, merge
-from trainer.optim.config import OptimConfig
+from trainer.optim.config import OptimConfig, WarmStartOptimConfig
 from trainer.recipes import RECIPES
 from trainer.rl.config import LossConfig, RLConfig, ShapingConfig
 from trainer.rollout.config import RolloutConfig
@@ -206,16 +206,9 @@ class WarmStartConfig(Section):
     """Weight of next-token loss on prompt and observation tokens (1 on actions). Learning the environment's
     language as well as the expert's actions makes a model trained from scratch learn to copy (file names, line
     numbers, code) much sooner; RL later trains the actions only."""
-    optimizer: Literal["muon", "adamw"] = "muon"
-    """What trains the hidden matrices: Muon (AdamW on the rest) reached AdamW's 750-step loss in about 200 steps
-    in our warm-start runs, so it is the default; "adamw" gives an AdamW-trained base policy, as the papers'
-    checkpoints are (a study sets it per model: `models.NAME.warm_start`). Independent of the RL cells' optimizer."""
-    lr: float = knob(3e-3, gt=0)
-    """The learning rate of the embeddings, norms and head (AdamW under either optimizer), and of the hidden
-    matrices under "adamw" where `matrix_lr` is None."""
-    matrix_lr: float | None = knob(None, gt=0)
-    """The learning rate of the hidden matrices: Muon's under "muon" (None: 0.02), AdamW's under "adamw" (None:
-    `lr`)."""
+    optim: WarmStartOptimConfig = field(default_factory=WarmStartOptimConfig)
+    """The optimizer of the cloning steps and its learning rates by role (Muon on the hidden matrices by default),
+    built by the cells' own builder; `grad_clip` clips the raw gradients as in a cell."""
     batch_size: int = knob(16, ge=1, most="episodes")
     max_steps: int = knob(3000, ge=1, most="updates")
     eval_every: int = knob(50, ge=1)

@@ -220,9 +220,9 @@ class ModelEntry(Section):
     loads (`trust_remote_code`, `chat_template`, `template_options`), which differ between families. Not
     `preset` or `path`, which this entry gives."""
     warm_start: dict | None = None
-    """Keys of the `warm_start` section for this model's warm start, over the study's (key by key): e.g.
-    {optimizer: adamw, lr: 3.0e-3} for an AdamW-trained base policy beside Muon-trained ones, so that the warm
-    start's optimizer is a factor of the study (a `preset` model only; not the keys the workflow sets)."""
+    """Keys of the `warm_start` section for this model's warm start, merged key by key over the study's: e.g.
+    {optim: {name: adam, matrix_lr: 3.0e-3}} for an AdamW-trained base policy beside Muon-trained ones, so that
+    the warm start's optimizer is a factor of the study (a `preset` model only; not the keys the workflow sets)."""
     warm_start_seed: int | None = knob(None, ge=0)
     """Seed of this model's warm start and of its tiny model's initialisation (a `preset` model only; default:
     warm_start.seed and cell.model.init_seed): several models with one preset and different seeds are several
@@ -497,7 +497,7 @@ class StudyConfig(Section):
         return list(dict.fromkeys(m for block in self.grid for m in block.models or self.models))
 
     def _check_trainer_blocks(self) -> None:
-        """The shared `cell` as a TrainConfig and `warm_start` as an WarmStartConfig: the trainer's own sections."""
+        """The shared `cell` as a TrainConfig and `warm_start` as a WarmStartConfig: the trainer's own sections."""
         per_cell = per_cell_key(self.cell)
         if per_cell is not None:
             self.refuse(f"cell.{per_cell[0]}", f"{per_cell[1]}; remove it from the shared block")
@@ -513,7 +513,7 @@ class StudyConfig(Section):
         build_config(WarmStartConfig, warm_start, "warm_start")
         for name, entry in self.models.items():
             if entry.warm_start:
-                build_config(WarmStartConfig, {**warm_start, **entry.warm_start}, f"models.{name}.warm_start")
+                build_config(WarmStartConfig, deep_merge(warm_start, entry.warm_start), f"models.{name}.warm_start")
 
     def _check_models(self) -> None:
         """Model names are folder names, a shared policy is a warm-started model's, every model a block names exists,
@@ -852,7 +852,7 @@ def warm_start_config(study: dict, model: str, threads: int) -> dict:
     (demonstrations, their order, evaluations) and the tiny model's initialisation."""
     shared = study.get("cell", {})
     options = {k: v for k, v in study.get("warm_start", {}).items() if k != "allow_out_of_band"}
-    options.update(study["models"][model].get("warm_start") or {})
+    options = deep_merge(options, study["models"][model].get("warm_start") or {})
     model_keys = {k: v for k, v in shared.get("model", {}).items() if k in ("dtype", "init_seed")}
     seed = study["models"][model].get("warm_start_seed")
     if seed is not None:

@@ -53,8 +53,8 @@ from trainer.logs.parquet_log import EPISODE_COLUMNS, METRIC_COLUMNS, MetricsLog
 from trainer.logs.provenance import collect_provenance
 from trainer.logs.rows import episode_row, update_row
 from trainer.logs.transcripts import TRANSCRIPT_COLUMNS, TRANSCRIPTS_FILE, transcript_rows
-from trainer.optim.hybrid import build_adamw_by_role, build_muon_adamw, route_parameters
-from trainer.optim.muon import resolve_ns_dtype
+from trainer.optim.build import build_optimizer
+from trainer.optim.hybrid import route_parameters
 from trainer.policy.load import DTYPES, load_policy, new_tiny_policy, policy_options, save_policy
 from trainer.rl.estimators import make_estimator
 from trainer.rollout.driver import RolloutDriver, TaskSampler
@@ -75,28 +75,6 @@ STATE_FORMAT = "trainer.state/2"
 LIVE_FLUSH_S = 10.0
 """The Parquet logs are rewritten at most this often between checkpoints, so a running cell can be read (a
 rewrite is atomic and costs milliseconds; what a resume later drops is rewritten at its next flush)."""
-
-
-def build_optimizer(model: torch.nn.Module, cfg) -> torch.optim.Optimizer:
-    o = cfg.optim
-    if o.name in ("adam", "adam_high_lr"):
-        return build_adamw_by_role(
-            model, lr=o.lr, matrix_lr=o.matrix_lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay, foreach=True
-        )
-    return build_muon_adamw(
-        model,
-        muon_lr=o.lr if o.matrix_lr is None else o.matrix_lr,
-        muon_weight_decay=o.muon_weight_decay,
-        adamw_lr=o.lr,
-        adamw_weight_decay=o.weight_decay,
-        betas=o.betas,
-        adamw_eps=o.eps,
-        momentum=o.momentum,
-        nesterov=o.nesterov,
-        ns_coefficients=o.ns_coefficients,
-        adjust_lr_fn=o.adjust_lr_fn,
-        ns_dtype=resolve_ns_dtype(o.ns_dtype, next(model.parameters()).device),
-    )
 
 
 def build_policy(cfg: TrainConfig, suite, device: str | None = None):
@@ -161,7 +139,7 @@ class Trainer:
                 "model stops moving; keep float32 master weights with run.compute_dtype: bfloat16",
                 stacklevel=2,
             )
-        self.optimizer = build_optimizer(self.model, cfg)
+        self.optimizer = build_optimizer(self.model, cfg.optim)
         params, route = dict(self.model.named_parameters()), route_parameters(self.model)
         self.hidden = [params[n] for n, _ in route.muon]
         """The hidden matrices, whose update RMS and spectral norm are logged (and gradient SNR, if asked)."""

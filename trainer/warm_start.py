@@ -25,17 +25,13 @@ import torch
 
 from trainer.config import OFFLINE_STATS_FILE, WarmStartConfig, config_to_dict
 from trainer.environments.suite import make_suite
-from trainer.optim.hybrid import build_adamw_by_role, build_muon_adamw
-from trainer.optim.muon import resolve_ns_dtype
+from trainer.optim.build import build_optimizer
 from trainer.policy.load import DTYPES, new_tiny_policy, save_policy
 from trainer.rl.spo import write_offline_stats
 from trainer.rollout.episode import Episode
 from trainer.rollout.evaluation import evaluate, play_tasks
 from trainer.rollout.sampling import SamplingParams
 from trainer.update import pad_episodes, token_logprobs
-
-MUON_WARM_START_LR = 0.02
-"""Muon's hidden-matrix lr when the warm start names none (WarmStartConfig.matrix_lr)."""
 
 
 def demonstration_episode(demo, fmt, task_id: str) -> Episode:
@@ -129,15 +125,7 @@ def warm_start(cfg: WarmStartConfig, out_dir: str | Path, progress: bool | None 
         differ by the weights alone."""
         return evaluate(model, fmt, suite.make_env, tasks, sampling, torch.Generator().manual_seed(cfg.seed))[0]
 
-    if cfg.optimizer == "muon":
-        optimizer = build_muon_adamw(
-            model,
-            muon_lr=MUON_WARM_START_LR if cfg.matrix_lr is None else cfg.matrix_lr,
-            adamw_lr=cfg.lr,
-            ns_dtype=resolve_ns_dtype("auto", next(model.parameters()).device),
-        )
-    else:
-        optimizer = build_adamw_by_role(model, lr=cfg.lr, matrix_lr=cfg.matrix_lr, weight_decay=0.0)
+    optimizer = build_optimizer(model, cfg.optim)
     gen = torch.Generator().manual_seed(cfg.seed)
     low, high = cfg.band
     history, best = [], None
@@ -146,7 +134,8 @@ def warm_start(cfg: WarmStartConfig, out_dir: str | Path, progress: bool | None 
         idx = torch.randint(len(demos), (cfg.batch_size,), generator=gen).tolist()
         optimizer.zero_grad(set_to_none=True)
         loss = cloning_loss_backward(model, [demos[i] for i in idx], fmt.pad_id, cfg.observation_loss_weight)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if cfg.optim.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
         optimizer.step()
         bar.update(1)
         if step % cfg.eval_every and step != cfg.max_steps:

@@ -1,3 +1,3 @@
 """Optimizers: batched Muon (`muon.py`, a drop-in for torch.optim.Muon), the Muon/AdamW hybrid for whole models
-(`hybrid.py`) and the `optim` config section (`config.py`). Imports nothing, so the config section is read without
-torch."""
+(`hybrid.py`), the `optim` config section (`config.py`) and the one builder from it (`build.py`). Imports
+nothing, so the config section is read without torch."""

@@ -1,6 +1,6 @@
-"""The `optim` section: which optimizer trains a cell and its settings, the learning rates named by role (`lr` for
-what AdamW trains, `matrix_lr` for the hidden matrices Muon trains). Built into an optimizer by
-trainer/train.py `build_optimizer`; torch-free, so the workflow reads it without torch.
+"""The `optim` section: which optimizer trains a cell (or a warm start) and its settings, the learning rates named by
+role (`lr` for what AdamW trains, `matrix_lr` for the hidden matrices Muon trains). Built into an optimizer by
+`trainer.optim.build.build_optimizer`; torch-free, so the workflow reads it without torch.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ class OptimConfig(Section):
     matrices too where `matrix_lr` is None."""
     matrix_lr: float | None = knob(None, ge=0)
     """The learning rate of the hidden matrices (the ones Muon trains under "muon"; AdamW's under "adam" and
-    "adam_high_lr", so either optimizer can move them faster than the rest). None: `lr` (Moonlight's rule: with
-    `adjust_lr_fn: match_rms_adamw` one number then means a step of the same RMS under both optimizers)."""
+    "adam_high_lr", so either optimizer can move them faster than the rest). Left out: `lr`, set when the section
+    is built, so every reader sees the rate itself (Moonlight's rule: with `adjust_lr_fn: match_rms_adamw` one
+    number then means a step of the same RMS under both optimizers)."""
     weight_decay: float = knob(0.0, ge=0)
     """AdamW decoupled weight decay."""
     muon_weight_decay: float = knob(0.0, ge=0)
@@ -58,3 +59,23 @@ class OptimConfig(Section):
     and torch's choice), float32 anywhere else: on a CPU torch's bf16 matmul is a reference loop unless the CPU has
     AVX512-BF16 or AMX (one qwen-tiny step: 1,124 ms in bf16 vs 54 ms in fp32 on an AVX2 EPYC), and where one
     precision for every CPU keeps a study's numbers independent of which kind of CPU ran it."""
+
+    def validate(self) -> None:
+        super().validate()
+        if self.matrix_lr is None:  # the one place where a left-out matrix_lr becomes a rate
+            self.matrix_lr = self.lr
+
+
+@dataclass
+class WarmStartOptimConfig(OptimConfig):
+    """The warm start's optimizer: the same section with the defaults the embedded studies' warm starts ran. Muon
+    on the hidden matrices at 0.02 (torch's default shape rule, decay 0.1), AdamW on the rest at 3e-3 (torch's
+    betas): it reached AdamW's 750-step cloning loss in about 200 steps in our warm-start runs. `name: adam` gives
+    an AdamW-trained base policy, as the papers' checkpoints are; give it its `matrix_lr` too (the studies' AdamW
+    warm starts: 3.0e-3), since 0.02 is Muon's rate. Independent of the RL cells' optimizer."""
+
+    lr: float = knob(3e-3, gt=0)
+    matrix_lr: float | None = knob(0.02, gt=0)
+    muon_weight_decay: float = knob(0.1, ge=0)
+    betas: tuple[float, float] = knob((0.9, 0.999), ge=0, lt=1)
+    adjust_lr_fn: Literal["original", "match_rms_adamw", "spectral", "match_spectral_adamw"] = "original"

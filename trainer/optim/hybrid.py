@@ -200,10 +200,11 @@ def build_muon_adamw(
 
 def build_adamw_by_role(model: nn.Module, *, lr: float, matrix_lr: float | None = None, **adamw_options) -> Optimizer:
     """torch's AdamW with the learning rates named by role, as a Muon cell names them: the hidden matrices (Muon's
-    under the hybrid, `route_parameters`) at `matrix_lr`, everything else at `lr`. `matrix_lr` None: one group at
-    `lr` (the plain AdamW every earlier cell ran, bit for bit). The counterpart of Muon's arm that moves the hidden
-    matrices faster than the AdamW-trained rest, with AdamW's update rule instead of Muon's."""
-    if matrix_lr is None:
+    under the hybrid, `route_parameters`) at `matrix_lr`, everything else at `lr`. Equal rates (or `matrix_lr`
+    None): one group, the plain AdamW every earlier cell ran, its state laid out as theirs. The counterpart of
+    Muon's arm that moves the hidden matrices faster than the AdamW-trained rest, with AdamW's update rule instead
+    of Muon's."""
+    if matrix_lr is None or matrix_lr == lr:
         return torch.optim.AdamW(model.parameters(), lr=lr, **adamw_options)
     route = route_parameters(model)
     groups = [
