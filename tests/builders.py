@@ -1,5 +1,6 @@
-"""Shared test builders, one definition each, imported by the tests as `from builders import ...` (pytest puts this
-folder on sys.path; a plain module, since pytest advises against importing from conftest.py).
+"""Shared test builders, one definition each, imported by the tests as `from builders import ...` (pyproject's
+`pythonpath` puts this folder on sys.path for the tests in unit/, integration/ and workflow/; a plain module, since
+pytest advises against importing from conftest.py).
 
 `trajectory` builds the estimators' input (trainer/rl/trajectory.py) from turn lengths, the shape every
 advantage, shaping and SPO test starts from; `word_policy` a fresh tiny policy for the recall game; `TallyEnv` a

@@ -2,7 +2,7 @@
 `qwen3-stable` over Qwen's own template, thinking off; MiniCPM: its own code) and saved as a policy (what a finished
 cell keeps): vLLM on the CPU serves that directory and plays the Hugging Face engine's greedy episodes, before and
 after a weight push under the family's parameter names. For MiniCPM this holds the stand-in's code to vLLM's own
-MiniCPM class (its three scalings). Run by tests/test_vllm_real.py in a process of its own:
+MiniCPM class (its three scalings). Run by tests/integration/test_vllm_real.py in a process of its own:
 
     .venv-vllm/bin/python tests/vllm_family_check.py {qwen3,minicpm} WORK_DIR
 """

@@ -57,7 +57,7 @@ class ModelConfig(Section):
 @dataclass
 class EnvConfig(Section):
     name: Literal["minirepo", "textgame", "swe", "alfworld", "recall"] = "minirepo"
-    """Environment family ("recall": the trivially learnable check of tests/test_learning_sanity.py)."""
+    """Environment family ("recall": the trivially learnable check of tests/integration/test_learning_sanity.py)."""
     options: dict = field(default_factory=dict)
     """Fields of that family's own config dataclass (task seed, split sizes, difficulty, turn limit), validated
     by it; for example `{seed: 0, max_depth: 2}` for minirepo."""

@@ -21,7 +21,7 @@ The update's peak is the sum of these terms, per GPU:
 
 The terms follow the memory arithmetic of FSDP2 training (state sharded, one layer live) as torchtitan and prime-rl
 describe it; the head's 20 bytes per entry and the activation count are estimates. Checked against the measured
-peaks of one update micro-batch on one H200 (docs/scale.md; `tests/test_plan.py` holds the numbers): within 15%
+peaks of one update micro-batch on one H200 (docs/scale.md; `tests/unit/test_plan.py` holds the numbers): within 15%
 for the 4B shape at 2k/4k/8k tokens, 25% for the 0.5B shape at 2k-16k, and the two measured out-of-memory points
 (4B at 16k, 0.5B at 32k) are predicted not to fit. Those bounds were set after the comparison. Not modelled:
 allocator fragmentation (the reserved memory was 20-30% above the allocated peak there), CUDA context, NCCL

@@ -4,7 +4,7 @@ detectable effect beside a null, Holm's correction.
 Why not the percentile bootstrap the summaries used before: over n values it resamples the n values themselves, so
 its interval is the spread of the observed values' means and ignores that n = 2 or 3 values underestimate the
 spread: with normal data a nominal 95% interval covers the mean about 75% of the time at n = 3 and half the time at n = 2
-(`coverage`, tests/test_statistics.py). Student's t accounts for the estimated spread (exact under normality,
+(`coverage`, tests/unit/test_statistics.py). Student's t accounts for the estimated spread (exact under normality,
 close to nominal for bounded outcomes such as a success rate, where the tests measure it too).
 
 * **The unit of replication is the base policy** where runs share one: `unit_means` averages a unit's seeds

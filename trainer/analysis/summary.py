@@ -13,7 +13,7 @@ Choices and why:
 * **Interval over seeds: Student's t interval of the mean**, 95%, n - 1 degrees of freedom
   (`statistics.t_interval`). The percentile bootstrap used before resamples the 2-3 seeds themselves and so
   ignores how poorly they estimate the spread: with normal data its nominal 95% covers the mean about 75% of the
-  time at 3 seeds and half at 2; the t interval covers 95% (tests/test_statistics.py). It needs no random draws,
+  time at 3 seeds and half at 2; the t interval covers 95% (tests/unit/test_statistics.py). It needs no random draws,
   so a cell's interval depends on its seeds alone. One seed has no interval (NaN in the CSV, "n/a" in the
   Markdown), rather than a fake zero-width one. Figure 2 draws these same numbers, so figure and table cannot
   disagree.

@@ -2,7 +2,7 @@
 
 Why it exists: a learning sanity check, CleanRL's practice. Bit-identical reruns prove determinism, not that the
 trainer learns: a flipped advantage sign, a loss mask on the wrong tokens or a broken aggregation reruns bit for
-bit too. `tests/test_learning_sanity.py` trains a freshly initialised tiny model here with every advantage
+bit too. `tests/integration/test_learning_sanity.py` trains a freshly initialised tiny model here with every advantage
 estimator and both optimizers and requires success to climb from under 30% to over 90%, which such a bug stops.
 
 The game. The first observation shows a key (`key b`); any one-line action passes turn 1 (there is nothing to do
@@ -21,7 +21,7 @@ How a fresh model starts depends on its tokenizer, and that decides how the chec
   and GraphGPO sat at exactly 50% for 80 updates (all-equal groups give no signal), SPO wobbled at 60-80%;
 - a word-level tokenizer over `vocabulary()` (13 tokens at n_keys=2, `[UNK]` and the 5 special ones included)
   gives each key p ~ 1/13, a start of 6-18% success, and every key is explored from the first batch. That is
-  what tests/test_learning_sanity.py builds.
+  what tests/integration/test_learning_sanity.py builds.
 
 Tasks: a task is (index, key); the keys of each split are a seeded shuffle of the key set repeated, so every key is
 equally frequent. The key space is tiny by design, so the splits are disjoint by task id, not by content: the

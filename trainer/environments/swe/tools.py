@@ -1,7 +1,7 @@
 """R2E-Gym's four tools with R2E-Gym's observation strings, byte for byte by default.
 
 The reference is R2E-Gym/R2E-Gym at 69bc953 (its agent loop, environment, Docker runtime and the tool scripts in
-`src/r2egym/agenthub/tools/`); `tests/test_swe_tools.py` replays 72 actions whose observations were recorded by
+`src/r2egym/agenthub/tools/`); `tests/unit/test_swe_tools.py` replays 72 actions whose observations were recorded by
 running that code (`tests/data/r2e_tools/record.py`). How R2E-Gym turns a response into an observation, and so
 does this module:
 
