@@ -105,7 +105,7 @@ def instrument(timer: PhaseTimer) -> list:
     restore: list = []
     w = functools.partial(timer.wrap, restore=restore)
     w(train.Trainer, "train_step", "step")
-    w(train.Trainer, "evaluate", "evaluate")
+    w(train.Trainer, "evaluate_heldout", "evaluate")
     w(train.Trainer, "checkpoint", "checkpoint")
     w(train.Trainer, "_publish", "publish")
     w(train, "episode_row", "logging")

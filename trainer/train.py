@@ -180,7 +180,8 @@ class Trainer:
         self.metrics = MetricsLog(self.out / METRICS_FILE, provenance, METRIC_COLUMNS)
         self.episodes = MetricsLog(self.out / EPISODES_FILE, provenance, EPISODE_COLUMNS)
         self.transcripts = MetricsLog(self.out / TRANSCRIPTS_FILE, provenance, TRANSCRIPT_COLUMNS)
-        self.update = 0
+        self.updates_done = 0
+        """Updates completed so far: the policy version the rollouts sample, and the index of the next update."""
         self.wall_offset = 0.0
 
     def _rollout_engine(self):
@@ -225,7 +226,7 @@ class Trainer:
         return {
             "format": STATE_FORMAT,
             "config": config_to_dict(self.cfg),
-            "update": self.update,
+            "update": self.updates_done,
             "optimizer": full_optimizer_state(self.model, self.optimizer, self.dist) if stepped else None,
             "estimator": self.estimator.state_dict(),
             "driver": driver,
@@ -252,11 +253,11 @@ class Trainer:
         self.metrics.rows = state["metrics_rows"]
         self.episodes.rows = state["episode_rows"]
         self.transcripts.rows = state.get("transcript_rows", [])  # none in checkpoints from before transcripts
-        self.update = state["update"]
+        self.updates_done = state["update"]
         self.wall_offset = state["wall_s"]
 
     def checkpoint(self) -> None:
-        """Save the run after `self.update` updates (collective when sharded), the logs flushed first so they never
+        """Save the run after `updates_done` updates (collective when sharded), the logs flushed first so they never
         lag behind it. `run.checkpoint_format` "full": the weights and optimizer state gathered, one file by rank 0
         (Hugging Face names: it loads in one process); "sharded": DCP, each rank writing its own shards, no gather
         (a 4B model's ~48 GB would otherwise pass through rank 0), rank 0 adding the rest of the state."""
@@ -268,7 +269,7 @@ class Trainer:
             if self.dist.is_main:
                 self._flush_logs()
             save_sharded_checkpoint(
-                directory, step=self.update, model=self.model, optimizer=self.optimizer, extra=extra, keep=keep
+                directory, step=self.updates_done, model=self.model, optimizer=self.optimizer, extra=extra, keep=keep
             )
             return
         model_state, extra = full_weights(self.model, self.dist), self.state_dict()  # collective when sharded
@@ -276,7 +277,7 @@ class Trainer:
             return
         self._flush_logs()
         save_checkpoint(
-            directory, step=self.update, model_state=model_state, optimizer_state=None, extra=extra, keep=keep
+            directory, step=self.updates_done, model_state=model_state, optimizer_state=None, extra=extra, keep=keep
         )
 
     def resume(self) -> bool:
@@ -330,7 +331,7 @@ class Trainer:
     # -- one update --------------------------------------------------------------------------------------------
     def train_step(self) -> dict:
         """One batch of rollouts and one policy update; logs the batch's episodes and returns the update's row."""
-        u, run = self.update, self.cfg.run
+        u, run = self.updates_done, self.cfg.run
         t0 = time.perf_counter()
         episodes = self.dist.broadcast(self.driver.next_batch(trainer_version=u) if self.dist.is_main else None)
         t1 = time.perf_counter()
@@ -369,7 +370,7 @@ class Trainer:
             return_old_logp=self.estimator.needs_old_logp,
         )
         self.estimator.after_update(episodes, trajs, out)
-        self.update = u + 1
+        self.updates_done = u + 1
         self._publish()
         t2 = time.perf_counter()
 
@@ -390,7 +391,7 @@ class Trainer:
             self._keep_transcripts(episodes, u, "train")
         return update_row(
             update=u,
-            policy_version=self.update,
+            policy_version=self.updates_done,
             episodes=episodes,
             trajectories=trajs,
             staleness=staleness,
@@ -411,9 +412,9 @@ class Trainer:
         device, dtype = target if target is not None else (None, None)
         weights = full_weights(self.model, self.dist, device=device, dtype=dtype)
         if self.driver is not None:
-            self.driver.publish(weights, self.update, owned=self.dist.enabled or target is not None)
+            self.driver.publish(weights, self.updates_done, owned=self.dist.enabled or target is not None)
 
-    def evaluate(self) -> tuple[float, float | None]:
+    def evaluate_heldout(self) -> tuple[float, float | None]:
         """Success on the first `env.eval_tasks` held-out tasks with the current policy (greedy by default), and
         the cheating probe's success on `env.probe_tasks` impossible variants (None when there are none)."""
         tasks = self.suite.tasks.tasks("heldout", self.cfg.env.eval_tasks)
@@ -427,11 +428,11 @@ class Trainer:
                 return self.dist.broadcast(None)
             self.rollout_model.load_state_dict(weights)
             policy = self.rollout_model
-        success = self._evaluate(policy, tasks, "eval")
-        result = success, (self._evaluate(policy, self._probes, "impossible") if self._probes else None)
+        success = self._play_and_log(policy, tasks, "eval")
+        result = success, (self._play_and_log(policy, self._probes, "impossible") if self._probes else None)
         return self.dist.broadcast(result)
 
-    def _evaluate(self, policy, tasks, split: str) -> float:
+    def _play_and_log(self, policy, tasks, split: str) -> float:
         """Play `tasks` with the evaluation sampling and this update's evaluation generator (what `python -m
         trainer eval` reproduces); log the episodes as `split`; the success rate."""
         success, episodes = evaluate(
@@ -440,16 +441,16 @@ class Trainer:
             self.suite.make_env,
             tasks,
             self.eval_sampling,
-            eval_generator(self.cfg.run.seed, self.update),
-            policy_version=self.update,
+            eval_generator(self.cfg.run.seed, self.updates_done),
+            policy_version=self.updates_done,
             device=self.device,
             env_workers=self.cfg.rollout.env_workers,
         )
         for e in episodes:
             self.episodes.append(
-                episode_row(e, update=self.update - 1, split=split, staleness=0, shaping=self.estimator.shaping)
+                episode_row(e, update=self.updates_done - 1, split=split, staleness=0, shaping=self.estimator.shaping)
             )
-        self._keep_transcripts(episodes, self.update - 1, split)
+        self._keep_transcripts(episodes, self.updates_done - 1, split)
         return success
 
     def _flush_logs(self) -> None:
@@ -485,7 +486,7 @@ class Trainer:
             resumed = bool(resume) and self.resume()
             if resumed and self.dist.is_main:
                 print(
-                    f"[trainer] {self.out.name}: resumed from update {self.update} of {cfg.updates}",
+                    f"[trainer] {self.out.name}: resumed from update {self.updates_done} of {cfg.updates}",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -503,44 +504,44 @@ class Trainer:
                     config_to_dict(self.cfg),
                     group=track_group,
                     name=track_name,
-                    resumed_at=self.update if resumed else None,
+                    resumed_at=self.updates_done if resumed else None,
                 )
-            if self.cfg.rollout.mode != "lagged" or self.update == 0:
+            if self.cfg.rollout.mode != "lagged" or self.updates_done == 0:
                 self._publish()  # a resumed lagged run has its snapshots back from the checkpoint
             bar = tqdm(
                 total=cfg.updates,
-                initial=self.update,
+                initial=self.updates_done,
                 unit="upd",
                 desc=self.out.name,
                 disable=(None if progress is None else not progress) if self.dist.is_main else True,
             )
-            first_update, started, flushed = self.update, time.perf_counter(), time.perf_counter()
-            while self.update < cfg.updates:
+            first_update, started, flushed = self.updates_done, time.perf_counter(), time.perf_counter()
+            while self.updates_done < cfg.updates:
                 row = self.train_step()
-                last = self.update == cfg.updates
+                last = self.updates_done == cfg.updates
                 # also after the first update: the held-out success of (nearly) the base policy, which later
                 # evaluations are compared with
-                if cfg.eval_every and (self.update % cfg.eval_every == 0 or self.update == 1 or last):
-                    row["eval_success"], row["cheat_rate"] = self.evaluate()
+                if cfg.eval_every and (self.updates_done % cfg.eval_every == 0 or self.updates_done == 1 or last):
+                    row["eval_success"], row["cheat_rate"] = self.evaluate_heldout()
                 self.metrics.append(row)
                 if trackers is not None:
-                    trackers.log(row, self.update)
+                    trackers.log(row, self.updates_done)
                 bar.update(1)
                 bar.set_postfix(
                     success=f"{row['success_rate']:.2f}", tok_s=f"{row['gen_tokens'] / max(row['rollout_s'], 1e-9):.0f}"
                 )
                 if self.dist.is_main:
-                    per_update = (time.perf_counter() - started) / (self.update - first_update)
+                    per_update = (time.perf_counter() - started) / (self.updates_done - first_update)
                     if bar.disable:  # no bar (a workflow job's log, --no-progress): one line per update instead
                         print(
-                            live_line(row, self.update, cfg.updates, per_update),
+                            live_line(row, self.updates_done, cfg.updates, per_update),
                             file=sys.stderr,
                             flush=True,
                         )
                     if time.perf_counter() - flushed >= LIVE_FLUSH_S:
                         self._flush_logs()
                         flushed = time.perf_counter()
-                if (cfg.checkpoint_every and self.update % cfg.checkpoint_every == 0 and not last) or (
+                if (cfg.checkpoint_every and self.updates_done % cfg.checkpoint_every == 0 and not last) or (
                     last and checkpoint_last
                 ):
                     self.checkpoint()
@@ -563,7 +564,7 @@ class Trainer:
                     self.rollout_model if final is not None else self.model,
                     self.fmt,
                     save_policy_to,
-                    extra={"trained": {"update": self.update, "seed": cfg.seed}},
+                    extra={"trained": {"update": self.updates_done, "seed": cfg.seed}},
                 )
         return self.out / METRICS_FILE
 

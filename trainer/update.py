@@ -320,7 +320,7 @@ def policy_update(
     optimizer: torch.optim.Optimizer,
     batch: PaddedBatch,
     advantages: torch.Tensor,
-    loss: LossConfig,
+    loss_cfg: LossConfig,
     *,
     temperature: float = RolloutConfig.temperature,
     minibatches: int = RunConfig.minibatches,
@@ -350,10 +350,11 @@ def policy_update(
     "embed_head_update_spectral_norm"): the RMS over all entries and the largest top singular value of one step,
     averaged / maximised over the steps.
 
-    Three parts: the old log-probs (`_old_logprobs`), one optimizer step per mini-batch (`_minibatch_step`), and
-    the diagnostics they feed (`_UpdateMeter`).
+    The loop, top to bottom: epochs x mini-batches (one optimizer step each), the gradient-SNR parts of a
+    mini-batch (one part unless asked), its micro-batches (forward, loss, backward), then clip and step; what is
+    measured goes to `UpdateDiagnostics`.
     """
-    B = batch.input_ids.shape[0]
+    n_rows = batch.input_ids.shape[0]
     if ctx.enabled and grad_parts:
         raise ValueError("gradient SNR (grad_parts) needs the unsharded update")
     if advantages.shape != batch.loss_mask.shape:
@@ -362,160 +363,120 @@ def policy_update(
     batch, advantages = batch.to(device), advantages.to(device)
     model.train()
     temperature = temperature if temperature > 0 else 1.0  # greedy sampling is scored at temperature 1
-    step = _StepInputs(batch, advantages, loss, temperature, micro_batch_tokens, forward, ctx)
-    splits = [list(range(B))[i::minibatches] for i in range(minibatches)] if minibatches > 1 else [list(range(B))]
-    steps_rows = [rows for _ in range(epochs) for rows in splits if rows]
+    rows = list(range(n_rows))
+    splits = [rows[i::minibatches] for i in range(minibatches)] if minibatches > 1 else [rows]
+    minibatch_rows = [split for _ in range(epochs) for split in splits if split]
 
-    def signal(rows: list[int]) -> bool:
-        return bool((advantages[rows] * batch.loss_mask[rows]).any())
+    def has_signal(mb_rows: list[int]) -> bool:
+        return bool((advantages[mb_rows] * batch.loss_mask[mb_rows]).any())
 
     # The first optimizer step that runs starts from exactly the weights the old log-probs are taken with, so its
     # own forward passes give the old log-probs of its rows (detached) and the no-grad pass scores only the other
     # rows: with one step, none (a third of the update's compute saved), with `minibatches` steps, a
     # 1/minibatches share of the pass. Sharded with several steps, the pass scores every row.
-    first = next((rows for rows in steps_rows if not (skip_no_signal and not signal(rows))), [])
-    reuse_forward = set(first) if not ctx.enabled or len(steps_rows) == 1 else set()
-    old_logp = _old_logprobs(model, step, [r for r in range(B) if r not in reuse_forward])
-
-    meter = _UpdateMeter(stat_matrices or [], embed_head_matrices or [])
+    first = next((r for r in minibatch_rows if not (skip_no_signal and not has_signal(r))), [])
+    reuse_forward = set(first) if not ctx.enabled or len(minibatch_rows) == 1 else set()
+    scored = [r for r in rows if r not in reuse_forward]
+    old_logp = old_logprobs(model, batch, scored, temperature, micro_batch_tokens, forward, ctx)
     filling = bool(reuse_forward)  # the first step that runs fills its rows' old log-probs
-    for rows_mb in steps_rows:
-        has_signal = signal(rows_mb)
-        meter.without_signal += not has_signal
-        if skip_no_signal and not has_signal:
-            meter.skipped += 1
+
+    diagnostics = UpdateDiagnostics(stat_matrices or [], embed_head_matrices or [])
+    for mb_rows in minibatch_rows:  # epochs x mini-batches: one optimizer step each
+        signal = has_signal(mb_rows)
+        diagnostics.without_signal += not signal
+        if skip_no_signal and not signal:
+            diagnostics.skipped += 1
             continue
-        in_step = set(rows_mb)
+        minibatch = slice_batch(batch, mb_rows)
+        totals = {
+            "tokens": float(minibatch.loss_mask.sum()),
+            "nonempty_rows": float((minibatch.loss_mask.sum(1) > 0).sum()),
+        }
+        optimizer.zero_grad(set_to_none=True)
+        step_loss = 0.0
+        in_step = set(mb_rows)
         parts = (
             [kept for part in grad_parts if (kept := [r for r in part if r in in_step])]
             if grad_parts and stat_matrices
-            else [rows_mb]
+            else [mb_rows]
         )
-        _minibatch_step(model, optimizer, step, old_logp, rows_mb, parts, filling, grad_clip, meter)
+        for part in parts:  # the gradient-SNR parts, each back-propagated on its own (one part unless measured)
+            if len(parts) > 1:
+                diagnostics.snr.start_part()
+            for micro_rows, weight in rank_micro_batches(batch, part, micro_batch_tokens, ctx):
+                micro = slice_batch(batch, micro_rows)
+                logp, entropy = token_logprobs(model, micro, temperature, with_entropy=True, forward=forward)
+                if filling and weight:
+                    old_logp[micro_rows, : micro.width] = logp.detach()
+                token_loss, loss_metrics = policy_loss(
+                    logp,
+                    (old_logp[micro_rows, : micro.width] if not filling or weight else logp.detach()),
+                    micro.rollout_logp if loss_cfg.tis_cap is not None else None,
+                    advantages[micro_rows, : micro.width],
+                    micro.loss_mask,
+                    loss_cfg,
+                    loss_scale_factor=float(minibatch.width) if loss_cfg.agg == "seq-mean-token-sum-norm" else None,
+                )
+                scaled = token_loss * (_agg_weight(loss_cfg.agg, micro, totals) * weight)
+                # FSDP2 averages gradients over the ranks: N times each rank's share sums them
+                (scaled * ctx.world_size if ctx.enabled else scaled).backward()
+                step_loss += float(scaled.detach())
+                n_tok = float(micro.loss_mask.sum()) * weight  # a stand-in adds its metric names, not its values
+                loss_metrics["entropy"] = (entropy * micro.loss_mask).sum() / max(n_tok, 1.0)
+                diagnostics.add_tokens(loss_metrics, n_tok)
+            if len(parts) > 1:
+                diagnostics.snr.end_part(_part_share(loss_cfg.agg, slice_batch(batch, part), totals))
+        diagnostics.snr.end_step()
+        params = [p for p in model.parameters() if p.grad is not None]
+        grad_norm = _full(torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else float("inf")))
+        step_loss = ctx.all_sum([step_loss])[0]
+        diagnostics.add_step(step_loss, float(grad_norm))
         filling = False
+        if not (math.isfinite(step_loss) and math.isfinite(float(grad_norm))):
+            diagnostics.skipped += 1
+            optimizer.zero_grad(set_to_none=True)
+            continue
+        diagnostics.before_step()
+        optimizer.step()
+        diagnostics.after_step()
     if ctx.enabled and reuse_forward:  # each row was filled by one rank
         torch.distributed.all_reduce(old_logp)
-    out = meter.result(ctx)
+    out = diagnostics.result(ctx)
     if return_old_logp:
         lengths = batch.attention_mask.sum(1).tolist()
         out["old_logp_rows"] = [old_logp[i, : n - 1].tolist() for i, n in enumerate(lengths)]
     return out
 
 
-@dataclass(frozen=True)
-class _StepInputs:
-    """What every forward pass of one update shares."""
-
-    batch: PaddedBatch
-    advantages: torch.Tensor
-    loss: LossConfig
-    temperature: float
-    micro_batch_tokens: int
-    forward: ForwardSettings
-    ctx: DistContext
-
-
-def _old_logprobs(model: nn.Module, step: _StepInputs, rows: list[int]) -> torch.Tensor:
+def old_logprobs(
+    model: nn.Module,
+    batch: PaddedBatch,
+    rows: list[int],
+    temperature: float,
+    micro_batch_tokens: int,
+    forward: ForwardSettings,
+    ctx: DistContext,
+) -> torch.Tensor:
     """The trainer's log-probs of `rows` before the update, micro-batched like the update itself (no gradients);
     the other rows stay 0 for the first optimizer step to fill."""
-    batch, ctx = step.batch, step.ctx
     old_logp = torch.zeros_like(batch.rollout_logp)
     if not rows:
         return old_logp
     with torch.no_grad():
-        for mb_rows, weight in rank_micro_batches(batch, rows, step.micro_batch_tokens, ctx):
-            mb = slice_batch(batch, mb_rows)
-            logp = token_logprobs(model, mb, step.temperature, forward=step.forward)
+        for micro_rows, weight in rank_micro_batches(batch, rows, micro_batch_tokens, ctx):
+            micro = slice_batch(batch, micro_rows)
+            logp = token_logprobs(model, micro, temperature, forward=forward)
             if weight:
-                old_logp[mb_rows, : mb.width] = logp
+                old_logp[micro_rows, : micro.width] = logp
     if ctx.enabled:  # each row was filled by one rank
         torch.distributed.all_reduce(old_logp)
     return old_logp
 
 
-def _minibatch_step(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    step: _StepInputs,
-    old_logp: torch.Tensor,
-    rows_mb: list[int],
-    parts: list[list[int]],
-    filling: bool,
-    grad_clip: float | None,
-    meter: _UpdateMeter,
-) -> None:
-    """One optimizer step over the mini-batch `rows_mb`: its micro-batches' losses back-propagated (each part of
-    `parts` on its own when the gradient SNR is measured), the gradient clipped, the step taken unless the loss or
-    the gradient is not finite. With `filling`, its forward passes also fill `old_logp` for its rows."""
-    batch, cfg, ctx = step.batch, step.loss, step.ctx
-    sub = slice_batch(batch, rows_mb)
-    totals = {"tokens": float(sub.loss_mask.sum()), "nonempty_rows": float((sub.loss_mask.sum(1) > 0).sum())}
-    global_width = float(sub.width)
-    optimizer.zero_grad(set_to_none=True)
-    step_loss = 0.0
-    stat_matrices = meter.step_sizes["update"].matrices
-    part_grads = []
-    for part in parts:
-        if len(parts) > 1:
-            grads_before = [
-                m.grad.detach().clone() if m.grad is not None else torch.zeros_like(m) for m in stat_matrices
-            ]
-        for rows, weight in rank_micro_batches(batch, part, step.micro_batch_tokens, ctx):
-            mb = slice_batch(batch, rows)
-            w = mb.width
-            logp, entropy = token_logprobs(
-                model,
-                mb,
-                step.temperature,
-                with_entropy=True,
-                forward=step.forward,
-            )
-            if filling and weight:
-                old_logp[rows, :w] = logp.detach()
-            loss, metrics = policy_loss(
-                logp,
-                (old_logp[rows, :w] if not filling or weight else logp.detach()),
-                mb.rollout_logp if cfg.tis_cap is not None else None,
-                step.advantages[rows, :w],
-                mb.loss_mask,
-                cfg,
-                loss_scale_factor=global_width if cfg.agg == "seq-mean-token-sum-norm" else None,
-            )
-            scaled = loss * (_agg_weight(cfg.agg, mb, totals) * weight)
-            # FSDP2 averages gradients over the ranks: N times each rank's share sums them
-            (scaled * ctx.world_size if ctx.enabled else scaled).backward()
-            step_loss += float(scaled.detach())
-            n_tok = float(mb.loss_mask.sum()) * weight  # a stand-in adds its metric names, not its values
-            metrics["entropy"] = (entropy * mb.loss_mask).sum() / max(n_tok, 1.0)
-            meter.add_tokens(metrics, n_tok)
-        if len(parts) > 1:
-            share = _part_share(cfg.agg, slice_batch(batch, part), totals)
-            part_grads.append(
-                torch.cat([(m.grad.detach() - b).flatten() for m, b in zip(stat_matrices, grads_before)])
-                / max(share, 1e-12)
-            )
-    if part_grads:
-        meter.snrs.append(gradient_snr(part_grads))
-    params = [p for p in model.parameters() if p.grad is not None]
-    norm = _full(torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip is not None else float("inf")))
-    step_loss = ctx.all_sum([step_loss])[0]
-    meter.grad_norms.append(float(norm))
-    meter.losses.append(step_loss)
-    if not (math.isfinite(step_loss) and math.isfinite(float(norm))):
-        meter.skipped += 1
-        optimizer.zero_grad(set_to_none=True)
-        return
-    for sizes in meter.step_sizes.values():
-        sizes.before_step()
-    optimizer.step()
-    meter.steps += 1
-    for sizes in meter.step_sizes.values():
-        sizes.after_step()
-
-
-class _UpdateMeter:
-    """What one update measures: token-weighted loss metrics, the steps' losses, gradient norms and sizes, the
-    gradient SNR, and the counts of steps taken, skipped and without signal."""
+class UpdateDiagnostics:
+    """What one update measures beside the step it takes: token-weighted loss metrics, the steps' losses and
+    gradient norms, the step sizes on the hidden and the embedding/head matrices, the gradient SNR, and the counts
+    of steps taken, skipped and without signal."""
 
     def __init__(self, stat_matrices: list[torch.Tensor], embed_head_matrices: list[torch.Tensor]):
         self.sums: dict[str, float] = {}
@@ -523,13 +484,26 @@ class _UpdateMeter:
         self.losses: list[float] = []
         self.grad_norms: list[float] = []
         self.skipped = self.steps = self.without_signal = 0
-        self.step_sizes = {"update": _StepSizes(stat_matrices), "embed_head_update": _StepSizes(embed_head_matrices)}
-        self.snrs: list[float] = []
+        self.step_sizes = {"update": StepSizes(stat_matrices), "embed_head_update": StepSizes(embed_head_matrices)}
+        self.snr = GradientSNR(stat_matrices)
 
     def add_tokens(self, metrics: dict, n_tok: float) -> None:
         self.weight_total += n_tok
         for k, v in metrics.items():
             self.sums[k] = self.sums.get(k, 0.0) + float(v) * n_tok
+
+    def add_step(self, loss: float, grad_norm: float) -> None:
+        self.losses.append(loss)
+        self.grad_norms.append(grad_norm)
+
+    def before_step(self) -> None:
+        for sizes in self.step_sizes.values():
+            sizes.before_step()
+
+    def after_step(self) -> None:
+        self.steps += 1
+        for sizes in self.step_sizes.values():
+            sizes.after_step()
 
     def result(self, ctx: DistContext) -> dict:
         sums, weight_total = self.sums, self.weight_total
@@ -549,12 +523,35 @@ class _UpdateMeter:
         )
         for prefix, sizes in self.step_sizes.items():
             out[f"{prefix}_rms"], out[f"{prefix}_spectral_norm"] = sizes.result()
-        if self.snrs:
-            out["grad_snr"] = sum(self.snrs) / len(self.snrs)
+        if self.snr.values:
+            out["grad_snr"] = sum(self.snr.values) / len(self.snr.values)
         return out
 
 
-class _StepSizes:
+class GradientSNR:
+    """The gradient SNR of each step whose mini-batch is back-propagated in parts: each part's gradient of the
+    matrices (what it added, over its share of the loss), compared by `gradient_snr` when the step's parts are in."""
+
+    def __init__(self, matrices: list[torch.Tensor]):
+        self.matrices = matrices
+        self.values: list[float] = []
+        self._before: list[torch.Tensor] = []
+        self._parts: list[torch.Tensor] = []
+
+    def start_part(self) -> None:
+        self._before = [m.grad.detach().clone() if m.grad is not None else torch.zeros_like(m) for m in self.matrices]
+
+    def end_part(self, share: float) -> None:
+        added = [(m.grad.detach() - b).flatten() for m, b in zip(self.matrices, self._before)]
+        self._parts.append(torch.cat(added) / max(share, 1e-12))
+
+    def end_step(self) -> None:
+        if self._parts:
+            self.values.append(gradient_snr(self._parts))
+        self._parts = []
+
+
+class StepSizes:
     """The size of the optimizer's steps on some matrices: the RMS over all their entries and steps, and the largest
     top singular value of one matrix's step (power iteration; matrices of one shape in one batched call). None
     where no step was measured."""

@@ -36,10 +36,12 @@ def main(cell: str, out: str, full_ckpt: str) -> int:
     optimizer = full_optimizer_state(trainer.model, trainer.optimizer, trainer.dist)
     if trainer.dist.is_main:
         want = read_checkpoint(full_ckpt)
-        assert trainer.update == want["step"], f"resumed at {trainer.update}, the full checkpoint is {want['step']}"
+        assert trainer.updates_done == want["step"], (
+            f"resumed at {trainer.updates_done}, the full checkpoint is {want['step']}"
+        )
         _equal(weights, want["model_state"], "weights")
         _equal(optimizer, want["extra"]["optimizer"], "optimizer")
-        print(f"dcp reshard OK on {trainer.dist.world_size} ranks (step {trainer.update})")
+        print(f"dcp reshard OK on {trainer.dist.world_size} ranks (step {trainer.updates_done})")
     else:
         assert weights == {}, "full_weights gathers the weights into rank 0's memory only"
     torch.distributed.destroy_process_group()

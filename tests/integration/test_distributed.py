@@ -284,7 +284,7 @@ def test_sharded_checkpoints_resume_after_sigkill_on_any_process_count_and_expor
 
     shutil.copytree(killed, tmp_path / "one")
     one = Trainer(load_config(cell), tmp_path / "one")  # one process, no process group
-    assert one.resume() and one.update == 3
+    assert one.resume() and one.updates_done == 3
     same(one.model.state_dict(), full["model_state"], "weights in one process")
     got, want = get_optimizer_state_dict(one.model, one.optimizer), full["extra"]["optimizer"]
     assert sorted(got["state"]) == sorted(want["state"])
