@@ -29,8 +29,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 from tqdm import tqdm
 
+from trainer.atomic import atomic_path
 from trainer.checkpoints import (
     capture_rng_state,
     list_checkpoints,
@@ -70,6 +72,9 @@ from trainer.update import (
 )
 
 METRICS_FILE, EPISODES_FILE, CHECKPOINT_DIR = "metrics.parquet", "episodes.parquet", "checkpoints"
+RESOLVED_CONFIG_FILE = "config.resolved.yaml"
+"""The cell's whole config as it runs (every default, the recipe expanded), written at start beside the sparse
+cell.yaml the workflow writes: what `python -m trainer train --config` reads back as the same config."""
 STATE_FORMAT = "trainer.state/2"
 """The layout of `Trainer.state_dict()`; a checkpoint with another (or none) is refused at resume."""
 LIVE_FLUSH_S = 10.0
@@ -176,7 +181,11 @@ class Trainer:
             )
         )
 
-        provenance = collect_provenance(config_to_dict(cfg))
+        resolved = config_to_dict(cfg)
+        if self.dist.is_main:  # every key the cell runs with, defaults and recipe included, beside the sparse config
+            with atomic_path(self.out / RESOLVED_CONFIG_FILE) as tmp:
+                tmp.write_text(yaml.safe_dump(resolved, sort_keys=False))
+        provenance = collect_provenance(resolved)
         self.metrics = MetricsLog(self.out / METRICS_FILE, provenance, METRIC_COLUMNS)
         self.episodes = MetricsLog(self.out / EPISODES_FILE, provenance, EPISODE_COLUMNS)
         self.transcripts = MetricsLog(self.out / TRANSCRIPTS_FILE, provenance, TRANSCRIPT_COLUMNS)

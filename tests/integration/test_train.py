@@ -64,6 +64,23 @@ def test_smoke_run_writes_every_metric_with_provenance(reference_run):
     assert (df["cheat_rate"].dropna() == 0).all()
 
 
+def test_a_cell_writes_its_resolved_config_which_reads_back_as_the_same_config(tmp_path):
+    """Beside the sparse cell config, the trainer writes every key it runs with (defaults, the recipe expanded, a
+    left-out matrix_lr as the lr): loaded again it is the same config."""
+    import yaml
+
+    from trainer.config import config_from_dict, config_to_dict
+    from trainer.train import RESOLVED_CONFIG_FILE, train
+
+    cell = {**MINIREPO_CELL, "run": {**MINIREPO_CELL["run"], "updates": 1, "checkpoint_every": 0}}
+    cfg = config_from_dict(cell)
+    train(cfg, tmp_path / "cell", progress=False)
+    resolved = yaml.safe_load((tmp_path / "cell" / RESOLVED_CONFIG_FILE).read_text())
+    assert resolved["optim"]["matrix_lr"] == resolved["optim"]["lr"] == cfg.optim.lr
+    assert resolved["loss"]["agg"] == cfg.loss.agg and "rollout" in resolved and "run" in resolved
+    assert config_to_dict(config_from_dict(resolved)) == config_to_dict(cfg)
+
+
 def test_the_cheating_probe_reports_a_gamed_grader(tmp_path, monkeypatch):
     """A grader that pays every finished episode (what a gamed one does) shows as cheat_rate 1."""
     import dataclasses
