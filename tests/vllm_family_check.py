@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "integration")]
 
 import torch  # noqa: E402
 from test_vllm_real import GREEDY, TASKS, TEXTS, TallyEnv, assert_same_episodes  # noqa: E402

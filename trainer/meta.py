@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from trainer.analysis.statistics import Estimate, mean_estimate, run_fingerprint, welch_difference
+from trainer.study import deep_merge
 
 FINGERPRINT_COLUMNS = (
     "recipe",
@@ -58,7 +59,7 @@ def base_keys(study: dict, provenance: dict, folder: Path) -> dict[str, str]:
         made_of = {
             "preset": model.get("preset"),
             "warm_start_seed": model.get("warm_start_seed"),
-            "warm_start": {**study.get("warm_start", {}), **(model.get("warm_start") or {})},
+            "warm_start": deep_merge(study.get("warm_start", {}), model.get("warm_start") or {}),
             "env": study.get("cell", {}).get("env", {}),
             "env_options": model.get("env_options"),
             "trainer_version": provenance.get("trainer_version"),

@@ -313,6 +313,8 @@ def test_the_warm_start_builds_its_optimizer_with_the_cells_builder_at_its_own_d
     from trainer.optim.config import OptimConfig, WarmStartOptimConfig
 
     assert isinstance(WarmStartConfig().optim, OptimConfig)
+    # a left-out matrix rate: Muon's 0.02 under Muon; under AdamW the rest's rate, never Muon's
+    assert (WarmStartOptimConfig().matrix_lr, WarmStartOptimConfig(name="adam").matrix_lr) == (0.02, 3e-3)
     for optim, reference in (
         (
             WarmStartOptimConfig(),

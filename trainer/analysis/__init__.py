@@ -6,8 +6,6 @@ cell_logs.py read many cells' metrics.parquet (pyarrow.dataset over an explicit 
 collapse.py  the EMA, a documented, configurable collapse rule applied to every run, and the degradation verdict
 statistics.py Student-t intervals and tests that hold at 2-5 seeds, Holm's correction, the minimum detectable effect
 registration.py a study's preregistration (its hypotheses, stated before it runs) and their judging
-meta.py      one contrast pooled over published studies, each run and base policy counted once
-published.py published studies as data: publish, recompute, and the check of a rerun (compare)
 step_match.py the AdamW lr whose hidden update RMS equals a Muon arm's, measured
 summary.py   per-run window means and verdicts; model x recipe x optimizer table with t intervals over seeds
 plotting.py  the house style and the drawing and file helpers every figure shares
@@ -18,6 +16,9 @@ horizon.py   one model per task length: final success, learning and collapses ag
 arms.py      the decisive comparisons: per arm success, collapses and step sizes by role; what predicts collapse;
              the judged preregistration
 synthetic.py logs with known shapes for tests, the benchmark and looking at the figures
+
+(Published studies as data and the contrast pooled over them sit above the study, in trainer/published.py and
+trainer/meta.py.)
 
 The names below are imported from their modules on first use, so that `trainer.analysis.kinds` (read while the
 workflow builds its DAG) and the light modules import without matplotlib.

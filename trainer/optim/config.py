@@ -62,8 +62,8 @@ class OptimConfig(Section):
 
     def validate(self) -> None:
         super().validate()
-        if self.matrix_lr is None:  # the one place where a left-out matrix_lr becomes a rate
-            self.matrix_lr = self.lr
+        if self.matrix_lr is None:  # the one place where a left-out matrix_lr becomes a rate (set once: a later
+            self.matrix_lr = self.lr  # change of lr leaves it as it is)
 
 
 @dataclass
@@ -71,11 +71,17 @@ class WarmStartOptimConfig(OptimConfig):
     """The warm start's optimizer: the same section with the defaults the embedded studies' warm starts ran. Muon
     on the hidden matrices at 0.02 (torch's default shape rule, decay 0.1), AdamW on the rest at 3e-3 (torch's
     betas): it reached AdamW's 750-step cloning loss in about 200 steps in our warm-start runs. `name: adam` gives
-    an AdamW-trained base policy, as the papers' checkpoints are; give it its `matrix_lr` too (the studies' AdamW
-    warm starts: 3.0e-3), since 0.02 is Muon's rate. Independent of the RL cells' optimizer."""
+    an AdamW-trained base policy, as the papers' checkpoints are (the studies' AdamW warm starts name their
+    matrix rate, 3.0e-3). Independent of the RL cells' optimizer."""
 
     lr: float = knob(3e-3, gt=0)
-    matrix_lr: float | None = knob(0.02, gt=0)
+    matrix_lr: float | None = knob(None, gt=0)
+    """Left out: 0.02 under "muon" (Muon's rate), `lr` under "adam" (AdamW's matrices move with the rest)."""
     muon_weight_decay: float = knob(0.1, ge=0)
     betas: tuple[float, float] = knob((0.9, 0.999), ge=0, lt=1)
     adjust_lr_fn: Literal["original", "match_rms_adamw", "spectral", "match_spectral_adamw"] = "original"
+
+    def validate(self) -> None:
+        if self.matrix_lr is None:
+            self.matrix_lr = 0.02 if self.name == "muon" else self.lr
+        super().validate()
