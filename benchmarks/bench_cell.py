@@ -3,7 +3,7 @@
     python benchmarks/bench_cell.py --policy results/policies/minicpm-tiny [--study config.yaml]
                                     [--recipes full spo_adam] [--updates 100] [--keep DIR] [--against CHECKOUT]
 
-The cell config is built exactly as the workflow builds it (trainer/study.py: the study, its `base`
+The cell config is built exactly as the workflow builds it (trainer/study/: the study, its `base`
 resolved, its `cell` block plus recipe, optimizer and its lr, seed, policy path and offline statistics), and the
 trainer runs as a subprocess, so start-up (imports, task generation, model load) is included. Besides the wall
 time it reports the split the trainer logs per update (rollout_s, train_s) and the time spent in evaluations.

@@ -11,7 +11,7 @@ It downloads nothing and needs no vLLM (benchmarks/gpu_check_vllm.py checks that
 2. writes a checkpoint of the Qwen3 family as released (`--shape`, default Qwen3-0.6B's widths and depth; random
    weights saved in bf16; the family's tokenizer layout and Qwen's own chat template, trainer/policy/standins.py),
    which the cells load with the shipped `qwen3-stable` template, as configs/paper.yaml loads Qwen3.5-4B;
-3. builds a cell config as the workflow does (trainer/study.py; paper-like settings: fp32 master
+3. builds a cell config as the workflow does (trainer/study/; paper-like settings: fp32 master
    weights, bf16 compute, lagged or async rollouts, but the HF engine for vLLM, minirepo for swe, lr 1e-5) and runs
    `python -m trainer train` on it on the GPU, recipe no_tool: with Muon in lagged mode with checkpoints, and with
    Adam in async mode (a rollout thread beside the updates on the same device); every update must be logged,

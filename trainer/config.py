@@ -7,7 +7,7 @@ rules across sections (`TrainConfig.check_cell`: a whole cell's; a study's share
 by its sections only).
 `load_config` turns a nested mapping into these classes and rejects an unknown key, a value of the wrong type or
 out of range with a message that names it (`loss.clip_hihg`); the workflow checks a study's shared `cell` and
-`warm_start` blocks with the same functions (trainer/study.py), so a typo in a 60-cell grid fails before the
+`warm_start` blocks with the same functions (trainer/study/), so a typo in a 60-cell grid fails before the
 first cell runs, not after an hour. Recipes (trainer/recipes.py) are named presets over sections; a cell may name
 a recipe and still override any field.
 """

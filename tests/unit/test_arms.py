@@ -1,4 +1,4 @@
-"""Studies of arms: a grid block's own trainer keys (trainer/study.py), the arm key of the logs
+"""Studies of arms: a grid block's own trainer keys (trainer/study/), the arm key of the logs
 (trainer/analysis/cell_logs.py) and the arms analysis (trainer/analysis/arms.py), on hand-built configs and synthetic
 logs whose verdicts and medians are worked out here."""
 

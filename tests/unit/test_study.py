@@ -1,4 +1,4 @@
-"""The study model (trainer/study.py) against hand-written expectations: grids, cell configs, lrs, models and base
+"""The study model (trainer/study/) against hand-written expectations: grids, cell configs, lrs, models and base
 studies, and its checks of the trainer blocks naming the broken key. Pure Python: no Snakemake runs here (the
 workflow's dry runs: test_workflow_dryrun.py; its real runs: test_workflow_runs.py).
 """
@@ -756,15 +756,14 @@ def test_a_study_loads_once_and_names_its_cells_as_the_workflow_does(study_file)
 
     study = cc.Study.load(yaml.safe_load((REPO / study_file).read_text()), root=REPO, source=REPO / study_file)
     folders = list(Paramspace(study.grid, param_sep="=").instance_patterns)
-    cells = list(study.cells())
-    assert [cell.folder for cell in cells] == folders and len(set(folders)) == len(cells) > 0
-    for cell in cells[:: max(len(cells) // 7, 1)]:
-        key = cell.key
+    assert [key.folder for key in study.keys] == folders and len(set(folders)) == len(study.keys) > 0
+    for key in study.keys[:: max(len(study.keys) // 7, 1)]:
         lr = None if key.lr is None else float(key.lr)
         expected = cc.cell_config(
             study.data, key.model, key.recipe, key.optimizer, key.seed, study.model_path(key.model), 1, lr, key.arm
         )
-        assert cell.config == expected and cell.config["run"]["seed"] == key.seed
+        config = study.cell_config(key)
+        assert config == expected and config["run"]["seed"] == key.seed
 
 
 def test_a_study_that_fails_a_check_names_the_cell():

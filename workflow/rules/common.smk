@@ -39,7 +39,7 @@ os.environ.update(
     PYTHONPATH=os.pathsep.join(filter(None, [workflow.basedir, os.environ.get("PYTHONPATH")])),
 )
 
-# The study, loaded once: its `base` study merged under it, checked as typed sections (trainer/study.py StudyConfig:
+# The study, loaded once: its `base` study merged under it, checked as typed sections (trainer/study/schema.py StudyConfig:
 # every key, type, range and rule across keys; defaults set), every cell checked, its paths rebased to its workdir.
 STUDY_FILE = str((workflow.overwrite_configfiles or ["config.yaml"])[-1])
 STUDY = Study.load(config, root=workflow.basedir, source=STUDY_FILE)

@@ -24,7 +24,7 @@ rule cell_config:
 # which a rebuilt warm start always changes): checkpoints written under another key are deleted first, and a
 # finished cell deletes its own, so a forced rerun, a TRAINER_VERSION bump or a new base policy starts from
 # scratch. The trainer itself also refuses a checkpoint of a different config.
-# `keep:` (trainer/study.py KeepConfig): the final policy is written beside the logs as policy/ (through a
+# `keep:` (trainer/study/schema.py KeepConfig): the final policy is written beside the logs as policy/ (through a
 # temporary folder, so a policy/ is always whole) and the last update's checkpoint moved to last_checkpoint/.
 # `--exit-with $PPID`: the job's shell is a child of the process running it (the head locally, the job's own
 # snakemake on SLURM); the trainer stops when that process is gone, so a killed head leaves no orphan training.
