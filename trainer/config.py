@@ -275,7 +275,7 @@ def load_warm_start_config(path: str | Path, overrides: dict | None = None) -> W
 
 
 def warm_start_config_from_dict(data: dict, where: str = "") -> WarmStartConfig:
-    """Build and validate an WarmStartConfig (`where`: the prefix of the keys in messages, e.g. "warm_start")."""
+    """Build and validate a WarmStartConfig (`where`: the prefix of the keys in messages, e.g. "warm_start")."""
     return build_config(WarmStartConfig, data, where)
 
 

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from trainer.analysis.statistics import Estimate, mean_estimate, run_fingerprint, welch_difference
+from trainer.published import published_study, read_published
 from trainer.study import deep_merge
 
 FINGERPRINT_COLUMNS = (
@@ -72,8 +73,6 @@ def base_keys(study: dict, provenance: dict, folder: Path) -> dict[str, str]:
 def load_runs(folders: list[Path]) -> pd.DataFrame:
     """Every published run of `folders` with its `study`, `base` (merged where bases share a run) and
     `fingerprint`; a run published twice is kept once (its first study)."""
-    from trainer.published import published_study, read_published
-
     frames = []
     for folder in folders:
         runs, provenance = read_published(folder)

@@ -34,9 +34,13 @@ import pandas as pd
 import pyarrow.parquet as pq
 from scipy import stats
 
+from trainer.analysis.cell_logs import load_metrics
+from trainer.analysis.kinds import COMPANION, STUDY_KINDS
 from trainer.analysis.statistics import holm
 from trainer.atomic import atomic_path
 from trainer.logs.parquet_log import PROVENANCE_KEY
+from trainer.rollout.config import RolloutConfig
+from trainer.study import check_study, horizons, paper_names, resolve_base
 
 COMPARED = (
     "window_success",
@@ -136,7 +140,6 @@ def _machine(prov: dict) -> str:
 def curves(results: Path) -> pd.DataFrame:
     """Every cell's training and held-out success per update (the run keys, update, success_rate, eval_success):
     what a collapse rule is judged on, so a later rule can be applied to a published study without its logs."""
-    from trainer.analysis.cell_logs import load_metrics
 
     paths = sorted((results / "cells").rglob("metrics.parquet"))
     frame = load_metrics(paths, results / "cells", ("update", "success_rate", "eval_success"))
@@ -167,8 +170,6 @@ def published_study(provenance: dict, repo: Path = REPO) -> dict:
     every default set)."""
     import yaml
 
-    from trainer.study import check_study, resolve_base
-
     study_file = repo / provenance["study_file"]
     return check_study(resolve_base(yaml.safe_load(study_file.read_text()), root=repo, source=study_file), repo)
 
@@ -179,9 +180,6 @@ def recompute(folder: Path, repo: Path = REPO) -> pd.DataFrame:
     Written in place; returns the summary."""
     import trainer.analysis
     from trainer.analysis.collapse import degraded
-    from trainer.analysis.kinds import COMPANION, STUDY_KINDS
-    from trainer.rollout.config import RolloutConfig
-    from trainer.study import paper_names
 
     runs, provenance = read_published(folder)
     study = published_study(provenance, repo)
@@ -378,8 +376,6 @@ def cell_run(cell: Path, published: dict, repo: Path) -> pd.DataFrame:
     import tempfile
 
     import trainer.analysis
-    from trainer.analysis.kinds import STUDY_KINDS
-    from trainer.study import horizons, paper_names
 
     study = published_study(published, repo)
     kind = STUDY_KINDS[study["study"]]
