@@ -20,13 +20,13 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # this tree's trainer, whatever is installed
 
 
 def study_cells(study_file: Path, root: Path) -> dict:
     """{cells: {folder: cell config}, warm_starts: {model: warm-start config}} of one study file, or {error}."""
     import yaml
 
-    sys.path.insert(0, str(root))
     from trainer.study import Study, StudyError
 
     try:
