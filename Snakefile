@@ -28,7 +28,7 @@ include: "workflow/rules/common.smk"
 # Each study writes results/ and figures/ under its own `workdir` (config.yaml: the repository root), so that
 # running the companion study never overwrites the default study's warm starts, cells or figures. Absolute, so
 # that a cluster job, which starts in the study's folder already, lands in the same place.
-workdir: os.path.join(workflow.basedir, config["workdir"])
+workdir: os.path.join(workflow.basedir, STUDY_CONFIG.workdir)
 
 
 include: "workflow/rules/warm_start.smk"

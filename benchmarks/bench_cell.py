@@ -30,7 +30,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from trainer.study import RECIPE_OPTIMIZER, cell_config, resolve_base, write_yaml  # noqa: E402
+from trainer.study import RECIPE_OPTIMIZER, CellKey, Study, write_yaml  # noqa: E402
 
 TIMING_COLUMNS = ["rollout_s", "train_s", "wall_s"]
 
@@ -106,20 +106,19 @@ def main() -> None:
     args = ap.parse_args()
     if not Path(args.policy, "config.json").exists():
         sys.exit(f"--policy {args.policy}: not a policy directory (no config.json)")
-    study = resolve_base(yaml.safe_load(Path(args.study).read_text()), root=ROOT, source=args.study)
+    study = Study.load(yaml.safe_load(Path(args.study).read_text()), root=ROOT, source=args.study)
     model = Path(args.policy).resolve().name  # results/policies/<model>: the study's model of that name
-    if model not in study["models"]:
+    if model not in study.config.models:
         sys.exit(
             f"--policy {args.policy}: its folder name {model!r} is not a model of {args.study} "
-            f"({sorted(study['models'])})"
+            f"({sorted(study.config.models)})"
         )
     checkouts = {"this": ROOT} if args.against is None else {"this": ROOT, "against": Path(args.against).resolve()}
     rows = []
     for recipe in args.recipes:
-        cfg = cell_config(
-            study, model, recipe, RECIPE_OPTIMIZER[recipe], args.seed, str(Path(args.policy).resolve()), threads=1
-        )
-        cfg["run"]["updates"] = args.updates
+        key = CellKey(model, recipe, RECIPE_OPTIMIZER[recipe], args.seed)
+        cfg = study.cell_config(key, model_path=str(Path(args.policy).resolve()))
+        cfg["run"].update(updates=args.updates, threads=1)
         with tempfile.TemporaryDirectory() as tmp:
             outs = {label: Path(args.keep or tmp, recipe, label) for label in checkouts}
             for out in outs.values():

@@ -52,7 +52,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from trainer.policy.standins import FAMILIES  # noqa: E402
-from trainer.study import cell_config, write_yaml  # noqa: E402
+from trainer.study import CellKey, Study, write_yaml  # noqa: E402
 
 QWEN3_OWN_TEMPLATE = ROOT / "tests" / "data" / "templates" / "qwen3.jinja"
 """Qwen3's chat template as its checkpoints ship it: the check's checkpoint carries it, the cell replaces it."""
@@ -201,11 +201,13 @@ def trainer_checks(results: list, work: Path, updates: int, shape: str) -> None:
     entry = {"path": str(ckpt), "model_options": {"chat_template": "qwen3-stable"}}
     study = {"models": {"gpu-qwen3": entry}, "cell": json.loads(json.dumps(STUDY_CELL))}
     study["cell"]["run"]["updates"] = updates
+    study["grid"] = [{"recipes": ["no_tool"], "optimizer": name, "seeds": [0]} for name in ("muon", "adam")]
+    study = Study.load(study, root=work)
     runs = {}
     # Recipe no_tool: a random policy's every action is invalid, so the tool penalty is the same on every turn; the
     # length penalty varies with the actions' lengths and gives the advantages a spread.
     for name, optimizer, mode in (("muon_lagged", "muon", "lagged"), ("adam_async", "adam", "async")):
-        cfg = cell_config(study, "gpu-qwen3", "no_tool", optimizer, 0, str(ckpt), 1)
+        cfg = study.cell_config(CellKey("gpu-qwen3", "no_tool", optimizer, 0))
         cfg["rollout"]["mode"] = mode
         write_yaml(cfg, work / f"{name}.yaml")
         wall = run_cell(work / f"{name}.yaml", work / name, resume=False)

@@ -35,7 +35,7 @@ from torch.utils.flop_counter import FlopCounterMode
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from trainer.config import config_from_dict  # noqa: E402
-from trainer.study import RECIPE_OPTIMIZER, cell_config, resolve_base  # noqa: E402
+from trainer.study import RECIPE_OPTIMIZER, CellKey, Study  # noqa: E402
 
 
 class PhaseTimer:
@@ -180,14 +180,13 @@ def main(argv=None) -> None:
     ap.add_argument("--json", default=None, help="also write the table as JSON here")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    study = resolve_base(yaml.safe_load(Path(args.study).read_text()), root=ROOT, source=args.study)
+    study = Study.load(yaml.safe_load(Path(args.study).read_text()), root=ROOT, source=args.study)
     model = Path(args.policy).resolve().name
-    if model not in study["models"]:
-        sys.exit(f"--policy {args.policy}: {model!r} is not a model of {args.study} ({sorted(study['models'])})")
-    cfg = cell_config(
-        study, model, args.recipe, RECIPE_OPTIMIZER[args.recipe], args.seed, str(Path(args.policy).resolve()), threads=1
-    )
-    cfg["run"]["updates"] = args.updates
+    if model not in study.config.models:
+        sys.exit(f"--policy {args.policy}: {model!r} is not a model of {args.study} ({sorted(study.config.models)})")
+    key = CellKey(model, args.recipe, RECIPE_OPTIMIZER[args.recipe], args.seed)
+    cfg = study.cell_config(key, model_path=str(Path(args.policy).resolve()))
+    cfg["run"].update(updates=args.updates, threads=1)
     timer = PhaseTimer()
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()

@@ -28,7 +28,7 @@ import pandas as pd
 
 from trainer.analysis.statistics import Estimate, mean_estimate, run_fingerprint, welch_difference
 from trainer.published import published_study, read_published
-from trainer.study import deep_merge
+from trainer.study import StudyConfig, deep_merge
 
 FINGERPRINT_COLUMNS = (
     "recipe",
@@ -46,23 +46,22 @@ FINGERPRINT_COLUMNS = (
 measured at full precision, which two different runs do not share."""
 
 
-def base_keys(study: dict, provenance: dict, folder: Path) -> dict[str, str]:
+def base_keys(study: StudyConfig, provenance: dict, folder: Path) -> dict[str, str]:
     """Model -> the identity of the base policy its cells start from (see the module docstring)."""
     features = provenance.get("machine", {}).get("cpu_features")
     machine = json.dumps(sorted(features)) if features else f"unrecorded machine of {folder}"
     keys = {}
-    for name, entry in study["models"].items():
-        source = entry.get("policy") or name
-        model = study["models"][source]
-        if model.get("path"):
-            keys[name] = f"checkpoint {model['path']}"
+    for name in study.models:
+        model = study.models[study.policy_model(name)]
+        if model.path:
+            keys[name] = f"checkpoint {model.path}"
             continue
         made_of = {
-            "preset": model.get("preset"),
-            "warm_start_seed": model.get("warm_start_seed"),
-            "warm_start": deep_merge(study.get("warm_start", {}), model.get("warm_start") or {}),
-            "env": study.get("cell", {}).get("env", {}),
-            "env_options": model.get("env_options"),
+            "preset": model.preset,
+            "warm_start_seed": model.warm_start_seed,
+            "warm_start": deep_merge(study.warm_start, model.warm_start or {}),
+            "env": study.cell.get("env", {}),
+            "env_options": model.env_options,
             "trainer_version": provenance.get("trainer_version"),
             "machine": machine,
         }

@@ -40,7 +40,7 @@ from trainer.analysis.statistics import holm
 from trainer.atomic import atomic_path
 from trainer.logs.parquet_log import PROVENANCE_KEY
 from trainer.rollout.config import RolloutConfig
-from trainer.study import check_study, horizons, paper_names, resolve_base
+from trainer.study import StudyConfig, check_study, resolve_base
 
 COMPARED = (
     "window_success",
@@ -165,7 +165,7 @@ def publish(results: Path, study_file: Path, out: Path, repo: Path, wall_time_s:
     return provenance
 
 
-def published_study(provenance: dict, repo: Path = REPO) -> dict:
+def published_study(provenance: dict, repo: Path = REPO) -> StudyConfig:
     """The study file a published study's provenance names, as the workflow read it (its `base` merged, checked,
     every default set)."""
     import yaml
@@ -183,10 +183,10 @@ def recompute(folder: Path, repo: Path = REPO) -> pd.DataFrame:
 
     runs, provenance = read_published(folder)
     study = published_study(provenance, repo)
-    kind = STUDY_KINDS[study["study"]]
-    batch = study["cell"].get("rollout", {}).get("batch_size", RolloutConfig.batch_size)
+    kind = STUDY_KINDS[study.study]
+    batch = study.cell.get("rollout", {}).get("batch_size", RolloutConfig.batch_size)
     runs["degraded"] = degraded(runs["gain"], float(batch), runs["n_updates"])
-    models = paper_names(study)
+    models = study.paper_names()
     table = getattr(trainer.analysis, kind.summary_table)
     if kind is COMPANION:  # its reference numbers, which the main table loads itself
         from trainer.analysis.companion import load_companion_numbers
@@ -378,18 +378,16 @@ def cell_run(cell: Path, published: dict, repo: Path) -> pd.DataFrame:
     import trainer.analysis
 
     study = published_study(published, repo)
-    kind = STUDY_KINDS[study["study"]]
+    kind = STUDY_KINDS[study.study]
     base = cell.resolve()
     while "=" in base.name:
         base = base.parent
-    analysis = study["analysis"]
-    options = dict(
-        collapse=analysis["collapse"], models=paper_names(study), window_fraction=analysis["window_fraction"]
-    )
+    analysis = study.analysis
+    options = dict(collapse=analysis.collapse, models=study.paper_names(), window_fraction=analysis.window_fraction)
     if kind.numbers:
         options["numbers"] = kind.numbers
     if kind.horizons:
-        options["horizons"] = horizons(study)
+        options["horizons"] = study.horizons()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         options.update({name: out / Path(path).name for name, path in kind.extra_outputs.items()})

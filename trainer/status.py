@@ -115,7 +115,7 @@ def study_entries(study_file: Path, root: Path, stalled_s: float) -> tuple[Path,
 
     data = yaml.safe_load(study_file.read_text(encoding="utf-8"))
     study = Study.load(data, root=root, source=study_file)
-    workdir = root / study.data["workdir"]
+    workdir = root / study.config.workdir
     now = time.time()
     entries = [warm_start_entry(workdir, model, stalled_s, now) for model in study.warm_started]
     for key in study.keys:

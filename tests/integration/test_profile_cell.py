@@ -44,7 +44,7 @@ def test_profile_of_a_default_cell_accounts_for_its_wall_time(tmp_path):
     from trainer.environments.suite import make_suite
     from trainer.policy.load import new_tiny_policy, save_policy
     from trainer.rl.spo import write_offline_stats
-    from trainer.study import cell_config, resolve_base
+    from trainer.study import CellKey, Study
     from trainer.train import Trainer
 
     small = {
@@ -53,11 +53,12 @@ def test_profile_of_a_default_cell_accounts_for_its_wall_time(tmp_path):
     }
     study_file = tmp_path / "small.yaml"
     study_file.write_text(yaml.safe_dump(small))
-    study = resolve_base(small, root=ROOT, source=study_file)
+    study = Study.load(small, root=ROOT, source=study_file)
+    key = CellKey("qwen-tiny", "full", "muon", 0)
     policy = tmp_path / "qwen-tiny"
     policy.mkdir()
     write_offline_stats(policy / OFFLINE_STATS_FILE, {})  # the config check wants the file; written below
-    cfg = config_from_dict(cell_config(study, "qwen-tiny", "full", "muon", 0, str(policy), threads=1))
+    cfg = config_from_dict(study.cell_config(key, model_path=str(policy)))
     suite = make_suite(cfg.env)
     model, fmt = new_tiny_policy("qwen-tiny", suite.sample_texts(), seed=0)
     save_policy(model, fmt, policy)
@@ -96,7 +97,7 @@ def test_profile_of_a_default_cell_accounts_for_its_wall_time(tmp_path):
         assert rows[phase]["gflop"] > 0 and rows[phase]["bound_s"] > 0, phase
     assert rows["step/rollout/env"]["gflop"] == 0
 
-    plain = cell_config(study, "qwen-tiny", "full", "muon", 0, str(policy), threads=1)
+    plain = study.cell_config(key, model_path=str(policy))
     plain["run"]["updates"] = 2
     torch.set_num_threads(1)
     Trainer(config_from_dict(plain), tmp_path / "plain").run(progress=False)

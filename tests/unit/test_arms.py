@@ -54,24 +54,24 @@ def _arms_study() -> dict:
 # -- the study model -------------------------------------------------------------------------------------------
 def test_arms_add_a_column_and_merge_their_keys_over_the_shared_block():
     study = _arms_study()
-    cc.check_study(study, root=REPO)
-    grid = cc.grid_frame(study)
+    loaded = cc.Study.load(study, root=REPO)
+    grid = loaded.grid
     assert list(grid.columns) == ["model", "recipe", "optimizer", "arm", "seed"]
     assert grid.values.tolist() == [
         ["qwen-tiny", "spo_adam", "adam", "adamw", 0],
         ["qwen-tiny", "spo_adam", "adam", "adamw", 1],
         ["qwen-tiny", "spo_muon", "muon", "split", 0],
     ]
-    split = cc.cell_config(study, "qwen-tiny", "spo_muon", "muon", 0, "p", threads=1, arm="split")
+    split = loaded.cell_config(cc.CellKey("qwen-tiny", "spo_muon", "muon", 0, arm="split"), model_path="p")
     # the arm's lrs win over the study's `lr:` table (1e-4 for both); the rest of the shared block stays
     assert split["optim"] == {"matrix_lr": 1e-3, "lr": 1e-4, "betas": [0.9, 0.999], "name": "muon"}
     assert split["rollout"]["lag"] == 3 and split["rollout"]["batch_size"] == study["cell"]["rollout"]["batch_size"]
     cfg = config_from_dict(copy.deepcopy(split) | {"model": {"path": str(REPO)}, "rl": {}})  # no offline stats
     assert (cfg.optim.matrix_lr, cfg.optim.lr, cfg.optim.betas, cfg.rollout.lag) == (1e-3, 1e-4, (0.9, 0.999), 3)
-    plain = cc.cell_config(study, "qwen-tiny", "spo_adam", "adam", 0, "p", threads=1, arm="adamw")
+    plain = loaded.cell_config(cc.CellKey("qwen-tiny", "spo_adam", "adam", 0, arm="adamw"), model_path="p")
     assert plain["optim"] == {"name": "adam", "lr": 1e-4} and plain["rollout"]["lag"] == 1
     with pytest.raises(KeyError, match="arm 'nope'"):
-        cc.arm_cell(study, "nope")
+        loaded.config.arm_keys("nope")
 
 
 @pytest.mark.parametrize(
@@ -116,17 +116,14 @@ def test_a_block_with_trainer_keys_must_be_an_arm():
 )
 def test_the_decisive_studies_pass_every_check_and_set_what_they_say(study_file, cells):
     study = _study(study_file)
-    cc.check_study(study, root=REPO)
-    grid = cc.grid_frame(study)
-    cc.Study(cc.check_study(study), REPO).check_cells()
+    loaded = cc.Study.load(study, root=REPO)
+    grid = loaded.grid
     assert len(grid) == cells and set(grid["seed"]) == {0, 1, 2}
     configs = {}
-    for row in grid.itertuples(index=False):
-        cell = cc.cell_config(study, row.model, row.recipe, row.optimizer, row.seed, str(REPO), 1, arm=row.arm)
-        cell.get("rl", {}).get("spo", {}).pop(
-            "offline_stats", None
-        )  # written by the warm start, which has not run here
-        configs[row.arm] = config_from_dict(cell)
+    for key in loaded.keys:
+        cell = loaded.cell_config(key, model_path=str(REPO))
+        cell.get("rl", {}).get("spo", {}).pop("offline_stats", None)  # written by the warm start, not run here
+        configs[key.arm] = config_from_dict(cell)
     if study_file == "configs/companion-equal.yaml":
         # the confound removed (AdamW half at 1e-4 whatever the matrices take) beside the companion's own Muon cell
         assert {(c.optim.name, c.optim.matrix_lr, c.optim.lr) for c in configs.values()} == {
@@ -151,7 +148,7 @@ def test_the_decisive_studies_pass_every_check_and_set_what_they_say(study_file,
             assert (cfg.optim.weight_decay, cfg.run.minibatches, cfg.run.skip_no_signal) == (0.01, 8, False)
             assert (cfg.rollout.lag, cfg.rollout.weight_dtype) == (3, "bfloat16")
         adamw_base = {"name": "adam", "matrix_lr": 3e-3}  # E2's AdamW-trained base policy, every matrix at 3e-3
-        assert study["warm_start"]["optim"] == cc.warm_start_config(study, "qwen-tiny", 1)["optim"] == adamw_base
+        assert study["warm_start"]["optim"] == loaded.warm_start_config("qwen-tiny")["optim"] == adamw_base
 
 
 # -- the arm key of the logs -----------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from workflow_runner import REPO, read_study
 
 import trainer.study as cc
 from trainer.analysis.cell_logs import lr_label
-from trainer.config import RECIPES, config_from_dict, load_warm_start_config
+from trainer.config import RECIPES, build_config, config_from_dict, load_warm_start_config
 
 STUDY_FILES = ["config.yaml", *sorted(str(p.relative_to(REPO)) for p in (REPO / "configs").glob("*.yaml"))]
 
@@ -40,7 +40,7 @@ def test_a_companion_study_must_validate_and_compare_estimators():
 
 
 def test_grid_of_the_default_study():
-    grid = cc.grid_frame(read_study("config.yaml"))
+    grid = cc.Study.load(read_study("config.yaml"), REPO).grid
     # 2 models x (8 recipes x 3 seeds + 6 Adam versions x 1 seed) = 2 x 30 = 60
     assert len(grid) == 60 and list(grid.columns) == ["model", "recipe", "optimizer", "seed"]
     assert not grid.duplicated().any()
@@ -52,7 +52,7 @@ def test_grid_of_the_default_study():
     adam = grid[(grid.optimizer == "adam") & (grid.recipe != "spo_adam")]
     assert sorted(adam.recipe.unique()) == sorted(set(figure2_recipes) - {"spo_adam", "spo_muon"})
     assert adam.seed.unique().tolist() == [0]
-    assert len(cc.grid_frame(read_study("configs/smoke.yaml"))) == 28  # 2 x (8 + 6), one seed
+    assert len(cc.Study.load(read_study("configs/smoke.yaml"), REPO).grid) == 28  # 2 x (8 + 6), one seed
 
 
 grid_blocks = st.lists(
@@ -73,7 +73,7 @@ grid_blocks = st.lists(
 @given(grid_blocks)
 def test_grid_is_the_union_of_block_products(blocks):
     study = {"models": {"a": {"preset": "minicpm-tiny"}, "b": {"preset": "qwen-tiny"}}, "grid": blocks}
-    grid = cc.grid_frame(study)
+    grid = cc.grid_frame(cc.check_study({**study, "lr": {"muon": 1e-3}}))  # adam_high_lr runs at Muon's lr
     expected = set()
     for block in blocks:
         for m, r, s in itertools.product(block.get("models", ["a", "b"]), block["recipes"], block["seeds"]):
@@ -85,6 +85,7 @@ def test_grid_is_the_union_of_block_products(blocks):
 def test_cell_config_is_the_shared_block_plus_the_cell_keys():
     study = {
         "models": {"m": {"preset": "qwen-tiny"}},
+        "grid": [{"recipes": ["no_tool"], "optimizer": "adam", "seeds": [2]}],
         "cell": {
             "model": {"dtype": "float32"},
             "env": {"name": "minirepo", "options": {"max_depth": 1}},
@@ -92,8 +93,10 @@ def test_cell_config_is_the_shared_block_plus_the_cell_keys():
             "shaping": {"length_threshold": 7},
             "run": {"updates": 3},
         },
+        "resources": {"train": {"threads": 4}},
     }
-    got = cc.cell_config(study, "m", "no_tool", "adam", 2, "results/policies/m", threads=4)
+    loaded = cc.Study.load(study, REPO)
+    got = loaded.cell_config(cc.CellKey("m", "no_tool", "adam", 2))
     assert got == {
         "recipe": "no_tool",
         "model": {"dtype": "float32", "path": "results/policies/m"},
@@ -103,7 +106,7 @@ def test_cell_config_is_the_shared_block_plus_the_cell_keys():
         "run": {"updates": 3, "seed": 2, "threads": 4},
     }
     got["env"]["options"]["max_depth"] = 9  # a deep copy: the study is not modified through the cell
-    assert study["cell"]["env"]["options"]["max_depth"] == 1
+    assert loaded.cell_config(cc.CellKey("m", "no_tool", "adam", 2))["env"]["options"]["max_depth"] == 1
 
 
 def test_warm_start_config_takes_the_cells_env_and_token_limits():
@@ -115,8 +118,10 @@ def test_warm_start_config_takes_the_cells_env_and_token_limits():
             "rollout": {"batch_size": 8, "max_turn_tokens": 12, "max_episode_tokens": 256},
         },
         "warm_start": {"n_demos": 10, "band": [0.0, 1.0], "allow_out_of_band": True},
+        "grid": [{"recipes": ["full"], "seeds": [0]}],
+        "resources": {"warm_start": {"threads": 2}},
     }
-    assert cc.warm_start_config(study, "m", threads=2) == {
+    assert cc.Study.load(study, REPO).warm_start_config("m") == {
         "model": {"preset": "minicpm-tiny", "dtype": "float32", "init_seed": 3},
         "env": {"name": "minirepo"},
         "rollout": {"max_turn_tokens": 12, "max_episode_tokens": 256},  # batch_size is not the warm start's
@@ -131,8 +136,10 @@ def test_a_models_warm_start_seed_seeds_its_warm_start_and_initialisation():
         "models": {"m": {"preset": "qwen-tiny"}, "m2": {"preset": "qwen-tiny", "warm_start_seed": 2}},
         "cell": {"model": {"init_seed": 3}, "env": {"name": "minirepo"}},
         "warm_start": {"seed": 5},
+        "grid": [{"recipes": ["full"], "seeds": [0]}],
     }
-    first, second = (cc.warm_start_config(study, m, threads=1) for m in ("m", "m2"))
+    loaded = cc.Study.load(study, REPO)
+    first, second = (loaded.warm_start_config(m) for m in ("m", "m2"))
     assert (first["seed"], first["model"]["init_seed"]) == (5, 3)
     assert (second["seed"], second["model"]["init_seed"]) == (2, 2)
 
@@ -145,8 +152,10 @@ def test_a_models_warm_start_keys_go_over_the_studys():
         },
         "cell": {"env": {"name": "minirepo"}},
         "warm_start": {"optim": {"lr": 1e-3, "name": "muon"}, "noise": 0.2},
+        "grid": [{"recipes": ["full"], "seeds": [0]}],
     }
-    muon, adamw = (cc.warm_start_config(study, m, threads=1) for m in ("m", "a"))
+    loaded = cc.Study.load(study, REPO)
+    muon, adamw = (loaded.warm_start_config(m) for m in ("m", "a"))
     assert muon["optim"] == {"name": "muon", "lr": 1e-3} and muon["noise"] == 0.2
     # key by key: the model's optimizer and matrix rate, the study's rate of the rest and its noise
     assert adamw["optim"] == {"name": "adam", "lr": 1e-3, "matrix_lr": 3e-3} and adamw["noise"] == 0.2
@@ -156,29 +165,23 @@ def test_a_models_warm_start_keys_go_over_the_studys():
 def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_path):
     """What the workflow writes must pass the trainer's own validation (model.path: any existing dir, with the
     offline statistics a warm start writes there)."""
-    study = read_study(study_file)
+    # checked as typed keys, its checkpoints left unchecked: the paper-scale ones are not on this machine
+    study = cc.Study(build_config(cc.StudyConfig, read_study(study_file)), REPO)
     (tmp_path / cc.OFFLINE_STATS_FILE).write_text("{}")
-    grid = cc.grid_frame(study)
-    for row in grid.itertuples(index=False):
-        lr = float(row.lr) if "lr" in grid.columns else None
-        arm = row.arm if "arm" in grid.columns else None
-        cfg = config_from_dict(
-            cc.cell_config(
-                study, row.model, row.recipe, row.optimizer, row.seed, str(tmp_path), threads=1, lr=lr, arm=arm
-            )
-        )
-        assert (cfg.recipe, cfg.optim.name, cfg.run.seed) == (row.recipe, row.optimizer, row.seed)
-        assert lr is None or cfg.optim.lr == lr
-        own = cc.arm_cell(study, arm).get("optim") or {}
+    for key in study.keys:
+        cfg = config_from_dict(study.cell_config(key, model_path=str(tmp_path)))
+        assert (cfg.recipe, cfg.optim.name, cfg.run.seed) == (key.recipe, key.optimizer, key.seed)
+        assert key.lr is None or cfg.optim.lr == float(key.lr)
+        own = study.config.arm_keys(key.arm).get("optim") or {}
         assert all(getattr(cfg.optim, key) == own[key] for key in ("lr", "matrix_lr") if key in own)
         # PPO as the papers' base setups run it: several optimizer steps per rollout batch, so the clip binds;
         # and one step-size rule (Muon's update RMS matched to AdamW's) in every study but the arms that set theirs
         assert cfg.run.minibatches * cfg.run.epochs >= 2, (study_file, "one optimizer step per batch")
         assert cfg.optim.adjust_lr_fn == own.get("adjust_lr_fn", "match_rms_adamw"), study_file
-    for model in cc.warm_started_models(study, grid):
+    for model in study.warm_started:
         path = tmp_path / f"{model}.yaml"
-        cc.write_yaml(cc.warm_start_config(study, model, threads=1), path, header="test")
-        assert load_warm_start_config(path).model.preset == study["models"][model]["preset"]
+        cc.write_yaml(study.warm_start_config(model), path, header="test")
+        assert load_warm_start_config(path).model.preset == study.config.models[model].preset
 
 
 @pytest.mark.parametrize(
@@ -385,8 +388,7 @@ def test_every_cell_of_every_study_is_a_valid_trainer_config(study_file, tmp_pat
 )
 def test_check_study_names_the_broken_key(edit, named):
     def check(study):  # what common.smk runs before any job
-        cc.check_study(study)
-        cc.Study(cc.check_study(study), REPO).check_cells()
+        cc.Study.load(study, REPO)
 
     study = {"models": {"m": {"preset": "qwen-tiny"}}, "grid": [{"recipes": ["full"], "seeds": [0]}]}
     check(study)  # the unedited study is fine
@@ -396,10 +398,12 @@ def test_check_study_names_the_broken_key(edit, named):
 
 
 def test_the_checked_study_has_every_default_and_only_the_keys_given():
-    """What the workflow reads as `config`: the defaults set (the rules read them without `.get`), a key not given
-    left out rather than null (the grid's axes are the blocks that give `lrs` or `arm`), lists as lists."""
+    """The checked study as a plain mapping (what a Snakemake param carries): the defaults set (the rules read them
+    without `.get`), a key not given left out rather than null (the grid's axes are the blocks that give `lrs` or
+    `arm`), lists as lists."""
     raw = {"models": {"m": {"preset": "qwen-tiny", "horizon": 2}}, "grid": [{"recipes": ["full"], "seeds": [0, 1]}]}
-    study = cc.check_study(raw)
+    checked = cc.check_study(raw)
+    study = cc.plain(checked)
     assert study == {
         "models": {"m": {"preset": "qwen-tiny", "horizon": 2}},
         "grid": [{"recipes": ["full"], "seeds": [0, 1], "optimizer": "recipe"}],
@@ -430,7 +434,8 @@ def test_the_checked_study_has_every_default_and_only_the_keys_given():
         "models": {"m": {"preset": "qwen-tiny", "horizon": 2}},
         "grid": [{"recipes": ["full"], "seeds": [0, 1]}],
     }
-    assert cc.grid_columns(study) == ["model", "recipe", "optimizer", "seed"]
+    assert list(cc.grid_frame(checked).columns) == ["model", "recipe", "optimizer", "seed"]
+    assert checked.resources.train.threads == 1 and checked.models["m"].horizon == 2  # typed where the rules read it
 
 
 def test_an_external_workdir_is_allowed_when_the_study_says_so(tmp_path):
@@ -500,8 +505,8 @@ def _tiny(**extra) -> dict:
 def test_a_grid_without_lrs_keeps_the_four_key_layout():
     from snakemake.utils import Paramspace
 
-    grid = cc.grid_frame(_tiny())
-    assert list(grid.columns) == ["model", "recipe", "optimizer", "seed"] and not cc.has_lr_axis(_tiny())
+    grid = cc.Study.load(_tiny(), REPO).grid
+    assert list(grid.columns) == ["model", "recipe", "optimizer", "seed"]
     assert next(Paramspace(grid, param_sep="=").instance_patterns) == "model=a/recipe=spo_adam/optimizer=adam/seed=0"
 
 
@@ -510,7 +515,7 @@ def test_a_grid_with_lrs_gets_an_lr_column_and_folder():
 
     study = _tiny(study="stability")
     study["grid"][0]["lrs"] = [1.0e-4, 3.0e-4, 0.0003]  # 3.0e-4 and 0.0003 are one lr: one cell
-    grid = cc.grid_frame(study)
+    grid = cc.Study.load(study, REPO).grid
     assert list(grid.columns) == ["model", "recipe", "optimizer", "lr", "seed"]
     assert len(grid) == 2 * 2 * 2 and sorted(set(grid["lr"])) == ["1e-04", "3e-04"]
     space = Paramspace(grid, param_sep="=")
@@ -525,20 +530,29 @@ def test_the_lr_folder_name_reads_back_exactly(lr):
 
 
 def test_per_optimizer_lrs_and_adam_high_lr():
-    study = _tiny(lr={"adam": 3.0e-4, "muon": 1.0e-3}, cell={"optim": {"weight_decay": 0.1}})
-    cell = lambda optimizer, lr=None: cc.cell_config(study, "a", "full", optimizer, 0, "p", 1, lr=lr)["optim"]
+    grid = [{"recipes": ["full"], "optimizer": name, "seeds": [0]} for name in cc.OPTIMIZERS]
+    study = cc.Study.load(
+        _tiny(lr={"adam": 3.0e-4, "muon": 1.0e-3}, cell={"optim": {"weight_decay": 0.1}}, grid=grid), REPO
+    )
+    swept = [{"recipes": ["full"], "optimizer": "adam", "lrs": [1e-2], "seeds": [0]}]
+    stability = cc.Study.load(_tiny(study="stability", grid=swept), REPO)
+
+    def cell(optimizer, lr=None):
+        loaded = study if lr is None else stability
+        return loaded.cell_config(cc.CellKey("a", "full", optimizer, 0, lr=lr), model_path="p")["optim"]
+
     assert cell("adam") == {"weight_decay": 0.1, "name": "adam", "lr": 3.0e-4}
     assert cell("muon") == {"weight_decay": 0.1, "name": "muon", "lr": 1.0e-3}  # Muon's hidden matrices too
     assert cell("adam_high_lr") == {"weight_decay": 0.1, "name": "adam_high_lr", "lr": 1.0e-3}  # AdamW at Muon's
-    assert cell("adam", lr=1e-2)["lr"] == 1e-2  # a grid lr wins over the table
+    assert cell("adam", lr=lr_label(1e-2))["lr"] == 1e-2  # a grid lr, read back from its folder label
     for optimizer, lr in (("adam", 3e-4), ("muon", 1e-3), ("adam_high_lr", 1e-3)):
-        cfg = config_from_dict(cc.cell_config(study, "a", "full", optimizer, 0, str(REPO), 1))
+        cfg = config_from_dict(study.cell_config(cc.CellKey("a", "full", optimizer, 0), model_path=str(REPO)))
         assert (cfg.optim.lr, cfg.optim.matrix_lr) == (lr, lr)  # a left-out matrix_lr is the lr, set once when built
     with pytest.raises(cc.StudyError, match=r"grid\[0\].optimizer: adam_high_lr runs AdamW at the Muon cells'"):
         cc.check_study(_tiny(grid=[{"recipes": ["full"], "optimizer": "adam_high_lr", "seeds": [0]}]))
     # no table, no grid lr: the shared block's rates, untouched
-    plain = _tiny(cell={"optim": {"lr": 5e-4, "matrix_lr": 2e-3}})
-    assert cc.cell_config(plain, "a", "full", "muon", 0, "p", 1)["optim"] == {
+    plain = cc.Study.load(_tiny(cell={"optim": {"lr": 5e-4, "matrix_lr": 2e-3}}), REPO)
+    assert plain.cell_config(cc.CellKey("a", "full", "muon", 0), model_path="p")["optim"] == {
         "lr": 5e-4,
         "matrix_lr": 2e-3,
         "name": "muon",
@@ -606,14 +620,15 @@ def test_env_options_of_a_model_merge_into_its_cells_and_warm_start():
             "env": {"name": "minirepo", "options": {"max_depth": 0, "max_turns": 8, "min_files": 4}, "eval_tasks": 4}
         },
     }
-    h4 = cc.cell_config(study, "h4", "full", "muon", 0, "p", 1)["env"]
+    loaded = cc.Study.load(study, REPO)
+    h4 = loaded.cell_config(cc.CellKey("h4", "full", "muon", 0))["env"]
     assert h4 == {
         "name": "minirepo",
         "options": {"max_depth": 0, "max_turns": 18, "min_files": 4, "min_bugs": 4, "max_bugs": 4},
         "eval_tasks": 4,
     }
-    assert cc.cell_config(study, "h1", "full", "muon", 0, "p", 1)["env"] == study["cell"]["env"]
-    assert cc.warm_start_config(study, "h4", threads=1)["env"] == h4
+    assert loaded.cell_config(cc.CellKey("h1", "full", "muon", 0))["env"] == study["cell"]["env"]
+    assert loaded.warm_start_config("h4")["env"] == h4
     assert study["cell"]["env"]["options"]["max_turns"] == 8  # the study is not modified
     cc.check_study(study, REPO)
     study["models"]["h4"]["env_options"]["min_files"] = 1  # 4 bugs no longer fit the smallest repository
@@ -633,18 +648,17 @@ def test_models_can_share_a_warm_started_policy():
         "cell": {"env": {"name": "minirepo", "options": {"max_depth": 0}}},
         "warm_start": {"offline_samples": 2},
     }
-    cc.check_study(study)
-    grid = cc.grid_frame(study)
-    assert cc.warm_started_models(study, grid) == ["base"] and cc.policy_model(study, "h2") == "base"
-    cell = cc.cell_config(study, "h2", "full", "muon", 0, "results/policies/base", 1)
+    loaded = cc.Study.load(study, root=REPO)
+    assert loaded.warm_started == ["base"] and loaded.config.policy_model("h2") == "base"
+    cell = loaded.cell_config(cc.CellKey("h2", "full", "muon", 0))
+    assert cell["model"]["path"] == "results/policies/base"
     assert cell["env"]["options"] == {"max_depth": 0, "min_bugs": 2, "max_bugs": 2}
     assert "offline_stats" not in cell.get("rl", {}).get("spo", {})
-    assert cc.warm_start_config(study, "base", threads=1)["env"]["options"]["max_bugs"] == 2
+    assert loaded.warm_start_config("base")["env"]["options"]["max_bugs"] == 2
     # what the workflow reads: h2's cells load base's warm-started policy, so base's warm start is their input
-    loaded = cc.Study.load(study, root=REPO)
-    assert loaded.warm_started == ["base"] and loaded.loads_warm_start("h2") and loaded.loads_warm_start("base")
-    assert loaded.model_path("h2") == "results/policies/base" and loaded.paper_names == {"base": "base", "h2": "h2"}
-    assert loaded.horizons == {}
+    assert loaded.loads_warm_start("h2") and loaded.loads_warm_start("base")
+    assert loaded.model_path("h2") == "results/policies/base"
+    assert loaded.config.paper_names() == {"base": "base", "h2": "h2"} and loaded.config.horizons() == {}
 
 
 def test_a_horizon_study_labels_every_model_of_its_grid():
@@ -657,8 +671,8 @@ def test_a_horizon_study_labels_every_model_of_its_grid():
         },
         "grid": [{"models": ["h1", "h2"], "recipes": ["spo_adam"], "seeds": [0]}],
     }
-    cc.check_study(study)  # a model the grid leaves out needs no label
-    assert cc.horizons(study) == {"h1": 1, "h2": 2}
+    checked = cc.check_study(study)  # a model the grid leaves out needs no label
+    assert checked.horizons() == {"h1": 1, "h2": 2} and checked.paper_names()["unused"] == "unused"
     study["grid"][0]["models"].append("unused")
     with pytest.raises(cc.StudyError, match="models.unused.horizon: a horizon study labels every model"):
         cc.check_study(study)
@@ -669,15 +683,17 @@ def test_a_horizon_study_labels_every_model_of_its_grid():
 
 def test_offline_stats_path_in_the_cells_of_warm_started_models(tmp_path):
     (tmp_path / "ckpt").mkdir()
-    study = _tiny(warm_start={"offline_samples": 2})
+    study = _tiny(warm_start={"offline_samples": 2}, cell={"rl": {"group_size": 2}})
     study["models"]["c"] = {"path": str(tmp_path / "ckpt")}
-    cell = cc.cell_config(study, "a", "spo_muon", "muon", 0, "results/policies/a", 1)
-    assert cell["rl"] == {"spo": {"offline_stats": "results/policies/a/offline_stats.json"}}  # relative as model.path
-    assert "rl" not in cc.cell_config(study, "a", "grpo", "adam", 0, "results/policies/a", 1)  # no SPO tracker
-    assert "rl" not in cc.cell_config(study, "c", "spo_muon", "muon", 0, str(tmp_path / "ckpt"), 1)  # a checkpoint
-    assert "rl" not in cc.cell_config(_tiny(), "a", "spo_muon", "muon", 0, "results/policies/a", 1)
-    # before any policy exists, the cells pass the trainer's checks (its file check would fail on ".")
-    cc.Study(cc.check_study(study), REPO).check_cells()
+    study["grid"].append({"recipes": ["grpo"], "seeds": [0]})
+    # before any policy exists, the cells pass the trainer's checks (its file check would fail on "."): `load`
+    loaded = cc.Study.load(study, REPO)
+    cell = loaded.cell_config(cc.CellKey("a", "spo_muon", "muon", 0))
+    assert cell["rl"]["spo"] == {"offline_stats": "results/policies/a/offline_stats.json"}  # relative as model.path
+    assert "spo" not in loaded.cell_config(cc.CellKey("a", "grpo", "adam", 0))["rl"]  # no SPO tracker
+    assert "spo" not in loaded.cell_config(cc.CellKey("c", "spo_muon", "muon", 0))["rl"]  # a checkpoint
+    plain = cc.Study.load(_tiny(), REPO)
+    assert "rl" not in plain.cell_config(cc.CellKey("a", "spo_muon", "muon", 0))
 
 
 def test_deep_merge_merges_mappings_and_replaces_lists_and_scalars():
@@ -743,27 +759,29 @@ def test_the_new_studies_hold_only_their_differences_and_pass_every_check(study_
         "drop_fraction"
     }
     study = read_study(study_file)
-    cc.check_study(study, root=REPO)
-    cc.Study(cc.check_study(study), REPO).check_cells()
+    cc.Study.load(study, REPO)
     assert study["workdir"] == "studies/" + Path(study_file).stem
 
 
 @pytest.mark.parametrize("study_file", ["config.yaml", "configs/stability.yaml", "configs/edge.yaml"])
 def test_a_study_loads_once_and_names_its_cells_as_the_workflow_does(study_file):
     """`Study.load` is what common.smk runs: the cells' keys name the folders Snakemake's Paramspace names (with an
-    lr axis and with arms too), and each cell's config is the one `cell_config` writes for that key."""
+    lr axis and with arms too), each cell's config names its key, and the warm starts are the grid's models'."""
     from snakemake.utils import Paramspace
 
     study = cc.Study.load(yaml.safe_load((REPO / study_file).read_text()), root=REPO, source=REPO / study_file)
     folders = list(Paramspace(study.grid, param_sep="=").instance_patterns)
     assert [key.folder for key in study.keys] == folders and len(set(folders)) == len(study.keys) > 0
-    for key in study.keys[:: max(len(study.keys) // 7, 1)]:
-        lr = None if key.lr is None else float(key.lr)
-        expected = cc.cell_config(
-            study.data, key.model, key.recipe, key.optimizer, key.seed, study.model_path(key.model), 1, lr, key.arm
-        )
+    for key in study.keys:
         config = study.cell_config(key)
-        assert config == expected and config["run"]["seed"] == key.seed
+        assert (config["recipe"], config["optim"]["name"], config["run"]["seed"]) == (
+            key.recipe,
+            key.optimizer,
+            key.seed,
+        )
+        assert config["model"]["path"] == study.model_path(key.model) == f"results/policies/{key.model}"
+        assert key.lr is None or config["optim"]["lr"] == float(key.lr)
+    assert study.warm_started == list(dict.fromkeys(key.model for key in study.keys))
 
 
 def test_a_study_that_fails_a_check_names_the_cell():

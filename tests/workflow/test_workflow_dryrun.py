@@ -77,29 +77,31 @@ def test_paper_study_uses_checkpoints_instead_of_a_warm_start(scratch_repo):
 
 
 def test_paths_are_rebased_from_the_repository_root_to_the_studys_workdir(tmp_path):
-    study = {
-        "models": {"a": {"path": "checkpoints/A"}, "b": {"path": "/abs/B"}, "t": {"preset": "qwen-tiny"}},
-        "grid": [],
-        "cell": {"env": {"name": "alfworld", "options": {"data_dir": "data/alf", "x": "data/y"}}},
-    }
-    got = cc.paths_from_workdir(study, "/repo", "/repo/studies/p")
-    assert got["models"] == {
-        "a": {"path": "../../checkpoints/A"},
-        "b": {"path": "/abs/B"},
-        "t": {"preset": "qwen-tiny"},
-    }
-    assert got["cell"]["env"]["options"] == {"data_dir": "../../data/alf", "x": "data/y"}  # only path keys
-    assert study["models"]["a"]["path"] == "checkpoints/A"  # a copy
-    assert cc.paths_from_workdir(study, "/repo", "/repo")["models"]["a"]["path"] == "checkpoints/A"
-    # check_study looks from the repository root, wherever the process runs (a cluster job: in the workdir)
     (tmp_path / "checkpoints" / "A").mkdir(parents=True)
+    (tmp_path / "B").mkdir()
     (tmp_path / "data" / "alf").mkdir(parents=True)
+    study = {
+        "models": {"a": {"path": "checkpoints/A"}, "b": {"path": str(tmp_path / "B")}, "t": {"preset": "qwen-tiny"}},
+        "grid": [{"recipes": ["full"], "seeds": [0]}],
+        "cell": {"env": {"name": "alfworld", "options": {"data_dir": "data/alf", "action_format": "plain"}}},
+    }
+    checked = cc.check_study(study, root=tmp_path)
+    got = cc.paths_from_workdir(checked, "/repo", "/repo/studies/p")
+    assert {name: entry.path for name, entry in got.models.items()} == {
+        "a": "../../checkpoints/A",
+        "b": str(tmp_path / "B"),
+        "t": None,
+    }
+    assert got.cell["env"]["options"] == {"data_dir": "../../data/alf", "action_format": "plain"}  # only path keys
+    assert checked.models["a"].path == "checkpoints/A" and checked.cell["env"]["options"]["data_dir"] == "data/alf"
+    assert cc.paths_from_workdir(checked, "/repo", "/repo").models["a"].path == "checkpoints/A"
     # a workdir behind a link (scratch storage): the path must resolve from where the job really runs
     (tmp_path / "scratch" / "p").mkdir(parents=True)
     (tmp_path / "studies").mkdir()
     (tmp_path / "studies" / "p").symlink_to(tmp_path / "scratch" / "p")
-    linked = cc.paths_from_workdir(study, tmp_path, tmp_path / "studies" / "p")["models"]["a"]["path"]
+    linked = cc.paths_from_workdir(checked, tmp_path, tmp_path / "studies" / "p").models["a"].path
     assert (tmp_path / "scratch" / "p" / linked).resolve() == (tmp_path / "checkpoints" / "A").resolve()
+    # check_study looks from the repository root, wherever the process runs (a cluster job: in the workdir)
     only_a = {"models": {"a": study["models"]["a"]}, "grid": [{"recipes": ["full"], "seeds": [0]}]}
     cc.check_study(only_a, root=tmp_path)
     with pytest.raises(cc.StudyError, match="models.a.path: 'checkpoints/A' does not exist"):
@@ -120,9 +122,9 @@ def test_a_models_options_reach_its_cells_and_a_template_file_is_checked_and_reb
         "grid": [{"recipes": ["full"], "seeds": [0]}],
         "cell": {"model": {"template_options": {"enable_thinking": False}}},
     }
-    checked = cc.check_study(study, root=tmp_path)
-    rebased = cc.paths_from_workdir(checked, tmp_path, tmp_path / "studies" / "p")
-    cells = {m: cc.cell_config(rebased, m, "full", "muon", 0, rebased["models"][m]["path"], 1)["model"] for m in "ab"}
+    study["workdir"] = "studies/p"
+    loaded = cc.Study.load(study, root=tmp_path)
+    cells = {m: loaded.cell_config(cc.CellKey(m, "full", "muon", 0))["model"] for m in "ab"}
     assert cells["a"] == {
         "template_options": {"enable_thinking": False},
         "chat_template": "../../t.jinja",

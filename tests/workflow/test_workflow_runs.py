@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 import yaml
 from builders import TIMING
-from workflow_runner import copy_repo, job_counts, read_study, require_snakemake, snakemake
+from workflow_runner import REPO, copy_repo, job_counts, read_study, require_snakemake, snakemake
 
 import trainer
 import trainer.study as cc
@@ -175,16 +175,9 @@ def test_smoke_study_trains_every_cell(smoke_run):
         )
         assert cfg["model"]["path"] == f"results/policies/{keys['model']}"
         # the shell rule wrote exactly the pure helper's config (quoting through the shell lost nothing)
-        study = read_study("configs/smoke.yaml")
-        assert yaml.safe_load((path.parent / "cell.yaml").read_text()) == cc.cell_config(
-            study,
-            keys["model"],
-            keys["recipe"],
-            keys["optimizer"],
-            int(keys["seed"]),
-            f"results/policies/{keys['model']}",
-            threads=1,
-        )
+        study = cc.Study.load(read_study("configs/smoke.yaml"), REPO)
+        key = cc.CellKey(keys["model"], keys["recipe"], keys["optimizer"], int(keys["seed"]))
+        assert yaml.safe_load((path.parent / "cell.yaml").read_text()) == study.cell_config(key)
         assert (path.parent / "episodes.parquet").is_file() and (path.parent / "train.log").is_file()
         assert not (path.parent / "checkpoints").exists()  # a finished cell keeps no working checkpoints
         # but what it trained: the final policy and (configs/smoke.yaml keep.checkpoint) the last update's state

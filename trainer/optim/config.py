@@ -18,7 +18,7 @@ class OptimConfig(Section):
     name: Literal["muon", "adam", "adam_high_lr"] = "muon"
     """"muon": Muon on the hidden matrices (at `matrix_lr`) and AdamW on the rest (at `lr`). "adam": AdamW on
     everything: the hidden matrices at `matrix_lr`, the rest at `lr`. "adam_high_lr": the same AdamW under a label of its own, the companion paper's control (is
-    Muon's gain only its larger step size?): a study runs it at its Muon cells' lr (trainer/study/cells.py optim_lrs), and
+    Muon's gain only its larger step size?): a study runs it at its Muon cells' lr (trainer/study/cells.py Study.cell_lrs), and
     the label keeps it apart from the plain AdamW cells in the grid."""
     lr: float = knob(1e-3, ge=0)
     """The learning rate of the embeddings, head and norms (AdamW-trained under every optimizer), and of the hidden

@@ -4,8 +4,8 @@ config. Three modules, each on the one before: `schema.py` (the file: `base` mer
 `Study`, the study loaded once).
 
 workflow/rules/common.smk loads a study once (`Study.load`) and reads its grid, cells and warm starts from that
-object; its parts are pure functions of the study's mapping, so the tests call them directly and Snakemake only
-writes their results to disk. Design choices:
+object, and its rules read the typed study (`Study.config`, a `StudyConfig`) rather than a mapping; the tests build
+a `Study` from a mapping the same way, and Snakemake only writes what it returns to disk. Design choices:
 
 - **The grid is a list of blocks**, each "these recipes x these seeds, on this optimizer, for these models".
   `optimizer: recipe` means each recipe's own optimizer (Figure 2: spo_adam on Adam, the rest on Muon); `adam`,
@@ -23,7 +23,7 @@ writes their results to disk. Design choices:
   AdamW-trained rest of a Muon cell, `matrix_lr` its hidden matrices); an arms study has no `lrs` axis.
 - **A cell config is the study's shared `cell` block plus the per-cell keys**: `recipe`, `optim.name`,
   `run.seed` and `model.path`, the model's `env_options` over `cell.env.options`, the cell's learning rate
-  (`optim_lrs`: the grid's lr, else the study's `lr:` entry for its optimizer) and, when the warm start writes
+  (`Study.cell_lrs`: the study's `lr:` entry for its optimizer, its grid lr, its arm's own rates) and, when the warm start writes
   SPO's offline statistics, `rl.spo.offline_stats`. The study refuses those keys (and the recipe-defining keys) in
   the shared block, because an explicit key overrides the recipe in the trainer (`trainer/recipes.py`): a shared
   `loss.tis_cap` would silently turn TIS on for the no-TIS recipes. The shared block's estimator sections
@@ -39,36 +39,15 @@ writes their results to disk. Design choices:
   default, range and meaning; each section checks its own rules (preset xor path, an arm's label), `StudyConfig`
   those across sections (a block names known models, every block or none gives `lrs` / `arm`, a horizon study's
   labels) and the trainer's blocks with the trainer's own sections. `StudyError` names the key before any job
-  starts; the checked study, defaults set, is the mapping the workflow and the functions below read.
+  starts; the checked study, defaults set, is the object the workflow and `Study` read (no mapping in between).
 - **Tables derived, not copied**: each recipe's optimizer and estimator come from `trainer.recipes`, the optimizer
   names from `trainer.optim.config` (`OptimConfig`), the presets from `trainer.policy.tiny`, the lr folder label
   from `trainer.analysis.cell_logs`. This module and those import no torch: building the DAG needs the trainer
   package but not torch.
 """
 
-from trainer.study.cells import (
-    OFFLINE_STATS_FILE,
-    Study,
-    cell_config,
-    model_env,
-    optim_lrs,
-    paths_from_workdir,
-    warm_start_config,
-    write_yaml,
-    yaml_text,
-)
-from trainer.study.grid import (
-    CellKey,
-    arm_cell,
-    grid_columns,
-    grid_frame,
-    has_arms,
-    has_lr_axis,
-    horizons,
-    paper_names,
-    policy_model,
-    warm_started_models,
-)
+from trainer.study.cells import OFFLINE_STATS_FILE, Study, paths_from_workdir, write_yaml, yaml_text
+from trainer.study.grid import CellKey, grid_frame
 from trainer.study.schema import (
     GROUP_RECIPES,
     OPTIMIZERS,
@@ -77,6 +56,7 @@ from trainer.study.schema import (
     StudyError,
     check_study,
     deep_merge,
+    plain,
     resolve_base,
 )
 
@@ -89,23 +69,12 @@ __all__ = [
     "Study",
     "StudyConfig",
     "StudyError",
-    "arm_cell",
-    "cell_config",
     "check_study",
     "deep_merge",
-    "grid_columns",
     "grid_frame",
-    "has_arms",
-    "has_lr_axis",
-    "horizons",
-    "model_env",
-    "optim_lrs",
-    "paper_names",
     "paths_from_workdir",
-    "policy_model",
+    "plain",
     "resolve_base",
-    "warm_start_config",
-    "warm_started_models",
     "write_yaml",
     "yaml_text",
 ]

@@ -1,6 +1,7 @@
-"""What each job of a study runs: a cell's trainer config (`cell_config`: the shared block, the per-cell keys, the
-lr by role, the arm's keys), a model family's warm-start config, the study's paths from its workdir, and `Study`,
-the study loaded once, which the workflow reads."""
+"""What each job of a study runs: `Study`, the study file loaded once (checked as a `StudyConfig`, its paths
+rebased to its workdir, its grid built and every cell checked), which the workflow reads: each cell's trainer
+config (the shared block, the per-cell keys, the lr by role, the arm's keys) and each model family's warm-start
+config, both read from the typed study."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ from trainer.config import (
 from trainer.policy.templates import shipped_templates
 from trainer.recipes import RECIPE_ESTIMATOR
 from trainer.rl.config import ESTIMATOR_SECTIONS, SECTION_CLASSES, SPO_ESTIMATORS
-from trainer.study.grid import CellKey, arm_cell, grid_frame, horizons, paper_names, policy_model, warm_started_models
+from trainer.study.grid import CellKey, grid_frame
 from trainer.study.schema import (
     PATH_OPTIONS,
     WARM_START_ROLLOUT_KEYS,
+    LrTable,
+    StudyConfig,
     StudyError,
     check_study,
     deep_merge,
@@ -29,121 +32,28 @@ from trainer.study.schema import (
 )
 
 
-def optim_lrs(study: dict, optimizer: str, lr: float | None = None) -> dict:
-    """The optim keys a cell's learning rate sets: `lr` = the grid's lr, else the study's `lr:` entry for the
-    optimizer (Muon's covers its hidden matrices and the AdamW rest: trainer optim.matrix_lr defaults to optim.lr);
-    an adam_high_lr cell (AdamW at Muon's lr) gets the `lr.muon` entry. {} if neither."""
-    table = study.get("lr") or {}
-    if optimizer == "adam_high_lr":
-        return {"lr": float(table["muon"])} if "muon" in table else {}
-    value = lr if lr is not None else table.get(optimizer)
-    return {} if value is None else {"lr": float(value)}
-
-
-def model_env_options(study: dict, model: str) -> dict:
-    """`cell.env.options` with the model's own `env_options` merged over it (key by key)."""
-    shared = study.get("cell", {}).get("env", {}).get("options", {})
-    return copy.deepcopy({**shared, **study["models"][model].get("env_options", {})})
-
-
-def model_env(study: dict, model: str) -> dict:
-    """The `env` section of the model's cells and warm start: the shared one with `model_env_options`."""
-    env = copy.deepcopy(study.get("cell", {}).get("env", {}))
-    options = model_env_options(study, model)
-    return {**env, "options": options} if options or "options" in env else env
-
-
-def offline_stats_path(study: dict, model: str, model_path: str) -> str | None:
-    """Where a cell of `model` reads SPO's offline statistics: beside its warm-started policy when the warm start
-    writes them (`warm_start.offline_samples > 0`), relative as `model_path` is; None otherwise, and for a model that
-    shares another's policy (`policy`): that offline pass played the other model's tasks."""
-    if study.get("warm_start", {}).get("offline_samples", 0) > 0 and study["models"][model].get("preset"):
-        return f"{model_path}/{OFFLINE_STATS_FILE}"
-    return None
-
-
-def cell_config(
-    study: dict,
-    model: str,
-    recipe: str,
-    optimizer: str,
-    seed: int,
-    model_path: str,
-    threads: int,
-    lr: float | None = None,
-    arm: str | None = None,
-) -> dict:
-    """The trainer config of one cell: the shared `cell` block with its arm's keys merged over it, plus the cell's
-    own keys (`lr`: its grid lr; an arm's own optim.lr / matrix_lr win over the study's `lr:` table)."""
-    own = arm_cell(study, arm)
-    shared = deep_merge(study.get("cell", {}), own)
-    own_lrs = {k: v for k, v in (own.get("optim") or {}).items() if k in ("lr", "matrix_lr")}
-    cell = {"recipe": recipe}
-    cell["model"] = {
-        **shared.pop("model", {}),
-        **(study["models"][model].get("model_options") or {}),
-        "path": model_path,
-    }
-    cell["optim"] = {**shared.pop("optim", {}), "name": optimizer, **optim_lrs(study, optimizer, lr), **own_lrs}
-    run = {**shared.pop("run", {}), "seed": int(seed), "threads": int(threads)}
-    if "env" in shared or study["models"][model].get("env_options"):
-        shared["env"] = model_env(study, model)  # in place: a cell.yaml without env_options reads as before
-    estimator = RECIPE_ESTIMATOR[recipe]
-    if "rl" in shared:  # the study's settings of the other estimators are not this cell's
-        others = set(SECTION_CLASSES) - set(ESTIMATOR_SECTIONS[estimator])
-        shared["rl"] = {k: v for k, v in shared["rl"].items() if k not in others}
-    offline = offline_stats_path(study, model, model_path)
-    if offline is not None and estimator in SPO_ESTIMATORS:
-        rl = shared.setdefault("rl", {})
-        rl["spo"] = {**rl.get("spo", {}), "offline_stats": offline}
-    cell.update(shared)  # env, rl, rollout, ... as given
-    cell["run"] = run
-    return cell
-
-
-def warm_start_config(study: dict, model: str, threads: int) -> dict:
-    """The `python -m trainer warm-start` config of one model family: its preset, the cells' env (with the model's
-    env_options) and token limits, its own `warm_start` keys over the study's; the model's `warm_start_seed`, where it has one, seeds both the warm start
-    (demonstrations, their order, evaluations) and the tiny model's initialisation."""
-    shared = study.get("cell", {})
-    options = {k: v for k, v in study.get("warm_start", {}).items() if k != "allow_out_of_band"}
-    options = deep_merge(options, study["models"][model].get("warm_start") or {})
-    model_keys = {k: v for k, v in shared.get("model", {}).items() if k in ("dtype", "init_seed")}
-    seed = study["models"][model].get("warm_start_seed")
-    if seed is not None:
-        options["seed"], model_keys["init_seed"] = seed, seed
-    rollout = {k: v for k, v in shared.get("rollout", {}).items() if k in WARM_START_ROLLOUT_KEYS}
-    return {
-        "model": {"preset": study["models"][model]["preset"], **model_keys},
-        "env": model_env(study, model),
-        "rollout": rollout,
-        **options,
-        "threads": int(threads),
-    }
-
-
-def paths_from_workdir(study: dict, root: str | Path, workdir: str | Path) -> dict:
-    """The study with its relative local paths (`models.*.path`, `cell.env.options.tasks_file` / `data_dir`)
-    rewritten from the repository root to the study's workdir, where its jobs run: `checkpoints/M` becomes
-    `../../checkpoints/M` under `workdir: studies/x`. Still relative, so a moved checkout keeps its cells; taken
-    between real paths, because a job's working directory is the workdir's real path (`studies/` is often a
-    link to scratch storage on a cluster, and `..` climbs from where the link points)."""
-    out = copy.deepcopy(study)
+def paths_from_workdir(config: StudyConfig, root: str | Path, workdir: str | Path) -> StudyConfig:
+    """The study with its relative local paths (`models.*.path`, a model's own chat template, `tasks_file` /
+    `data_dir` of the env options) rewritten from the repository root to the study's workdir, where its jobs run:
+    `checkpoints/M` becomes `../../checkpoints/M` under `workdir: studies/x`. Still relative, so a moved checkout
+    keeps its cells; taken between real paths, because a job's working directory is the workdir's real path
+    (`studies/` is often a link to scratch storage on a cluster, and `..` climbs from where the link points)."""
 
     def rebase(path):
         if os.path.isabs(path):
             return path
         return os.path.relpath(os.path.realpath(os.path.join(root, path)), os.path.realpath(workdir))
 
-    for entry in out["models"].values():
-        if entry.get("path") is not None:
-            entry["path"] = rebase(entry["path"])
-        template = (entry.get("model_options") or {}).get("chat_template")
+    out = copy.deepcopy(config)  # fields set in place: the checked study is not checked again
+    for entry in out.models.values():
+        if entry.path is not None:
+            entry.path = rebase(entry.path)
+        template = (entry.model_options or {}).get("chat_template")
         if template is not None and template not in shipped_templates():
-            entry["model_options"]["chat_template"] = rebase(template)
+            entry.model_options["chat_template"] = rebase(template)
     for options in [
-        out.get("cell", {}).get("env", {}).get("options", {}),
-        *(entry.get("env_options", {}) for entry in out["models"].values()),
+        out.cell.get("env", {}).get("options", {}),
+        *(entry.env_options or {} for entry in out.models.values()),
     ]:
         for key in PATH_OPTIONS:
             if options.get(key):
@@ -152,31 +62,31 @@ def paths_from_workdir(study: dict, root: str | Path, workdir: str | Path) -> di
 
 
 class Study:
-    """A study file loaded once (`Study.load`): its keys resolved, checked, rebased to its workdir, its grid built,
-    every cell checked as the trainer will read it. The workflow (workflow/rules/common.smk) reads everything from
-    this object; the functions above are its parts and take the study's mapping."""
+    """A study file loaded once (`Study.load`): its keys resolved and checked as a `StudyConfig` (`config`), its
+    paths rebased to its workdir, its grid built, every cell checked as the trainer will read it. The workflow
+    (workflow/rules/common.smk) reads everything from this object; tests build it from a mapping the same way."""
 
-    def __init__(self, data: dict, root: str | Path = "."):
-        self.data = data
-        """The study's mapping (base merged, checked with its defaults set, paths from its workdir)."""
+    def __init__(self, config: StudyConfig, root: str | Path = "."):
+        self.config = config
+        """The checked study, defaults set, paths relative to its workdir."""
         self.root = Path(root)
-        self.grid = grid_frame(data)
+        self.grid = grid_frame(config)
+        """One row per cell: its model, recipe, optimizer, (arm, lr,) seed, as Snakemake's Paramspace reads it."""
         self.keys = [CellKey.of(row) for row in self.grid.itertuples(index=False)]
-        self.warm_started = warm_started_models(data, self.grid)
-        """Models whose warm-started policy the grid's cells load (the warm-start rule's models)."""
-        self.paper_names = paper_names(data)
-        """Model name -> the paper's model name, for tables and figures."""
-        self.horizons = horizons(data)
-        """Model name -> its `horizon` label (the horizon study's x axis), for the models that have one."""
+        self.warm_started = [
+            m
+            for m in dict.fromkeys(config.policy_model(m) for m in self.grid["model"])
+            if config.models[m].preset is not None
+        ]
+        """Models whose warm-started policy the grid's cells load (the warm-start rule's models), in grid order."""
 
     @classmethod
     def load(cls, data: dict, root: str | Path = ".", source: str | Path | None = None) -> Study:
         """The study of a study file's mapping (`source`: its file, for messages): `base` merged (`resolve_base`),
         checked as a `StudyConfig` with its defaults set (`check_study`), the paths rebased from `root` to the
         study's workdir, then every cell checked (`check_cells`). StudyError naming the key."""
-        study = check_study(resolve_base(data, root=root, source=source), root=root)
-        workdir = os.path.join(root, study["workdir"])
-        loaded = cls(paths_from_workdir(study, root, workdir), root)
+        config = check_study(resolve_base(data, root=root, source=source), root=root)
+        loaded = cls(paths_from_workdir(config, root, os.path.join(root, config.workdir)), root)
         loaded.check_cells()
         return loaded
 
@@ -184,44 +94,97 @@ class Study:
     def preflight_options(self) -> dict | None:
         """The cells' `env.options` where the study plays its tasks in Docker (env `swe`, `backend: docker`), which
         the preflight grades with; None for any other study (no preflight)."""
-        env = self.data.get("cell", {}).get("env", {})
+        env = self.config.cell.get("env", {})
         options = env.get("options") or {}
         return dict(options) if env.get("name") == "swe" and options.get("backend") == "docker" else None
 
-    @property
-    def threads(self) -> int:
-        """Threads of a train job (`resources.train.threads`), which each cell's trainer uses."""
-        return int(self.data["resources"]["train"]["threads"])
-
     def loads_warm_start(self, model: str) -> bool:
         """Whether `model`'s cells load a policy the workflow warm-starts (its own or the one its `policy` names)."""
-        return policy_model(self.data, model) in self.warm_started
+        return self.config.policy_model(model) in self.warm_started
 
     def model_path(self, model: str) -> str:
         """Where a cell of `model` loads its base policy: the warm-started policy (its own, or the one its `policy`
         key names), or the study's checkpoint path."""
-        entry = self.data["models"][model]
-        if entry.get("path") is not None:
-            return entry["path"]
-        return f"results/policies/{policy_model(self.data, model)}"
+        entry = self.config.models[model]
+        if entry.path is not None:
+            return entry.path
+        return f"results/policies/{self.config.policy_model(model)}"
+
+    def model_env(self, model: str) -> dict:
+        """The `env` section of the model's cells and warm start: `cell.env` with the model's own `env_options`
+        merged over its options key by key (a copy)."""
+        env = copy.deepcopy(self.config.cell.get("env", {}))
+        options = {**env.get("options", {}), **copy.deepcopy(self.config.models[model].env_options or {})}
+        return {**env, "options": options} if options or "options" in env else env
+
+    def cell_lrs(self, key: CellKey) -> dict:
+        """The optim keys a cell's learning rate sets, the last given winning: the study's `lr:` entry for its
+        optimizer (Muon's covers its hidden matrices and the AdamW rest alike; an adam_high_lr cell, AdamW at
+        Muon's lr, takes the `muon` entry), its grid lr, its arm's own optim.lr / matrix_lr. {} if none."""
+        table = self.config.lr or LrTable()
+        if key.optimizer == "adam_high_lr":
+            lrs = {} if table.muon is None else {"lr": float(table.muon)}
+        else:
+            value = float(key.lr) if key.lr is not None else getattr(table, key.optimizer)
+            lrs = {} if value is None else {"lr": float(value)}
+        own = self.config.arm_keys(key.arm).get("optim") or {}
+        return {**lrs, **{k: v for k, v in own.items() if k in ("lr", "matrix_lr")}}
+
+    def offline_stats_path(self, model: str, model_path: str) -> str | None:
+        """Where a cell of `model` reads SPO's offline statistics: beside its warm-started policy when the warm
+        start writes them (`warm_start.offline_samples > 0`), relative as `model_path` is; None otherwise, and for a
+        model that shares another's policy (`policy`): that offline pass played the other model's tasks."""
+        if self.config.warm_start.get("offline_samples", 0) > 0 and self.config.models[model].preset:
+            return f"{model_path}/{OFFLINE_STATS_FILE}"
+        return None
 
     def cell_config(self, key: CellKey, model_path: str | None = None) -> dict:
-        """The trainer config of one cell (its cell.yaml), loading its model from `model_path` (default: its own)."""
-        return cell_config(
-            self.data,
-            key.model,
-            key.recipe,
-            key.optimizer,
-            key.seed,
-            self.model_path(key.model) if model_path is None else model_path,
-            self.threads,
-            lr=None if key.lr is None else float(key.lr),
-            arm=key.arm,
-        )
+        """The trainer config of one cell (its cell.yaml), loading its model from `model_path` (default: its own):
+        the shared `cell` block with its arm's keys merged over it, plus the cell's own keys."""
+        config, model = self.config, key.model
+        model_path = self.model_path(model) if model_path is None else model_path
+        shared = deep_merge(config.cell, config.arm_keys(key.arm))
+        cell = {"recipe": key.recipe}
+        cell["model"] = {
+            **shared.pop("model", {}),
+            **copy.deepcopy(config.models[model].model_options or {}),
+            "path": model_path,
+        }
+        cell["optim"] = {**shared.pop("optim", {}), "name": key.optimizer, **self.cell_lrs(key)}
+        run = {**shared.pop("run", {}), "seed": int(key.seed), "threads": int(config.resources.train.threads)}
+        if "env" in shared or config.models[model].env_options:
+            shared["env"] = self.model_env(model)  # in place: a cell.yaml without env_options reads as before
+        estimator = RECIPE_ESTIMATOR[key.recipe]
+        if "rl" in shared:  # the study's settings of the other estimators are not this cell's
+            others = set(SECTION_CLASSES) - set(ESTIMATOR_SECTIONS[estimator])
+            shared["rl"] = {k: v for k, v in shared["rl"].items() if k not in others}
+        offline = self.offline_stats_path(model, model_path)
+        if offline is not None and estimator in SPO_ESTIMATORS:
+            rl = shared.setdefault("rl", {})
+            rl["spo"] = {**rl.get("spo", {}), "offline_stats": offline}
+        cell.update(shared)  # env, rl, rollout, ... as given
+        cell["run"] = run
+        return cell
 
     def warm_start_config(self, model: str) -> dict:
-        """The `python -m trainer warm-start` config of a warm-started model."""
-        return warm_start_config(self.data, model, threads=self.data["resources"]["warm_start"]["threads"])
+        """The `python -m trainer warm-start` config of one model family: its preset, the cells' env (with the
+        model's env_options) and token limits, its own `warm_start` keys over the study's, the warm-start job's
+        threads; the model's `warm_start_seed`, where it has one, seeds both the warm start (demonstrations, their
+        order, evaluations) and the tiny model's initialisation."""
+        config, entry = self.config, self.config.models[model]
+        options = {k: v for k, v in config.warm_start.items() if k != "allow_out_of_band"}
+        options = deep_merge(options, entry.warm_start or {})
+        model_keys = {k: v for k, v in config.cell.get("model", {}).items() if k in ("dtype", "init_seed")}
+        if entry.warm_start_seed is not None:
+            options["seed"], model_keys["init_seed"] = entry.warm_start_seed, entry.warm_start_seed
+        rollout = {k: v for k, v in config.cell.get("rollout", {}).items() if k in WARM_START_ROLLOUT_KEYS}
+        return {
+            "model": {"preset": entry.preset, **model_keys},
+            "env": self.model_env(model),
+            "rollout": rollout,
+            **options,
+            "threads": int(config.resources.warm_start.threads),
+        }
 
     def check_cells(self) -> None:
         """Raise StudyError for a cell the trainer would refuse (its cross-key rules: batch size a multiple of the

@@ -448,6 +448,28 @@ class StudyConfig(Section):
         """The models the grid's cells train, in grid order."""
         return list(dict.fromkeys(m for block in self.grid for m in block.models or self.models))
 
+    def policy_model(self, model: str) -> str:
+        """The model whose base policy `model`'s cells load: itself, or the model its `policy` key names."""
+        return self.models[model].policy or model
+
+    def paper_names(self) -> dict[str, str]:
+        """Model name -> the paper's model name (the name itself when none is given), for tables and figures."""
+        return {name: entry.paper_name or name for name, entry in self.models.items()}
+
+    def horizons(self) -> dict[str, float]:
+        """Model name -> its `horizon` label, for the models that have one (the horizon study's x axis)."""
+        return {name: entry.horizon for name, entry in self.models.items() if entry.horizon is not None}
+
+    def arm_keys(self, arm: str | None) -> dict:
+        """The trainer keys of an arm (its block's `cell`, a copy); {} for no arm. KeyError for a label no block
+        names."""
+        if arm is None:
+            return {}
+        for block in self.grid:
+            if block.arm == arm:
+                return copy.deepcopy(block.cell or {})
+        raise KeyError(f"arm {arm!r} is not named by any grid block")
+
     def _check_trainer_blocks(self) -> None:
         """The shared `cell` as a TrainConfig and `warm_start` as a WarmStartConfig: the trainer's own sections."""
         per_cell = per_cell_key(self.cell)
@@ -626,32 +648,29 @@ class StudyConfig(Section):
                 if own.get(key) and not (root / own[key]).exists():
                     raise ConfigError(f"models.{model}.env_options.{key}: {own[key]!r} does not exist")
 
-    def mapping(self) -> dict:
-        """The study as a plain mapping, every default set and the keys not given (None) left out: what the workflow
-        reads (`config`) and the functions below take."""
-        return _plain(self)
 
-
-def _plain(value):
+def plain(value):
+    """A section as a plain mapping (nested sections too), the keys not given (None) left out: what a Snakemake
+    param carries to a script, which builds the section again."""
     if dataclasses.is_dataclass(value):
         return {
-            f.name: _plain(getattr(value, f.name))
+            f.name: plain(getattr(value, f.name))
             for f in dataclasses.fields(value)
             if getattr(value, f.name) is not None
         }
     if isinstance(value, (tuple, list)):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     return value
 
 
-def check_study(study: dict, root: str | Path = ".") -> dict:
-    """The study's mapping (its `base` merged) checked as a `StudyConfig`, its local paths relative to the repository
-    root `root`; returned as a plain mapping with every default set. StudyError naming the key."""
+def check_study(study: dict, root: str | Path = ".") -> StudyConfig:
+    """The study's mapping (its `base` merged) checked as a `StudyConfig`, every default set, its local paths
+    checked relative to the repository root `root`. StudyError naming the key."""
     try:
         config = build_config(StudyConfig, study)
         config.check_paths(root)
     except ConfigError as e:
         raise StudyError(str(e)) from None
-    return config.mapping()
+    return config

@@ -25,6 +25,7 @@ from trainer.study import (  # noqa: E402  (the study model: pure, tested on its
     RECIPE_OPTIMIZER,
     CellKey,
     Study,
+    plain,
     yaml_text,
 )
 from trainer.analysis.kinds import STUDY_KINDS  # noqa: E402  (standard library only: no matplotlib here)
@@ -43,8 +44,9 @@ os.environ.update(
 # every key, type, range and rule across keys; defaults set), every cell checked, its paths rebased to its workdir.
 STUDY_FILE = str((workflow.overwrite_configfiles or ["config.yaml"])[-1])
 STUDY = Study.load(config, root=workflow.basedir, source=STUDY_FILE)
-config.clear()
-config.update(STUDY.data)
+STUDY_CONFIG = STUDY.config
+"""The checked study (trainer/study/schema.py StudyConfig): what the rules read, typed. Snakemake's `config` keeps
+the file's keys as written; nothing here reads it after this line."""
 
 GRID = STUDY.grid
 PARAMSPACE = Paramspace(GRID, param_sep="=")
@@ -53,10 +55,10 @@ CELL = f"{CELLS_DIR}/{PARAMSPACE.wildcard_pattern}"
 TRAINER_VERSION = trainer.TRAINER_VERSION
 TRAINER_ENV = (
     "../../envs/trainer-gpu.yaml"
-    if config["cell"].get("rollout", {}).get("engine") == "vllm"
+    if STUDY_CONFIG.cell.get("rollout", {}).get("engine") == "vllm"
     else "../../envs/trainer-cpu.yaml"
 )
-KIND = STUDY_KINDS[config["study"]]
+KIND = STUDY_KINDS[STUDY_CONFIG.study]
 """The study's kind (trainer/analysis/kinds.py): its figures and captions, what `summarize` writes beyond the
 table and runs.parquet, the reference numbers it compares with and the params its functions take."""
 PAPER_NUMBERS = {"paper_numbers": str(KIND.numbers)} if KIND.numbers else {}
@@ -64,7 +66,7 @@ PAPER_NUMBERS = {"paper_numbers": str(KIND.numbers)} if KIND.numbers else {}
 
 
 wildcard_constraints:
-    model="|".join(re.escape(m) for m in config["models"]),
+    model="|".join(re.escape(m) for m in STUDY_CONFIG.models),
     recipe="|".join(RECIPE_OPTIMIZER),
     optimizer="|".join(OPTIMIZERS),
     arm=r"[A-Za-z0-9][A-Za-z0-9_.+-]*",
@@ -139,7 +141,7 @@ def warm_start_yaml(wildcards):
 
 
 def out_of_band_flag(wildcards):
-    return "--allow-out-of-band" if config["warm_start"]["allow_out_of_band"] else ""
+    return "--allow-out-of-band" if STUDY_CONFIG.warm_start["allow_out_of_band"] else ""
 
 
 def cells_dir(wildcards):
@@ -150,48 +152,50 @@ def cells_dir(wildcards):
 def analysis_params():
     """Parameters shared by summarize.py and plot_figures.py (`study` picks the kind; a kind that takes them
     also gets each model's horizon label)."""
-    a = config["analysis"]
+    a = STUDY_CONFIG.analysis
     return dict(
-        study=config["study"],
-        collapse=a["collapse"],
-        models=STUDY.paper_names,
-        window_fraction=a["window_fraction"],
-        **({"horizons": STUDY.horizons} if KIND.horizons else {}),
+        study=STUDY_CONFIG.study,
+        collapse=a.collapse,
+        models=STUDY_CONFIG.paper_names(),
+        window_fraction=a.window_fraction,
+        **({"horizons": STUDY_CONFIG.horizons()} if KIND.horizons else {}),
     )
 
 
 def summarize_params():
     """analysis_params, and the study's preregistration where the kind judges one (an arms study)."""
-    stated = config.get("preregistration")
-    return dict(**analysis_params(), **({"preregistration": stated} if KIND.preregistration and stated else {}))
+    stated = STUDY_CONFIG.preregistration
+    if KIND.preregistration and stated is not None:
+        return dict(**analysis_params(), preregistration=plain(stated))  # a mapping: the script builds it again
+    return analysis_params()
 
 
 def figure_params():
     """analysis_params, and the EMA span of the curves where the kind's figures draw one."""
-    return dict(**analysis_params(), **({"ema_span": config["analysis"]["ema_span"]} if KIND.ema_span else {}))
+    return dict(**analysis_params(), **({"ema_span": STUDY_CONFIG.analysis.ema_span} if KIND.ema_span else {}))
 
 
 # -- how a train job starts (rules/train.smk) ------------------------------------------------------------
 
 
-def keep_flags(keep: dict, out) -> str:
+def keep_flags(keep, out) -> str:
     """The trainer flags a cell's `keep:` asks for: its final policy into CELL/policy.partial (the rule renames it),
     a checkpoint after its last update."""
-    flags = [f"--save-policy {out}/policy.partial"] if keep["policy"] else []
-    return " ".join(flags + (["--checkpoint-last"] if keep["checkpoint"] else []))
+    flags = [f"--save-policy {out}/policy.partial"] if keep.policy else []
+    return " ".join(flags + (["--checkpoint-last"] if keep.checkpoint else []))
 
 
-def track_flags(trackers: dict, out) -> str:
+def track_flags(trackers, out) -> str:
     """The trainer flags of the study's `trackers:`: each tracker on, the study file as the group, the cell's folder
     (`model=.../seed=S`) as the run's name."""
-    names = [name for name, on in trackers.items() if on]
+    names = [name for name, on in plain(trackers).items() if on]
     if not names:
         return ""
     cell = Path(out).relative_to(CELLS_DIR).as_posix()
     return f"--track {' '.join(names)} --track-group {Path(STUDY_FILE).stem} --track-name {cell}"
 
 
-def trainer_launcher(res: dict) -> str:
+def trainer_launcher(res) -> str:
     """The command that starts `-m trainer train`: python; torchrun on one node; srun + torchrun on several.
 
     On several nodes, `srun` starts one torchrun per node, and each finds the rendezvous host, the step's first
@@ -200,7 +204,7 @@ def trainer_launcher(res: dict) -> str:
     included). The port follows the job id, so that two cells whose first node is the same one do not meet on
     one port. `--kill-on-bad-exit`: a node whose torchrun fails ends the step on the others too, rather than
     leaving them waiting in a collective; `--label` prefixes each line of train.log with its task (node) number."""
-    procs, nodes = res["processes"], res["nodes"]
+    procs, nodes = res.processes, res.nodes
     if nodes > 1:
         per_node = (
             "exec python -m torch.distributed.run "
@@ -215,14 +219,14 @@ def trainer_launcher(res: dict) -> str:
     return "python"
 
 
-def train_placement(res: dict) -> dict:
+def train_placement(res) -> dict:
     """SLURM placement resources of a train job (the slurm executor plugin's names): GPUs on one node (`nodes: 1`,
     so that SLURM never spreads a torchrun's GPUs over two nodes), and for several nodes one task per node with
     the job's shell left to start its own `srun` (`mpi`); whole nodes with `exclusive`."""
-    extra = {"slurm_extra": "--exclusive"} if res["exclusive"] else {}
-    if res["nodes"] == 1:
-        return {"gpu": res["gpu"], "nodes": 1, **extra}
-    placement = {"nodes": res["nodes"], "tasks": res["nodes"], "mpi": "srun", "tasks_per_gpu": 0, **extra}
-    if res["gpu"]:
-        placement["gres"] = f"gpu:{res['gpu']}"
+    extra = {"slurm_extra": "--exclusive"} if res.exclusive else {}
+    if res.nodes == 1:
+        return {"gpu": res.gpu, "nodes": 1, **extra}
+    placement = {"nodes": res.nodes, "tasks": res.nodes, "mpi": "srun", "tasks_per_gpu": 0, **extra}
+    if res.gpu:
+        placement["gres"] = f"gpu:{res.gpu}"
     return placement

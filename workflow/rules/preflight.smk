@@ -13,14 +13,14 @@ rule preflight:
         "results/logs/preflight.log",
     conda:
         "../../envs/trainer-cpu.yaml"
-    threads: config["preflight"]["workers"]
+    threads: STUDY_CONFIG.preflight.workers
     resources:
-        mem_mb=config["preflight"]["mem_mb"],
-        runtime=config["preflight"]["runtime"],
+        mem_mb=STUDY_CONFIG.preflight.mem_mb,
+        runtime=STUDY_CONFIG.preflight.runtime,
     params:
         options=preflight_options_json(),
-        rows=config["preflight"]["rows_per_repository"],
-        share=config["preflight"]["min_gold_share"],
+        rows=STUDY_CONFIG.preflight.rows_per_repository,
+        share=STUDY_CONFIG.preflight.min_gold_share,
     shell:
         "python -m trainer.environments.swe.preflight --options {params.options:q} --rows-per-repository "
         "{params.rows} --workers {threads} --min-gold-share {params.share} --out {output} > {log} 2>&1"

@@ -50,20 +50,20 @@ rule train:
         f"{CELL}/train.log",
     conda:
         TRAINER_ENV
-    threads: config["resources"]["train"]["threads"] * config["resources"]["train"]["processes"]
+    threads: STUDY_CONFIG.resources.train.threads * STUDY_CONFIG.resources.train.processes
     resources:
-        **train_placement(config["resources"]["train"]),
-        cpus_per_task=config["resources"]["train"]["threads"] * config["resources"]["train"]["processes"],
-        mem_mb=config["resources"]["train"]["mem_mb"],
-        runtime=config["resources"]["train"]["runtime"],
+        **train_placement(STUDY_CONFIG.resources.train),
+        cpus_per_task=STUDY_CONFIG.resources.train.threads * STUDY_CONFIG.resources.train.processes,
+        mem_mb=STUDY_CONFIG.resources.train.mem_mb,
+        runtime=STUDY_CONFIG.resources.train.runtime,
     params:
         out=subpath(output.metrics, parent=True),
         trainer_version=TRAINER_VERSION,
-        launcher=trainer_launcher(config["resources"]["train"]),
-        keep=lambda wildcards, output: keep_flags(config["keep"], Path(output.metrics).parent),
-        track=lambda wildcards, output: track_flags(config["trackers"], Path(output.metrics).parent),
-        keep_checkpoint="yes" if config["keep"]["checkpoint"] else "no",
-        exit_with="parent" if config["resources"]["train"]["nodes"] > 1 else "$PPID",
+        launcher=trainer_launcher(STUDY_CONFIG.resources.train),
+        keep=lambda wildcards, output: keep_flags(STUDY_CONFIG.keep, Path(output.metrics).parent),
+        track=lambda wildcards, output: track_flags(STUDY_CONFIG.trackers, Path(output.metrics).parent),
+        keep_checkpoint="yes" if STUDY_CONFIG.keep.checkpoint else "no",
+        exit_with="parent" if STUDY_CONFIG.resources.train.nodes > 1 else "$PPID",
     shell:
         """
         policy=""

@@ -25,12 +25,12 @@ rule warm_start:
         "results/logs/warm_start/{model}.log",
     conda:
         TRAINER_ENV
-    threads: config["resources"]["warm_start"]["threads"]
+    threads: STUDY_CONFIG.resources.warm_start.threads
     resources:
-        cpus_per_task=config["resources"]["warm_start"]["threads"],  # see rule train
-        mem_mb=config["resources"]["warm_start"]["mem_mb"],
-        runtime=config["resources"]["warm_start"]["runtime"],
-        gpu=config["resources"]["warm_start"]["gpu"],
+        cpus_per_task=STUDY_CONFIG.resources.warm_start.threads,  # see rule train
+        mem_mb=STUDY_CONFIG.resources.warm_start.mem_mb,
+        runtime=STUDY_CONFIG.resources.warm_start.runtime,
+        gpu=STUDY_CONFIG.resources.warm_start.gpu,
     params:
         allow=out_of_band_flag,
         trainer_version=TRAINER_VERSION,  # an environment or trainer change rebuilds the base policy too
