@@ -3,8 +3,8 @@
 Writes `--cells` synthetic metrics logs (trainer/analysis/synthetic.py: 2 model families x 8 recipes x
 Adam/Muon x as many seeds as needed, Adam runs mostly collapsing) into a temporary directory in the
 workflow's Hive layout, untimed. Then times exactly what the workflow's two rules run, in one process:
-`summarize` (read every log with pyarrow.dataset, judge collapse per run, t intervals per cell, write
-summary.csv/.md and runs.parquet) and `plot` (read the logs again, EMA, and draw and write all five figures
+`summarize_study` (read every log with pyarrow.dataset, judge collapse per run, t intervals per cell, write
+summary.csv/.md and runs.parquet, the collapse rule's simulated false-positive rate) and `plot_study` (read the logs again, EMA, and draw and write all five figures
 as PNG and PDF). Imports are done before the clock starts (the trainer package pulls in torch, ~4 s, which is
 not analysis time). Wall time is the target; CPU time is printed too, because on a shared machine the two differ.
 
@@ -18,8 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainer.analysis import FIGURES, SUMMARY_COLUMNS, load_metrics, plot, summarize
-from trainer.analysis.figures import FORMATS
+from trainer.analysis.cell_logs import load_metrics
+from trainer.analysis.figures import FIGURES, FORMATS
+from trainer.analysis.pipeline import plot_study, summarize_study
+from trainer.analysis.summary import SUMMARY_COLUMNS
 from trainer.analysis.synthetic import synthetic_grid
 from trainer.recipes import FIGURE2_RECIPES
 
@@ -53,7 +55,8 @@ def main() -> None:
         outputs = [root / "figures" / f"{name}.{fmt}" for name in FIGURES for fmt in FORMATS]
 
         wall, cpu = time.perf_counter(), time.process_time()
-        notes = summarize(
+        notes = summarize_study(
+            "main",
             paths,
             base,
             root / "results" / "summary.csv",
@@ -61,7 +64,7 @@ def main() -> None:
             root / "results" / "runs.parquet",
         )
         t_summary = time.perf_counter() - wall
-        plot(paths, base, root / "results" / "runs.parquet", outputs)
+        plot_study("main", paths, base, root / "results" / "runs.parquet", outputs)
         total, total_cpu = time.perf_counter() - wall, time.process_time() - cpu
 
         t0 = time.perf_counter()

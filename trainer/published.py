@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 from scipy import stats
 
 from trainer.analysis.cell_logs import load_metrics
-from trainer.analysis.kinds import COMPANION, STUDY_KINDS
+from trainer.analysis.kinds import STUDY_KINDS
 from trainer.analysis.statistics import holm
 from trainer.atomic import atomic_path
 from trainer.logs.parquet_log import PROVENANCE_KEY
@@ -178,28 +178,20 @@ def recompute(folder: Path, repo: Path = REPO) -> pd.DataFrame:
     """A published study's summary.csv (and runs.csv's degradation verdicts; an arms study's predictors.csv)
     recomputed from its runs.csv with this checkout's analysis: its intervals, tests and verdicts, no retraining.
     Written in place; returns the summary."""
-    import trainer.analysis
+    from trainer.analysis.arms import predictor_table
     from trainer.analysis.collapse import degraded
+    from trainer.analysis.pipeline import ANALYSES, settings_for
 
     runs, provenance = read_published(folder)
     study = published_study(provenance, repo)
-    kind = STUDY_KINDS[study.study]
     batch = study.cell.get("rollout", {}).get("batch_size", RolloutConfig.batch_size)
     runs["degraded"] = degraded(runs["gain"], float(batch), runs["n_updates"])
-    models = study.paper_names()
-    table = getattr(trainer.analysis, kind.summary_table)
-    if kind is COMPANION:  # its reference numbers, which the main table loads itself
-        from trainer.analysis.companion import load_companion_numbers
-
-        summary = table(runs, load_companion_numbers(kind.numbers), models)
-    else:
-        summary = table(runs, models=models)
+    settings = settings_for(STUDY_KINDS[study.study], models=study.paper_names())
+    summary = ANALYSES[study.study].summary_table(runs, settings)
     _write(folder / "summary.csv", summary.to_csv(index=False, float_format="%.6g"))
     _write(folder / "runs.csv", runs.to_csv(index=False))
-    if kind.name == "arms":  # what predicts collapse, over runs and over arms
-        _write(
-            folder / "predictors.csv", trainer.analysis.predictor_table(runs).to_csv(index=False, float_format="%.6g")
-        )
+    if study.study == "arms":  # what predicts collapse, over runs and over arms
+        _write(folder / "predictors.csv", predictor_table(runs).to_csv(index=False, float_format="%.6g"))
     return summary
 
 
@@ -373,27 +365,22 @@ def _provenances(paths: list[Path]) -> list[dict]:
 def cell_run(cell: Path, published: dict, repo: Path) -> pd.DataFrame:
     """The run table's row of one cell, as the published study's summarize rule would compute it (its kind, collapse
     rule, window and models from the study file the provenance names)."""
-    import tempfile
-
-    import trainer.analysis
+    from trainer.analysis.pipeline import judge_runs, settings_for
 
     study = published_study(published, repo)
-    kind = STUDY_KINDS[study.study]
     base = cell.resolve()
     while "=" in base.name:
         base = base.parent
-    analysis = study.analysis
-    options = dict(collapse=analysis.collapse, models=study.paper_names(), window_fraction=analysis.window_fraction)
-    if kind.numbers:
-        options["numbers"] = kind.numbers
-    if kind.horizons:
-        options["horizons"] = study.horizons()
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp)
-        options.update({name: out / Path(path).name for name, path in kind.extra_outputs.items()})
-        summarize = getattr(trainer.analysis, kind.summarize)
-        summarize([cell / "metrics.parquet"], base, out / "s.csv", out / "s.md", out / "runs.parquet", **options)
-        return pd.read_parquet(out / "runs.parquet")
+    paths = [cell / "metrics.parquet"]
+    settings = settings_for(
+        STUDY_KINDS[study.study],
+        study.analysis.collapse,
+        study.paper_names(),
+        study.analysis.window_fraction,
+        horizons=study.horizons(),
+        metrics_paths=paths,
+    )
+    return judge_runs(study.study, paths, base, settings)
 
 
 def main(argv: list[str] | None = None) -> int:

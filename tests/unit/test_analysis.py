@@ -6,7 +6,6 @@ written in the workflow's Hive layout by the synthetic writer and by the trainer
 
 from __future__ import annotations
 
-import inspect
 import math
 import subprocess
 import sys
@@ -20,27 +19,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import trainer.analysis
-from trainer.analysis import (
-    DEFAULT_MODELS,
-    CollapseCriterion,
-    detect_collapse,
-    ema,
-    first_sustained,
-    load_metrics,
+from trainer.analysis.cell_logs import load_metrics, paper_model
+from trainer.analysis.collapse import CollapseCriterion, detect_collapse, ema, ema_by_run, first_sustained, judge
+from trainer.analysis.config import AnalysisConfig
+from trainer.analysis.kinds import DEFAULT_MODELS, PAPER_NUMBERS, STUDY_KINDS
+from trainer.analysis.pipeline import ANALYSES, summarize_study
+from trainer.analysis.statistics import t_interval
+from trainer.analysis.summary import (
     load_paper_numbers,
-    paper_model,
+    native_optimizer,
     run_table,
-    summarize,
     summary_markdown,
     summary_table,
-    t_interval,
     window_size,
 )
-from trainer.analysis.collapse import ema_by_run, judge
-from trainer.analysis.config import AnalysisConfig
-from trainer.analysis.kinds import PAPER_NUMBERS, STUDY_KINDS
-from trainer.analysis.summary import native_optimizer
 from trainer.analysis.synthetic import cell_path, synthetic_metrics, write_metrics
 from trainer.logs.parquet_log import METRIC_COLUMNS, MetricsLog
 from trainer.recipes import FIGURE2_RECIPES, RECIPES
@@ -552,8 +544,8 @@ def test_summarize_writes_the_three_outputs(tmp_path):
             )
         )
     out = tmp_path / "results"
-    notes = summarize(
-        paths, base, out / "summary.csv", out / "summary.md", out / "runs.parquet", collapse={"warmup": 5}
+    notes = summarize_study(
+        "main", paths, base, out / "summary.csv", out / "summary.md", out / "runs.parquet", collapse={"warmup": 5}
     )
     summary, runs = pd.read_csv(out / "summary.csv"), pd.read_parquet(out / "runs.parquet")
     assert len(summary) == 2 and len(runs) == 4
@@ -570,7 +562,8 @@ def test_summarize_writes_the_three_outputs(tmp_path):
     paper = pd.read_csv(PAPER_NUMBERS)
     paper.loc[(paper["model"] == "MiniCPM5-2B") & (paper["recipe"] == "full"), "success_updates_90_100_pct"] = 12.5
     paper.to_csv(numbers, index=False)
-    summarize(
+    summarize_study(
+        "main",
         paths,
         base,
         out / "edited.csv",
@@ -604,30 +597,24 @@ def test_the_workflow_reads_the_kinds_without_matplotlib():
     assert r.stdout.strip() == "[]"
 
 
-def test_every_kind_of_study_has_its_functions():
+def test_every_kind_of_study_has_its_analysis():
+    """The workflow's records and the pipeline's name the same kinds, and what a record declares exists."""
+    assert list(ANALYSES) == list(STUDY_KINDS)
     for name, kind in STUDY_KINDS.items():
-        summarize_params = inspect.signature(getattr(trainer.analysis, kind.summarize)).parameters
-        plot_params = inspect.signature(getattr(trainer.analysis, kind.plot)).parameters
-        # what the scripts pass, by the record's flags, is what the functions take
-        assert ("numbers" in summarize_params) == ("numbers" in plot_params) == (kind.numbers is not None), name
-        assert ("horizons" in summarize_params) == kind.horizons, name
-        assert ("ema_span" in plot_params) == kind.ema_span, name
-        assert set(kind.extra_outputs) <= set(summarize_params), name
-        assert kind.numbers is None or kind.numbers.is_file()
-        assert {"collapse", "models", "window_fraction"} <= set(summarize_params)
-        assert "models" in plot_params
+        assert kind.numbers is None or kind.numbers.is_file(), name
+        assert ANALYSES[name].axis == {"stability": "lr", "arms": "arm"}.get(name), name
 
 
 def test_library_defaults_are_the_workflows():
-    """A call without the analysis parameters gets the study's defaults (trainer/analysis/config.py): every kind's
-    summarize and plot functions, and the collapse rule of an empty `collapse:` section."""
+    """A call without the analysis parameters gets the study's defaults (trainer/analysis/config.py): the
+    pipeline's settings for every kind, and the collapse rule of an empty `collapse:` section."""
+    from trainer.analysis.pipeline import settings_for
+
     defaults = AnalysisConfig()
     for kind in STUDY_KINDS.values():
-        for function in (kind.summarize, kind.plot):
-            params = inspect.signature(getattr(trainer.analysis, function)).parameters
-            for name in ("window_fraction", "ema_span"):
-                if name in params:
-                    assert params[name].default == getattr(defaults, name), (function, name)
+        settings = settings_for(kind)
+        assert (settings.window_fraction, settings.ema_span) == (defaults.window_fraction, defaults.ema_span)
+        assert settings.numbers == kind.numbers and dict(settings.models) == dict(kind.default_models)
     assert CollapseCriterion.from_dict(defaults.collapse) == CollapseCriterion()
 
 

@@ -20,11 +20,10 @@ from trainer.analysis.arms import (
     arms_summary_table,
     auc,
     figure_curves,
-    plot_arms,
     predictor_table,
-    summarize_arms,
 )
 from trainer.analysis.cell_logs import check_no_axes, load_metrics
+from trainer.analysis.pipeline import plot_study, summarize_study
 from trainer.analysis.synthetic import cell_path, synthetic_metrics, write_metrics
 from trainer.config import config_from_dict
 
@@ -222,18 +221,19 @@ def test_summarize_and_plot_write_every_output(tmp_path):
     out = tmp_path / "out"
     outputs = [out / "summary.csv", out / "summary.md", out / "runs.parquet"]
     extra = {"predictors": out / "predictors.csv", "hypotheses": out / "hypotheses.csv"}
-    notes = summarize_arms(paths, tmp_path / "cells", *outputs, **extra)
+    notes = summarize_study("arms", paths, tmp_path / "cells", *outputs, extra)
     assert "6 runs, 2 cells" in notes[0] and "update_spectral_norm: AUC 1.000" in notes
     md = (out / "summary.md").read_text()
     assert "## What predicts collapse" in md and "| hidden update top singular value | 6 | 3 | 1.00 |" in md
     assert "Pre-registered" not in md and pd.read_csv(out / "hypotheses.csv").empty  # the study stated none
     assert pd.read_csv(out / "predictors.csv").shape[0] == 4
     # a statement: judged in the table and the page, registered first, a post-hoc claim labelled so
-    summarize_arms(
+    summarize_study(
+        "arms",
         paths,
         tmp_path / "cells",
         *outputs,
-        **extra,
+        extra,
         preregistration={
             "registered": "before the runs",
             "hypotheses": [
@@ -251,7 +251,7 @@ def test_summarize_and_plot_write_every_output(tmp_path):
     h1 = judged.set_index("hypothesis").loc["H1"]
     assert h1["estimate_pts"] > 0 and h1["verdict"] == "supported"  # cool ends far above hot, which collapsed
     outputs = [out / f"{name}.{ext}" for name in ("arms_curves", "arms_predictors") for ext in ("png", "pdf")]
-    written = plot_arms(paths, tmp_path / "cells", out / "runs.parquet", outputs)
+    written = plot_study("arms", paths, tmp_path / "cells", out / "runs.parquet", outputs)
     assert len(written) == 4 and all(p.stat().st_size > 1000 for p in outputs)
 
 

@@ -16,7 +16,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainer.analysis import CollapseCriterion, ema, summarize
 from trainer.analysis.calibration import (
     FPR_LEVELS,
     calibrate,
@@ -30,8 +29,9 @@ from trainer.analysis.calibration import (
     simulate_success,
     success_drop_rows,
 )
-from trainer.analysis.collapse import judge
+from trainer.analysis.collapse import CollapseCriterion, ema, judge
 from trainer.analysis.kinds import COMPANION_MODELS, COMPANION_NUMBERS, DEFAULT_MODELS, PAPER_NUMBERS
+from trainer.analysis.pipeline import summarize_study
 from trainer.analysis.summary import add_collapse_note, collapse_note, study_shape, write_collapse_note
 from trainer.analysis.synthetic import cell_path, companion_grid, synthetic_metrics, write_metrics
 
@@ -198,9 +198,10 @@ def test_summary_script_writes_the_false_positive_sentence(tmp_path):
     assert f"The collapse rule flags {worst:.1%} of simulated runs of constant success" in method
     assert "at this study's 8 episodes per update and 40 updates (Monte Carlo, 2000 runs, seed 0;" in method
     assert f"flags {worst:.1%}" in (tmp_path / "s.log").read_text()
-    # Written once: the helper on its own gives the same sentence it added.
+    # Written once, by the pipeline the script calls; the helper on its own gives the same sentence.
     again = tmp_path / "again.md"
-    summarize(paths, base, out / "b.csv", again, out / "b.parquet", collapse=collapse)
+    summarize_study("main", paths, base, out / "b.csv", again, out / "b.parquet", collapse=collapse)
+    assert again.read_text().count("The collapse rule flags") == 1
     assert write_collapse_note(paths, base, again, collapse) in method
 
 

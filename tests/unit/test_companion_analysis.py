@@ -20,13 +20,7 @@ from hypothesis import strategies as st
 from matplotlib.collections import PathCollection
 from matplotlib.container import BarContainer
 
-from trainer.analysis import (
-    companion_run_table,
-    companion_summary_table,
-    load_metrics,
-    plot_companion,
-    summarize_companion,
-)
+from trainer.analysis.cell_logs import load_metrics
 from trainer.analysis.companion import (
     COMPANION_COLUMNS,
     COMPANION_FIGURES,
@@ -37,6 +31,8 @@ from trainer.analysis.companion import (
     OPTIMIZERS,
     companion_coverage_notes,
     companion_markdown,
+    companion_run_table,
+    companion_summary_table,
     figure_companion_bars,
     figure_companion_curves,
     figure_companion_diagnostics,
@@ -45,8 +41,8 @@ from trainer.analysis.companion import (
     load_companion_numbers,
     validation_auc,
     validation_curve,
-    write_companion_figures,
 )
+from trainer.analysis.pipeline import plot_study, summarize_study
 from trainer.analysis.synthetic import companion_grid
 
 REPO = Path(__file__).resolve().parents[2]
@@ -223,8 +219,8 @@ def grid(tmp_path_factory):
     base = root / "results" / "cells"
     paths = companion_grid(base, MODEL, ESTIMATORS, OPTIMIZERS, [0, 1], n_updates=20, eval_every=5, seed=2)
     out = root / "results"
-    notes = summarize_companion(
-        paths, base, out / "summary.csv", out / "summary.md", out / "runs.parquet", collapse={"warmup": 5}
+    notes = summarize_study(
+        "companion", paths, base, out / "summary.csv", out / "summary.md", out / "runs.parquet", collapse={"warmup": 5}
     )
     return SimpleNamespace(
         root=root,
@@ -247,7 +243,7 @@ def test_the_numbers_given_are_the_numbers_compared(grid, tmp_path):
     ] = 0.125
     raw.to_csv(tmp_path / "numbers.csv", index=False)
     out = [tmp_path / n for n in ("summary.csv", "summary.md", "runs.parquet")]
-    summarize_companion(grid.paths, grid.base, *out, collapse={"warmup": 5}, numbers=tmp_path / "numbers.csv")
+    summarize_study("companion", grid.paths, grid.base, *out, collapse={"warmup": 5}, numbers=tmp_path / "numbers.csv")
     edited = pd.read_csv(out[0]).set_index(["recipe", "optimizer"])
     original = grid.summary.set_index(["recipe", "optimizer"])
     assert original.loc[("gigpo", "muon"), "companion_final_pct"] == pytest.approx(54.6)
@@ -325,21 +321,24 @@ def test_diagnostics_panels_and_all_nan_grad_snr(grid, tmp_path):
 @pytest.mark.slow
 def test_written_files_exist_are_non_empty_and_the_pdf_is_reproducible(grid, tmp_path):
     outputs = [tmp_path / f"{name}.{ext}" for name in COMPANION_FIGURES for ext in ("png", "pdf")]
-    notes = plot_companion(grid.paths, grid.base, grid.root / "results" / "runs.parquet", outputs)
+    runs_path = grid.root / "results" / "runs.parquet"
+    notes = plot_study("companion", grid.paths, grid.base, runs_path, outputs)
     assert notes == [f"wrote {p}" for p in outputs]
     for path in outputs:
         head = path.read_bytes()[:8]
         assert head.startswith(b"\x89PNG" if path.suffix == ".png" else b"%PDF")
     first = outputs[3].read_bytes()  # companion_bars.pdf
-    write_companion_figures([outputs[3]], grid.metrics, grid.runs, COMPANION_MODELS)
+    plot_study("companion", grid.paths, grid.base, runs_path, [outputs[3]])
     assert outputs[3].read_bytes() == first
 
 
 def test_write_rejects_unknown_outputs_and_a_stale_runs_table(grid, tmp_path):
+    runs_path = grid.root / "results" / "runs.parquet"
     with pytest.raises(ValueError, match="unknown figure 'fig2'"):
-        write_companion_figures([tmp_path / "fig2.png"], grid.metrics, grid.runs)
+        plot_study("companion", grid.paths, grid.base, runs_path, [tmp_path / "fig2.png"])
+    grid.runs.iloc[1:].to_parquet(tmp_path / "stale.parquet")
     with pytest.raises(ValueError, match="does not match the metrics"):
-        write_companion_figures([tmp_path / "companion_bars.png"], grid.metrics, grid.runs.iloc[1:])
+        plot_study("companion", grid.paths, grid.base, tmp_path / "stale.parquet", [tmp_path / "companion_bars.png"])
 
 
 def snakemake_object(input_, output, params, log):

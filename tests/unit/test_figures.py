@@ -18,20 +18,13 @@ import pytest
 from matplotlib.collections import LineCollection, PathCollection
 from matplotlib.colors import to_hex
 
-from trainer.analysis import (
-    CollapseCriterion,
-    add_ema,
-    draw_figure,
-    ema,
-    load_metrics,
-    load_paper_numbers,
-    run_table,
-    save_figure,
-    write_figures,
-)
-from trainer.analysis.figures import FIGURES, FULL_BAR, figure_bars, figure_family
+from trainer.analysis.cell_logs import load_metrics
+from trainer.analysis.collapse import CollapseCriterion, ema
+from trainer.analysis.figures import FIGURES, FULL_BAR, add_ema, draw_figure, figure_bars, figure_family
 from trainer.analysis.kinds import PAPER_NUMBERS, STUDY_KINDS
-from trainer.analysis.plotting import recipe_label
+from trainer.analysis.pipeline import plot_study
+from trainer.analysis.plotting import recipe_label, save_figure
+from trainer.analysis.summary import load_paper_numbers, run_table
 from trainer.analysis.synthetic import cell_path, synthetic_grid, synthetic_metrics, write_metrics
 from trainer.recipes import FIGURE2_RECIPES as RECIPES  # the main figures draw these
 
@@ -47,6 +40,7 @@ def grid(tmp_path_factory):
     paths = synthetic_grid(base, list(MODELS), list(RECIPES), ["adam", "muon"], [0, 1], n_updates=20, seed=1)
     metrics = load_metrics(paths, base)
     runs = run_table(metrics, CollapseCriterion(warmup=3, patience=2), models=MODELS)
+    runs.to_parquet(root / "runs.parquet")  # what the figures rule reads beside the logs
     return SimpleNamespace(root=root, base=base, paths=paths, metrics=add_ema(metrics, 5), runs=runs)
 
 
@@ -170,27 +164,31 @@ def test_diagnostics_panels(grid):
 
 
 @pytest.mark.slow
-def test_write_figures_files_exist_and_pdf_is_reproducible(grid, tmp_path):
+def test_written_figures_exist_and_pdf_is_reproducible(grid, tmp_path):
     outputs = [tmp_path / "figures" / f"{name}.{fmt}" for name in FIGURES for fmt in ("png", "pdf")]
-    notes = write_figures(outputs, grid.metrics, grid.runs, MODELS)
+    notes = plot_study("main", grid.paths, grid.base, grid.root / "runs.parquet", outputs, models=MODELS)
     for path in outputs:
         assert path.is_file() and path.stat().st_size > 1000, path
         assert path.read_bytes()[:4] == (b"\x89PNG" if path.suffix == ".png" else b"%PDF")
     assert len([n for n in notes if n.startswith("wrote")]) == 10
-    # A fresh drawing written twice: the same bytes each time and as write_figures' (no random draws, no date).
+    # A fresh drawing written twice: the same bytes each time and as the pipeline's (no random draws, no date).
     fig = draw_figure("fig2", grid.metrics, grid.runs, MODELS)
     first, second = save_figure(fig, tmp_path / "a.pdf").read_bytes(), save_figure(fig, tmp_path / "b.pdf").read_bytes()
     assert first == second == (tmp_path / "figures" / "fig2.pdf").read_bytes()
     assert b"CreationDate" not in first
 
 
-def test_write_figures_rejects_unknown_outputs_and_a_stale_runs_table(grid, tmp_path):
+def test_the_figures_refuse_unknown_outputs_and_a_stale_runs_table(grid, tmp_path):
+    def plot(outputs, runs_path=grid.root / "runs.parquet"):
+        return plot_study("main", grid.paths, grid.base, runs_path, outputs, models=MODELS)
+
     with pytest.raises(ValueError, match="fig9"):
-        write_figures([tmp_path / "fig9.png"], grid.metrics, grid.runs, MODELS)
+        plot([tmp_path / "fig9.png"])
     with pytest.raises(ValueError, match="svg"):
-        write_figures([tmp_path / "fig2.svg"], grid.metrics, grid.runs, MODELS)
+        plot([tmp_path / "fig2.svg"])
+    grid.runs.iloc[1:].to_parquet(tmp_path / "stale.parquet")
     with pytest.raises(ValueError, match="rebuild runs.parquet"):
-        write_figures([tmp_path / "fig2.png"], grid.metrics, grid.runs.iloc[1:], MODELS)
+        plot([tmp_path / "fig2.png"], tmp_path / "stale.parquet")
 
 
 def snakemake_object(input_, output, params, log):

@@ -17,24 +17,20 @@ import pandas as pd
 import pytest
 import yaml
 
-from trainer.analysis import load_metrics, summarize, summarize_companion
-from trainer.analysis.cell_logs import LR_RUN_KEYS, RUN_KEYS, lr_label
+from trainer.analysis.cell_logs import LR_RUN_KEYS, RUN_KEYS, load_metrics, lr_label
 from trainer.analysis.horizon import (
     figure_horizon,
     horizon_run_table,
     horizon_summary_table,
-    plot_horizon,
-    summarize_horizon,
 )
+from trainer.analysis.pipeline import plot_study, summarize_study
 from trainer.analysis.stability import (
     STABILITY_COLUMNS,
     figure_stability,
-    plot_stability,
     select_lrs,
     select_pooled_lrs,
     selected_lr_yaml,
     stability_summary_table,
-    summarize_stability,
     sweep_run_table,
 )
 from trainer.analysis.synthetic import (
@@ -93,9 +89,9 @@ def test_load_metrics_reads_the_lr_folder_as_a_float_key(tmp_path):
 
 def test_the_main_and_companion_analyses_refuse_an_lr_axis(tmp_path):
     paths = stability_grid(tmp_path / "cells", ["qwen-tiny"], RECIPES, [1e-4, 1e-3], [0], n_updates=12)
-    for write in (summarize, summarize_companion):
+    for study in ("main", "companion"):
         with pytest.raises(ValueError, match="no learning-rate axis"):
-            write(paths, tmp_path / "cells", tmp_path / "s.csv", tmp_path / "s.md", tmp_path / "runs.parquet")
+            summarize_study(study, paths, tmp_path / "cells", tmp_path / "s.csv", tmp_path / "s.md", tmp_path / "r.pq")
 
 
 # -- stability ---------------------------------------------------------------------------------------------
@@ -175,8 +171,9 @@ def test_selection_breaks_ties_to_the_smaller_lr_and_skips_unevaluated_lrs():
 def test_summarize_and_plot_stability_write_every_output(sweep, tmp_path):
     paths, base, _, _ = sweep
     out = {name: tmp_path / name for name in ("s.csv", "s.md", "runs.parquet", "selected_lr.yaml")}
-    notes = summarize_stability(
-        paths, base, out["s.csv"], out["s.md"], out["runs.parquet"], out["selected_lr.yaml"], models=MODELS
+    selected = {"selected": out["selected_lr.yaml"]}
+    notes = summarize_study(
+        "stability", paths, base, out["s.csv"], out["s.md"], out["runs.parquet"], selected, models=MODELS
     )
     assert notes[0] == "40 metrics files, 40 runs, 20 cells" and "qwen-tiny/muon: 1e-03" in notes[3]
     markdown = out["s.md"].read_text()
@@ -184,12 +181,14 @@ def test_summarize_and_plot_stability_write_every_output(sweep, tmp_path):
     assert "Collapse = " in markdown  # the paragraph the collapse note is appended to
     assert len(pd.read_csv(out["s.csv"])) == 20 and "lr" in pd.read_parquet(out["runs.parquet"]).columns
     figures = [tmp_path / "figures" / "stability.png", tmp_path / "figures" / "stability.pdf"]
-    assert plot_stability(paths, base, out["runs.parquet"], figures, models=MODELS) == [f"wrote {f}" for f in figures]
+    assert plot_study("stability", paths, base, out["runs.parquet"], figures, models=MODELS) == [
+        f"wrote {f}" for f in figures
+    ]
     assert all(f.stat().st_size > 0 for f in figures)
     with pytest.raises(ValueError, match="unknown figure 'fig2'"):
-        plot_stability(paths, base, out["runs.parquet"], [tmp_path / "fig2.png"], models=MODELS)
+        plot_study("stability", paths, base, out["runs.parquet"], [tmp_path / "fig2.png"], models=MODELS)
     with pytest.raises(ValueError, match="does not match the metrics"):
-        plot_stability(paths[:-1], base, out["runs.parquet"], figures[:1], models=MODELS)
+        plot_study("stability", paths[:-1], base, out["runs.parquet"], figures[:1], models=MODELS)
 
 
 def test_stability_figure_marks_collapsed_seeds_and_the_selection(sweep):
@@ -243,12 +242,12 @@ def test_summarize_and_plot_horizon(horizon, tmp_path):
     paths, base, _ = horizon
     models = {m: "Qwen3.5-4B" for m in HORIZONS}
     out = [tmp_path / n for n in ("h.csv", "h.md", "runs.parquet")]
-    notes = summarize_horizon(paths, base, *out, horizons={**HORIZONS, "qwen-h16": 16}, models=models)
+    notes = summarize_study("horizon", paths, base, *out, horizons={**HORIZONS, "qwen-h16": 16}, models=models)
     assert notes[0] == "36 metrics files, 36 runs, 12 cells"
     assert "no runs of model(s) qwen-h16 (horizon 16) in these logs" in notes
     assert "| Qwen3.5-4B | 8 | qwen-h8 | spo_adam | adam |" in out[1].read_text()
     figure = tmp_path / "horizon.pdf"
-    assert plot_horizon(paths, base, out[2], [figure], models=models) == [f"wrote {figure}"]
+    assert plot_study("horizon", paths, base, out[2], [figure], models=models) == [f"wrote {figure}"]
     fig = figure_horizon(horizon_summary_table(pd.read_parquet(out[2]), models=models), models)
     assert (
         len(fig.axes) == 2

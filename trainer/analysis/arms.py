@@ -31,7 +31,6 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import matplotlib
 import numpy as np
@@ -40,7 +39,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-from trainer.analysis.cell_logs import ARM_RUN_KEYS, NONFINITE_COLUMNS, load_metrics
+from trainer.analysis.cell_logs import ARM_RUN_KEYS, NONFINITE_COLUMNS
 from trainer.analysis.collapse import CollapseCriterion, ema
 from trainer.analysis.kinds import ARMS
 from trainer.analysis.plotting import (
@@ -56,11 +55,9 @@ from trainer.analysis.plotting import (
     family_title,
     grid,
     legend,
-    outputs_by_figure,
-    save_figures,
     suptitle,
 )
-from trainer.analysis.registration import HYPOTHESIS_COLUMNS, OUTCOMES, Preregistration, judge_hypotheses
+from trainer.analysis.registration import OUTCOMES, Preregistration
 from trainer.analysis.summary import (
     WINDOW_FRACTION,
     ci_text,
@@ -68,17 +65,12 @@ from trainer.analysis.summary import (
     markdown_head,
     ordered,
     pct,
-    read_judged_runs,
     run_table,
     seed_stats,
     sort_rows,
-    summary_notes,
     table_head,
     table_row,
-    write_tables,
 )
-from trainer.atomic import atomic_path
-from trainer.knobs import build_config
 
 STEP_COLUMNS: tuple[str, ...] = (
     "update_rms",
@@ -627,63 +619,3 @@ def figure_predictors(runs: pd.DataFrame, predictors: pd.DataFrame) -> Figure:
             ],
         )
     return fig
-
-
-# -- entry points (named by `kinds.ARMS`, called by the workflow's scripts) ---------------------------------
-def summarize_arms(
-    metrics_paths: Sequence[str | os.PathLike],
-    base_dir: str | os.PathLike,
-    csv: str | os.PathLike,
-    md: str | os.PathLike,
-    runs_path: str | os.PathLike,
-    predictors: str | os.PathLike,
-    hypotheses: str | os.PathLike,
-    collapse: Mapping[str, Any] | None = None,
-    models: Mapping[str, str] | None = None,
-    window_fraction: float = WINDOW_FRACTION,
-    preregistration: Mapping[str, Any] | None = None,
-) -> list[str]:
-    """Read the logs, judge every run, write the summary CSV and Markdown, the per-run Parquet table, the
-    predictor table (CSV, to `predictors`) and the study's pre-registered hypotheses as judged (CSV, to
-    `hypotheses`; no rows where the study states none). Returns notes for the log."""
-    criterion = CollapseCriterion.from_dict(collapse)
-    metrics = load_metrics(metrics_paths, base_dir, ARMS_COLUMNS)
-    runs = arms_run_table(metrics, criterion, window_fraction, models, arm_order(metrics_paths))
-    summary = arms_summary_table(runs, models=models)
-    table = predictor_table(runs)
-    markdown = arms_markdown(summary, table, max(1, criterion.warmup), (), window_fraction)
-    judged = pd.DataFrame(columns=HYPOTHESIS_COLUMNS)
-    if preregistration:
-        registration = build_config(Preregistration, dict(preregistration), "preregistration")
-        judged = judge_hypotheses(runs, registration)
-        markdown += hypotheses_markdown(judged, registration)
-    write_tables(summary, markdown, runs, csv, md, runs_path)
-    table.to_csv(predictors, index=False, float_format="%.6g")
-    with atomic_path(Path(hypotheses)) as tmp:
-        judged.to_csv(tmp, index=False, float_format="%.6g")
-    return summary_notes(
-        metrics_paths,
-        runs,
-        summary,
-        criterion,
-        [f"{r.predictor}: AUC {r.auc:.3f}" for r in table.itertuples(index=False)],
-    )
-
-
-def plot_arms(
-    metrics_paths: Sequence[str | os.PathLike],
-    base_dir: str | os.PathLike,
-    runs_path: str | os.PathLike,
-    outputs: Sequence[str | os.PathLike],
-    models: Mapping[str, str] | None = None,
-    ema_span: int = 5,
-) -> list[str]:
-    """Read the logs and `summarize_arms`' per-run table, draw and write exactly `outputs`."""
-    by_name = outputs_by_figure(outputs, ARMS_FIGURES)
-    runs = read_judged_runs(metrics_paths, base_dir, runs_path)
-    metrics = load_metrics(metrics_paths, base_dir, ("update", "success_rate", "eval_success"))
-    draw = {
-        "arms_curves": lambda: figure_curves(metrics, runs, models, ema_span),
-        "arms_predictors": lambda: figure_predictors(runs, predictor_table(runs)),
-    }
-    return save_figures(by_name, lambda name: draw[name]())

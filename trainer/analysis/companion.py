@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import matplotlib
@@ -71,7 +71,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from trainer.analysis.cell_logs import RUN_KEYS, check_no_axes, load_metrics
+from trainer.analysis.cell_logs import RUN_KEYS
 from trainer.analysis.collapse import CollapseCriterion
 from trainer.analysis.figures import DIAGNOSTICS
 from trainer.analysis.kinds import COMPANION, COMPANION_MODELS, COMPANION_NUMBERS
@@ -97,8 +97,6 @@ from trainer.analysis.plotting import (
     log_y,
     mark_collapses,
     median_band,
-    outputs_by_figure,
-    save_figures,
     seed_dots,
     suptitle,
 )
@@ -116,11 +114,9 @@ from trainer.analysis.summary import (
     run_table,
     seed_stats,
     sort_rows,
-    summary_notes,
     table_head,
     table_row,
     window_size,
-    write_tables,
 )
 
 ESTIMATORS: tuple[str, ...] = ("grpo", "gigpo", "graphgpo")
@@ -703,69 +699,20 @@ def figure_companion_diagnostics(metrics: pd.DataFrame, models: Mapping[str, str
     return fig
 
 
-def write_companion_figures(
-    outputs: Sequence[str | os.PathLike],
+def companion_figures(
     metrics: pd.DataFrame,
     runs: pd.DataFrame,
     models: Mapping[str, str] | None = None,
     numbers: pd.DataFrame | None = None,
-) -> list[str]:
-    """Draw each figure named by the outputs' stems once and write exactly those files (as `write_figures`).
-
-    An unknown stem or suffix is a ValueError before anything is drawn. Returns notes for the log."""
-    by_name = outputs_by_figure(outputs, COMPANION_FIGURES)
+) -> Callable[[str], Figure]:
+    """The function that draws one of COMPANION_FIGURES by name from the logs and the per-run table (beside the
+    companion's `numbers`; trainer/analysis/pipeline.py writes them). ValueError for logs that are not a
+    companion study's or a runs table that is not theirs (stale)."""
     check_companion(metrics)
     check_same_runs(metrics, runs)
-
-    def draw(name: str) -> Figure:
-        if name == "companion_curves":
-            return figure_companion_curves(metrics, runs, models)
-        if name == "companion_bars":
-            return figure_companion_bars(runs, companion_summary_table(runs, numbers, models), models)
-        return figure_companion_diagnostics(metrics, models)
-
-    return save_figures(by_name, draw)
-
-
-# -- entry points (named by `kinds.COMPANION`, called by the workflow's scripts) -------------------------------
-def summarize_companion(
-    metrics_paths: Sequence[str | os.PathLike],
-    base_dir: str | os.PathLike,
-    csv: str | os.PathLike,
-    md: str | os.PathLike,
-    runs_path: str | os.PathLike,
-    collapse: Mapping[str, Any] | None = None,
-    models: Mapping[str, str] | None = None,
-    window_fraction: float = WINDOW_FRACTION,
-    numbers: str | os.PathLike = COMPANION_NUMBERS,
-) -> list[str]:
-    """Read the logs, judge every run, write the companion summary CSV and Markdown (beside the companion's
-    `numbers`) and the per-run Parquet table. Returns notes for the log (counts, collapsed runs, what the grid
-    lacks)."""
-    models = dict(COMPANION.default_models if models is None else models)
-    criterion = CollapseCriterion.from_dict(collapse)
-    metrics = load_metrics(metrics_paths, base_dir, COMPANION_COLUMNS)
-    check_no_axes(metrics, "companion")
-    runs = companion_run_table(metrics, criterion, window_fraction, models)
-    reference = load_companion_numbers(numbers)
-    summary = companion_summary_table(runs, reference, models)
-    notes = companion_coverage_notes(runs, reference, models)
-    write_tables(summary, companion_markdown(summary, notes, window_fraction), runs, csv, md, runs_path)
-    return summary_notes(metrics_paths, runs, summary, criterion, notes)
-
-
-def plot_companion(
-    metrics_paths: Sequence[str | os.PathLike],
-    base_dir: str | os.PathLike,
-    runs_path: str | os.PathLike,
-    outputs: Sequence[str | os.PathLike],
-    models: Mapping[str, str] | None = None,
-    numbers: str | os.PathLike = COMPANION_NUMBERS,
-) -> list[str]:
-    """Read the logs and `summarize_companion`'s per-run table, draw and write exactly `outputs` (the bars beside
-    the companion's `numbers`); log notes."""
-    models = dict(COMPANION.default_models if models is None else models)
-    metrics = load_metrics(metrics_paths, base_dir, COMPANION_COLUMNS)
-    check_no_axes(metrics, "companion")
-    runs = pd.read_parquet(runs_path)
-    return write_companion_figures(outputs, metrics, runs, models, load_companion_numbers(numbers))
+    draw = {
+        "companion_curves": lambda: figure_companion_curves(metrics, runs, models),
+        "companion_bars": lambda: figure_companion_bars(runs, companion_summary_table(runs, numbers, models), models),
+        "companion_diagnostics": lambda: figure_companion_diagnostics(metrics, models),
+    }
+    return lambda name: draw[name]()

@@ -28,8 +28,7 @@ Style, colours and files: `plotting`.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import matplotlib
 import numpy as np
@@ -41,10 +40,10 @@ from matplotlib.patches import Patch
 from matplotlib.textpath import TextPath
 
 from trainer.analysis import plotting
-from trainer.analysis.cell_logs import RUN_KEYS, check_no_axes, load_metrics, paper_model
+from trainer.analysis.cell_logs import RUN_KEYS, paper_model
 from trainer.analysis.collapse import ema_by_run
 from trainer.analysis.config import EMA_SPAN
-from trainer.analysis.kinds import MAIN, PAPER_NUMBERS
+from trainer.analysis.kinds import MAIN
 from trainer.analysis.plotting import (
     ADAM,
     COLLAPSE_HANDLE,
@@ -68,9 +67,7 @@ from trainer.analysis.plotting import (
     log_y,
     mark_collapses,
     median_band,
-    outputs_by_figure,
     recipe_label,
-    save_figures,
     seed_dots,
     suptitle,
 )
@@ -441,47 +438,26 @@ def draw_figure(
     raise ValueError(f"unknown figure {name!r}; known: {list(FIGURES)}")
 
 
-def write_figures(
-    outputs: Sequence[str | os.PathLike],
+def main_figures(
+    names: Sequence[str],
     metrics: pd.DataFrame,
     runs: pd.DataFrame,
     models: Mapping[str, str] | None = None,
     ema_span: int = EMA_SPAN,
     paper: pd.DataFrame | None = None,
-) -> list[str]:
-    """Draw each figure named by the outputs' file stems once and write exactly those files.
-
-    `outputs` like ["figures/fig2.png", "figures/fig2.pdf", ...]; an unknown stem or suffix is a ValueError
-    (before anything is drawn). Returns notes for the log: what the grid lacks and the files written."""
-    by_name = outputs_by_figure(outputs, FIGURES)
+) -> tuple[list[str], Callable[[str], Figure]]:
+    """The main study's figures (`names`, of FIGURES) from its logs and per-run table: notes for the log (what the
+    grid lacks) and the function that draws one by name (trainer/analysis/pipeline.py writes them). ValueError
+    for a runs table that is not these logs' (stale)."""
     check_same_runs(metrics, runs)
     metrics = add_ema(metrics, ema_span)
     present = {paper_model(m, models) for m in metrics["model"].unique()}
     notes = [
         f"{name}: no runs of {family} or a stand-in for it; the figure says so"
         for name, family in FAMILY_FIGURES.items()
-        if name in by_name and family not in present
+        if name in names and family not in present
     ]
     absent = [r for r in FIGURE2_RECIPES if r not in set(metrics["recipe"])]
     if absent:
         notes.append(f"recipes not in these logs (left out of every figure): {', '.join(absent)}")
-    return notes + save_figures(by_name, lambda name: draw_figure(name, metrics, runs, models, ema_span, paper))
-
-
-# -- entry point (named by `kinds.MAIN`, called by the workflow's scripts) -------------------------------------
-def plot(
-    metrics_paths: Sequence[str | os.PathLike],
-    base_dir: str | os.PathLike,
-    runs_path: str | os.PathLike,
-    outputs: Sequence[str | os.PathLike],
-    models: Mapping[str, str] | None = None,
-    ema_span: int = EMA_SPAN,
-    numbers: str | os.PathLike = PAPER_NUMBERS,
-) -> list[str]:
-    """Read the logs and the per-run table (`summarize`'s), draw and write exactly `outputs` (Figure 2 beside the
-    paper's `numbers`); returns log notes."""
-    models = dict(MAIN.default_models if models is None else models)
-    metrics = load_metrics(metrics_paths, base_dir, PLOT_COLUMNS)
-    check_no_axes(metrics, "main")
-    runs = pd.read_parquet(runs_path)
-    return write_figures(outputs, metrics, runs, models, ema_span, load_paper_numbers(numbers))
+    return notes, lambda name: draw_figure(name, metrics, runs, models, ema_span, paper)

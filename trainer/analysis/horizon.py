@@ -23,7 +23,6 @@ seeds against horizon, the same lines.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,7 +33,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
-from trainer.analysis.cell_logs import RUN_KEYS, check_no_axes, load_metrics, paper_model
+from trainer.analysis.cell_logs import paper_model
 from trainer.analysis.collapse import CollapseCriterion
 from trainer.analysis.kinds import HORIZON
 from trainer.analysis.plotting import (
@@ -46,11 +45,9 @@ from trainer.analysis.plotting import (
     grid,
     interval_line,
     legend,
-    outputs_by_figure,
     recipe_label,
-    save_figures,
 )
-from trainer.analysis.stability import STABILITY_COLUMNS, evaluation_notes, sweep_run_table
+from trainer.analysis.stability import evaluation_notes, sweep_run_table
 from trainer.analysis.summary import (
     WINDOW_FRACTION,
     ci_text,
@@ -59,13 +56,10 @@ from trainer.analysis.summary import (
     native_optimizer,
     ordered,
     pct,
-    read_judged_runs,
     seed_stats,
     sort_rows,
-    summary_notes,
     table_head,
     table_row,
-    write_tables,
 )
 from trainer.recipes import FIGURE2_RECIPES
 
@@ -261,42 +255,3 @@ def figure_horizon(summary: pd.DataFrame, models: Mapping[str, str] | None = Non
             ncol=min(len(handles) + 1, 4),
         )
     return fig
-
-
-# -- entry points (named by `kinds.HORIZON`, called by the workflow's scripts) ---------------------------------
-def summarize_horizon(
-    metrics_paths: Sequence[str | os.PathLike],
-    base_dir: str | os.PathLike,
-    csv: str | os.PathLike,
-    md: str | os.PathLike,
-    runs_path: str | os.PathLike,
-    horizons: Mapping[str, float],
-    collapse: Mapping[str, Any] | None = None,
-    models: Mapping[str, str] | None = None,
-    window_fraction: float = WINDOW_FRACTION,
-) -> list[str]:
-    """Read the logs, judge every run, write the summary CSV and Markdown and the per-run Parquet table."""
-    criterion = CollapseCriterion.from_dict(collapse)
-    metrics = load_metrics(metrics_paths, base_dir, STABILITY_COLUMNS)
-    check_no_axes(metrics, "horizon")
-    runs = horizon_run_table(metrics, horizons, criterion, window_fraction, models)
-    summary = horizon_summary_table(runs, models=models)
-    notes = horizon_notes(runs, horizons)
-    write_tables(summary, horizon_markdown(summary, notes, window_fraction), runs, csv, md, runs_path)
-    return summary_notes(metrics_paths, runs, summary, criterion, notes)
-
-
-def plot_horizon(
-    metrics_paths: Sequence[str | os.PathLike],
-    base_dir: str | os.PathLike,
-    runs_path: str | os.PathLike,
-    outputs: Sequence[str | os.PathLike],
-    models: Mapping[str, str] | None = None,
-) -> list[str]:
-    """Read the logs' run keys and `summarize_horizon`'s per-run table, draw and write exactly `outputs`."""
-    by_name = outputs_by_figure(outputs, HORIZON_FIGURES)
-    runs = read_judged_runs(metrics_paths, base_dir, runs_path)
-    if not set(RUN_KEYS) <= set(runs.columns) or "horizon" not in runs.columns:
-        raise ValueError("the runs table is not the horizon study's (no `horizon` column): rebuild runs.parquet")
-    fig = figure_horizon(horizon_summary_table(runs, models=models), models)
-    return save_figures(by_name, lambda name: fig)

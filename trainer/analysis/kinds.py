@@ -1,6 +1,7 @@
-"""What differs between the kinds of study (a config's `study:`): one record each, read by the workflow's single
-summarize and figures rules (workflow/rules/common.smk) and their scripts. A new kind is a new record here and
-its two functions in `trainer.analysis`; the rules stay as they are.
+"""What the workflow declares for each kind of study (a config's `study:`): one record each, read by the single
+summarize and figures rules (workflow/rules/common.smk): their figures, captions, extra outputs and reference
+numbers. What each kind computes is its `Analysis` record in trainer/analysis/pipeline.py; a new kind is a record
+here, one there, and the code that is new about it. The rules stay as they are.
 
 Standard library only: the workflow imports this while it builds the DAG, where matplotlib would only cost time.
 """
@@ -24,7 +25,7 @@ COMPANION_MODELS: dict[str, str] = {"qwen2.5-tiny": "Qwen2.5-0.5B-Instruct"}
 
 @dataclass(frozen=True)
 class StudyKind:
-    """One kind of study: its analysis functions and the files its two rules declare."""
+    """One kind of study: the files its two rules declare and the settings they pass."""
 
     name: str
     figures: Mapping[str, str]
@@ -32,18 +33,11 @@ class StudyKind:
     workflow/report/NAME.rst."""
     summary_caption: str
     """The summary table's caption, workflow/report/NAME.rst."""
-    summarize: str
-    """Name of the `trainer.analysis` function the summarize rule calls."""
-    plot: str
-    """Name of the `trainer.analysis` function the figures rule calls."""
-    summary_table: str = "summary_table"
-    """Name of the `trainer.analysis` function that makes the summary from the run table alone (what
-    `published recompute` calls on a published study's runs.csv)."""
     numbers: Path | None = None
     """Reference numbers the summary and figures compare with: an input of both rules (so editing them redraws
-    both), passed to both functions as `numbers`. None: the kind compares with none."""
+    both). None: the kind compares with none."""
     extra_outputs: Mapping[str, str] = field(default_factory=dict)
-    """What `summarize` writes beyond the table and runs.parquet: keyword of the function -> path."""
+    """What the summary writes beyond the table and runs.parquet: keyword -> path (its `Report.files`)."""
     default_models: Mapping[str, str] = field(default_factory=lambda: DEFAULT_MODELS)
     """Stand-in -> paper name where a call gives no `models` (the rules always give the study's)."""
     ema_span: bool = False
@@ -61,8 +55,6 @@ MAIN = StudyKind(
     "main",
     {"fig2": "Figure 2", "fig3": "Figure 3", "fig4": "Figure 4", "fig5": "Figure 5", "diagnostics": "Diagnostics"},
     "summary",
-    "summarize",
-    "plot",
     numbers=PAPER_NUMBERS,
     ema_span=True,
 )
@@ -70,9 +62,6 @@ COMPANION = StudyKind(
     "companion",
     {"companion_curves": "Curves", "companion_bars": "Bars", "companion_diagnostics": "Diagnostics"},
     "companion_summary",
-    "summarize_companion",
-    "plot_companion",
-    "companion_summary_table",
     numbers=COMPANION_NUMBERS,
     default_models=COMPANION_MODELS,
 )
@@ -80,9 +69,6 @@ STABILITY = StudyKind(
     "stability",
     {"stability": "Stability"},
     "stability_summary",
-    "summarize_stability",
-    "plot_stability",
-    "stability_summary_table",
     extra_outputs={"selected": "results/selected_lr.yaml"},
     collapse_note=False,
 )
@@ -90,9 +76,6 @@ HORIZON = StudyKind(
     "horizon",
     {"horizon": "Horizon"},
     "horizon_summary",
-    "summarize_horizon",
-    "plot_horizon",
-    "horizon_summary_table",
     horizons=True,
 )
 
@@ -100,9 +83,6 @@ ARMS = StudyKind(
     "arms",
     {"arms_curves": "Curves", "arms_predictors": "Predictors"},
     "arms_summary",
-    "summarize_arms",
-    "plot_arms",
-    "arms_summary_table",
     extra_outputs={"predictors": "results/predictors.csv", "hypotheses": "results/hypotheses.csv"},
     ema_span=True,
     preregistration=True,

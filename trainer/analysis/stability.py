@@ -32,10 +32,7 @@ companion's control ("AdamW at Muon's learning rate").
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any
 
 import matplotlib
 import numpy as np
@@ -44,7 +41,7 @@ import yaml
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
-from trainer.analysis.cell_logs import NONFINITE_COLUMNS, load_metrics, lr_label, paper_model, run_keys
+from trainer.analysis.cell_logs import NONFINITE_COLUMNS, lr_label, paper_model, run_keys
 from trainer.analysis.collapse import CollapseCriterion
 from trainer.analysis.kinds import STABILITY
 from trainer.analysis.plotting import (
@@ -60,9 +57,7 @@ from trainer.analysis.plotting import (
     grid,
     interval_line,
     legend,
-    outputs_by_figure,
     recipe_label,
-    save_figures,
     suptitle,
 )
 from trainer.analysis.summary import (
@@ -73,14 +68,11 @@ from trainer.analysis.summary import (
     native_optimizer,
     ordered,
     pct,
-    read_judged_runs,
     run_table,
     seed_stats,
     sort_cells,
-    summary_notes,
     table_head,
     table_row,
-    write_tables,
 )
 
 STABILITY_COLUMNS: tuple[str, ...] = (
@@ -477,60 +469,3 @@ def figure_stability(
         legend(fig, handles, ncol=min(len(handles), ncol))
         suptitle(fig, "Learning-rate stability")
     return fig
-
-
-# -- entry points (named by `kinds.STABILITY`, called by the workflow's scripts) -------------------------------
-def summarize_stability(
-    metrics_paths: Sequence[str | os.PathLike],
-    base_dir: str | os.PathLike,
-    csv: str | os.PathLike,
-    md: str | os.PathLike,
-    runs_path: str | os.PathLike,
-    selected: str | os.PathLike,
-    collapse: Mapping[str, Any] | None = None,
-    models: Mapping[str, str] | None = None,
-    window_fraction: float = WINDOW_FRACTION,
-) -> list[str]:
-    """Read the logs, judge every run, write the summary CSV and Markdown, the per-run Parquet table and the
-    selected lrs (YAML, to `selected`). Returns notes for the log."""
-    criterion = CollapseCriterion.from_dict(collapse)
-    metrics = load_metrics(metrics_paths, base_dir, STABILITY_COLUMNS)
-    if "lr" not in metrics.columns:
-        raise ValueError("stability analysis: the cells' folders name no lr=...: the grid has no `lrs`")
-    if "arm" in metrics.columns:
-        raise ValueError("stability analysis: these cells' folders name arm=...: analyse arms as `study: arms`")
-    runs = sweep_run_table(metrics, criterion, window_fraction, models)
-    summary = stability_summary_table(runs, models=models)
-    selection = select_lrs(summary)
-    pooled = select_pooled_lrs(summary)
-    notes = evaluation_notes(runs)
-    write_tables(
-        summary, stability_markdown(summary, selection, notes, window_fraction, pooled), runs, csv, md, runs_path
-    )
-    Path(selected).write_text(selected_lr_yaml(selection, pooled))
-    chosen = [
-        f"{r.model}/{r.optimizer}: {lr_label(r.selected_lr) if np.isfinite(r.selected_lr) else 'none'}"
-        for r in selection.itertuples(index=False)
-    ]
-    return summary_notes(
-        metrics_paths,
-        runs,
-        summary,
-        criterion,
-        ["selected lr: " + "; ".join(chosen), f"one lr per optimizer: {pooled}", *notes],
-    )
-
-
-def plot_stability(
-    metrics_paths: Sequence[str | os.PathLike],
-    base_dir: str | os.PathLike,
-    runs_path: str | os.PathLike,
-    outputs: Sequence[str | os.PathLike],
-    models: Mapping[str, str] | None = None,
-) -> list[str]:
-    """Read the logs' run keys and `summarize_stability`'s per-run table, draw and write exactly `outputs`."""
-    by_name = outputs_by_figure(outputs, STABILITY_FIGURES)
-    runs = read_judged_runs(metrics_paths, base_dir, runs_path)
-    summary = stability_summary_table(runs, models=models)
-    fig = figure_stability(runs, summary, select_lrs(summary), models)
-    return save_figures(by_name, lambda name: fig)

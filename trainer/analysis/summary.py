@@ -41,10 +41,10 @@ import numpy as np
 import pandas as pd
 
 from trainer.analysis import calibration
-from trainer.analysis.cell_logs import NONFINITE_COLUMNS, RUN_KEYS, check_no_axes, load_metrics, paper_model, run_keys
+from trainer.analysis.cell_logs import NONFINITE_COLUMNS, RUN_KEYS, load_metrics, paper_model, run_keys
 from trainer.analysis.collapse import CollapseCriterion, degraded, ema_by_run, judge, nonfinite_flags
 from trainer.analysis.config import WINDOW_FRACTION
-from trainer.analysis.kinds import MAIN, PAPER_NUMBERS
+from trainer.analysis.kinds import PAPER_NUMBERS
 from trainer.analysis.statistics import t_interval
 from trainer.recipes import FIGURE2_RECIPES, RECIPES
 
@@ -556,28 +556,3 @@ def write_collapse_note(
     note = collapse_note(batch_size, n_updates, CollapseCriterion.from_dict(collapse), n_runs, seed)
     Path(md).write_text(add_collapse_note(Path(md).read_text(), note))
     return note
-
-
-# -- entry point (named by `kinds.MAIN`, called by the workflow's scripts) -------------------------------------
-def summarize(
-    metrics_paths: Sequence[str | os.PathLike],
-    base_dir: str | os.PathLike,
-    csv: str | os.PathLike,
-    md: str | os.PathLike,
-    runs_path: str | os.PathLike,
-    collapse: Mapping[str, Any] | None = None,
-    models: Mapping[str, str] | None = None,
-    window_fraction: float = WINDOW_FRACTION,
-    numbers: str | os.PathLike = PAPER_NUMBERS,
-) -> list[str]:
-    """Read the logs, judge every run, write the summary CSV and Markdown (beside the paper's `numbers`) and the
-    per-run Parquet table. Returns notes for the log (counts, collapsed runs, what the grid lacks)."""
-    models = dict(MAIN.default_models if models is None else models)
-    criterion = CollapseCriterion.from_dict(collapse)
-    metrics = load_metrics(metrics_paths, base_dir, SUMMARY_COLUMNS)
-    check_no_axes(metrics, "main")
-    runs = run_table(metrics, criterion, window_fraction, models)
-    summary = summary_table(runs, load_paper_numbers(numbers), models)
-    notes = coverage_notes(runs, models)
-    write_tables(summary, summary_markdown(summary, notes, window_fraction), runs, csv, md, runs_path)
-    return summary_notes(metrics_paths, runs, summary, criterion, notes)
