@@ -319,7 +319,7 @@ def memory_probe(results: list, shape: str, token_counts=(2048, 4096, 8192, 1638
     cfg = AutoConfig.for_model(model_type, **dims)
     with torch.device(DEVICE):
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    opt = build_muon_adamw(model, muon_lr=1e-6, adamw_lr=1e-6, adjust_lr_fn="match_rms_adamw")
+    opt = build_muon_adamw(model, matrix_lr=1e-6, lr=1e-6, adjust_lr_fn="match_rms_adamw")
     n_params = sum(p.numel() for p in model.parameters())
     peaks = {}
     for n in token_counts:
@@ -405,7 +405,7 @@ def long_episode_probe(
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     model.train()
     enable_activation_checkpointing(model)
-    opt = build_muon_adamw(model, muon_lr=1e-6, adamw_lr=1e-6, adjust_lr_fn="match_rms_adamw")
+    opt = build_muon_adamw(model, matrix_lr=1e-6, lr=1e-6, adjust_lr_fn="match_rms_adamw")
     check_flash_attention(model, torch.device(DEVICE), torch.bfloat16)  # the paper configuration's requirement
     forward = ForwardSettings(autocast_dtype=torch.bfloat16, chunk_tokens=chunk)
     sizes, ok = {}, True

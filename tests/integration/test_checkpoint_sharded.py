@@ -44,7 +44,7 @@ class Tiny(nn.Module):
 def _optimizer(model: nn.Module, kind: str) -> torch.optim.Optimizer:
     if kind == "adamw":
         return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    return build_muon_adamw(model, muon_lr=0.02, adamw_lr=1e-2, head=model.head, ns_dtype=torch.float32)
+    return build_muon_adamw(model, matrix_lr=0.02, lr=1e-2, head=model.head, ns_dtype=torch.float32)
 
 
 def _step(model: nn.Module, opt: torch.optim.Optimizer, seed: int) -> None:

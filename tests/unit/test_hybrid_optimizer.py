@@ -116,7 +116,7 @@ def test_each_half_matches_its_reference_optimizer():
     model = Toy()
     ref_model = copy.deepcopy(model)
     hybrid = build_muon_adamw(
-        model, muon_lr=0.02, muon_weight_decay=0.1, adamw_lr=1e-2, adamw_weight_decay=0.01, betas=(0.9, 0.95)
+        model, matrix_lr=0.02, muon_weight_decay=0.1, lr=1e-2, weight_decay=0.01, betas=(0.9, 0.95)
     )
     route = route_parameters(ref_model)
     ref_muon = torch.optim.Muon([p for _, p in route.muon], lr=0.02, weight_decay=0.1)
@@ -155,7 +155,7 @@ def test_state_dict_round_trip():
 
 def test_lr_scheduler_drives_both_kinds():
     model = Toy()
-    opt = build_muon_adamw(model, muon_lr=0.02, adamw_lr=1e-3)
+    opt = build_muon_adamw(model, matrix_lr=0.02, lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5)
     _grads(model, 0)
     opt.step()
@@ -318,7 +318,7 @@ def test_the_warm_start_builds_its_optimizer_with_the_cells_builder_at_its_own_d
     for optim, reference in (
         (
             WarmStartOptimConfig(),
-            lambda m: build_muon_adamw(m, muon_lr=0.02, muon_weight_decay=0.1, adamw_lr=3e-3, ns_dtype="float32"),
+            lambda m: build_muon_adamw(m, matrix_lr=0.02, muon_weight_decay=0.1, lr=3e-3, ns_dtype="float32"),
         ),
         (
             WarmStartOptimConfig(name="adam", matrix_lr=3e-3),

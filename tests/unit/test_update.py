@@ -126,7 +126,7 @@ def test_update_moves_the_policy_towards_positive_advantages(model):
     eps = _episodes(6, seed=3)
     b = pad_episodes(eps, pad_id=0)
     adv = torch.where(torch.arange(6).unsqueeze(1) < 3, 1.0, -1.0).expand_as(b.loss_mask) * b.loss_mask
-    opt = build_muon_adamw(m, muon_lr=0.01, adamw_lr=1e-3)
+    opt = build_muon_adamw(m, matrix_lr=0.01, lr=1e-3)
     with torch.no_grad():
         before = token_logprobs(m, b)
     names = [n for n, _ in route_parameters(m).muon]
@@ -439,7 +439,7 @@ def test_update_diagnostics_are_the_rms_and_top_singular_value_of_the_applied_up
     eps = _episodes(4, seed=5)
     b = pad_episodes(eps, pad_id=0)
     adv = torch.where(torch.arange(4).unsqueeze(1) < 2, 1.0, -1.0).expand_as(b.loss_mask) * b.loss_mask
-    opt = build_muon_adamw(m, muon_lr=0.01, adamw_lr=1e-3)
+    opt = build_muon_adamw(m, matrix_lr=0.01, lr=1e-3)
     params = dict(m.named_parameters())
     hidden = [params[n] for n, _ in route_parameters(m).muon]
     assert len({tuple(p.shape) for p in hidden}) > 1  # several shapes, so several batched groups
@@ -459,7 +459,7 @@ def test_embedding_and_head_steps_are_measured_beside_the_hidden_matrices(model)
     m = copy.deepcopy(model)
     b = pad_episodes(_episodes(4, seed=6), pad_id=0)
     adv = torch.where(torch.arange(4).unsqueeze(1) < 2, 1.0, -1.0).expand_as(b.loss_mask) * b.loss_mask
-    opt = build_muon_adamw(m, muon_lr=0.01, adamw_lr=1e-3)
+    opt = build_muon_adamw(m, matrix_lr=0.01, lr=1e-3)
     params, route = dict(m.named_parameters()), route_parameters(m)
     io = [params[n] for n, p in route.adamw if p.dim() == 2]
     assert io and all(p.shape[0] == m.config.vocab_size for p in io)

@@ -26,12 +26,12 @@ def build_optimizer(model: torch.nn.Module, optim: OptimConfig) -> torch.optim.O
         )
     return build_muon_adamw(
         model,
-        muon_lr=optim.matrix_lr,
+        matrix_lr=optim.matrix_lr,
         muon_weight_decay=optim.muon_weight_decay,
-        adamw_lr=optim.lr,
-        adamw_weight_decay=optim.weight_decay,
+        lr=optim.lr,
+        weight_decay=optim.weight_decay,
         betas=optim.betas,
-        adamw_eps=optim.eps,
+        eps=optim.eps,
         momentum=optim.momentum,
         nesterov=optim.nesterov,
         ns_coefficients=optim.ns_coefficients,

@@ -158,18 +158,19 @@ class MuonAdamW(Optimizer):
 def build_muon_adamw(
     model: nn.Module,
     *,
-    muon_lr: float = 0.02,
+    matrix_lr: float = 0.02,
     muon_weight_decay: float = 0.1,
-    adamw_lr: float = 3e-4,
-    adamw_weight_decay: float = 0.0,
+    lr: float = 3e-4,
+    weight_decay: float = 0.0,
     betas=(0.9, 0.999),
-    adamw_eps: float = 1e-8,
+    eps: float = 1e-8,
     head: nn.Module | None = None,
     track_stats: bool = False,
     **muon_options,
 ) -> MuonAdamW:
-    """The hybrid for `model`: routed by `route_parameters`; `muon_options` go to the Muon group, which also gets
-    the AdamW half's betas and eps (the AdamW step `adjust_lr_fn="match_spectral_adamw"` matches)."""
+    """The hybrid for `model`: routed by `route_parameters`, the hidden matrices at `matrix_lr` with Muon, the rest
+    at `lr` with AdamW (OptimConfig's names); `muon_options` go to the Muon group, which also gets the AdamW half's
+    betas and eps (the AdamW step `adjust_lr_fn="match_spectral_adamw"` matches)."""
     route = route_parameters(model, head=head)
     groups = []
     if route.muon:
@@ -178,9 +179,9 @@ def build_muon_adamw(
                 params=[p for _, p in route.muon],
                 names=[n for n, _ in route.muon],
                 use_muon=True,
-                lr=muon_lr,
+                lr=matrix_lr,
                 weight_decay=muon_weight_decay,
-                **{"adamw_betas": betas, "adamw_eps": adamw_eps, **muon_options},
+                **{"adamw_betas": betas, "adamw_eps": eps, **muon_options},
             )
         )
     if route.adamw:
@@ -189,10 +190,10 @@ def build_muon_adamw(
                 params=[p for _, p in route.adamw],
                 names=[n for n, _ in route.adamw],
                 use_muon=False,
-                lr=adamw_lr,
-                weight_decay=adamw_weight_decay,
+                lr=lr,
+                weight_decay=weight_decay,
                 betas=betas,
-                eps=adamw_eps,
+                eps=eps,
             )
         )
     return MuonAdamW(groups, track_stats=track_stats)
