@@ -106,7 +106,8 @@ def settings_for(
 
 def check_axis(metrics: pd.DataFrame, kind: str, axis: str | None) -> None:
     """ValueError where the cells' folders lack the kind's axis or carry another: an analysis keyed without it
-    would pool the runs of different learning rates or arms."""
+    would pool the runs of different learning rates or arms. The arms kind's run table checks its own folders
+    (`arms._arm_metrics`, which its figures share)."""
     if axis is None:
         check_no_axes(metrics, kind)
     elif axis == "lr":
