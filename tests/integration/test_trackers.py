@@ -85,6 +85,7 @@ def train(tmp_path, out, updates, *extra):
     assert run.returncode == 0, run.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_the_trackers_hold_the_parquet_curves_and_a_resumed_cell_continues_its_runs(tmp_path):
     out = tmp_path / "cell"
     train(tmp_path, out, 2, "--checkpoint-last")

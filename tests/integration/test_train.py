@@ -555,6 +555,7 @@ def test_the_logs_are_flushed_while_the_cell_runs(tmp_path, monkeypatch):
     assert flushed == [1, 2, 3, 3]  # after each update, then at the end
 
 
+@pytest.mark.slow
 def test_an_error_is_one_line_with_the_traceback_kept_in_the_cells_folder(tmp_path):
     """Not a config error (here: checkpoints of an earlier run in --out): one line naming it, exit 1, the traceback
     in OUT/error.log; `--debug` prints the traceback instead."""

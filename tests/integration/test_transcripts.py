@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
 import yaml
 
 from trainer.logs.transcripts import format_episode, transcript_rows
@@ -36,6 +37,7 @@ def test_an_episodes_rows_are_its_turns_then_its_last_observation():
     assert "--- action 1 (invalid_action)\nfinish\n--- observation 2\ntests pass" in text
 
 
+@pytest.mark.slow
 def test_a_cell_keeps_transcripts_of_its_evaluations_and_every_nth_batch(tmp_path):
     cell = {
         "recipe": "spo_muon",

@@ -54,6 +54,7 @@ def nominal(rate: float) -> bool:
     return 0.93 <= rate <= 0.97
 
 
+@pytest.mark.slow
 def test_t_interval_covers_95_percent_at_2_3_and_5_seeds_and_the_bootstrap_does_not():
     for n in (2, 3, 5):
         rate = coverage(t_interval, n, trials=TRIALS, seed=n)

@@ -333,6 +333,7 @@ def test_bad_config_fails_before_any_job_with_the_key_named(scratch_repo, edit, 
     assert not (scratch_repo / SMOKE_DIR / "results").exists() and not (scratch_repo / "results").exists()
 
 
+@pytest.mark.slow
 def test_a_studys_trackers_reach_its_train_jobs(scratch_repo):
     """`trackers:` adds the trainer's --track flags: the study file's name as the group, the cell's folder as the
     run's name; without the key, no flag."""

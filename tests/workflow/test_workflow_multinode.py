@@ -209,6 +209,7 @@ def test_a_two_node_cell_trains_on_both_is_killed_on_one_and_resumes_identically
     assert (cell / "policy").is_dir() and not checkpoints.exists()
 
 
+@pytest.mark.slow
 def test_a_two_node_cells_job_meets_in_its_step_and_watches_each_node(tmp_path):
     """The dry-run of a 2-node cell: one task per node, the rendezvous host read inside the step (the jobstep
     plugin strips SLURM_JOB_NODELIST from the job's shell), a watchdog per node (not the batch host's pid), and
