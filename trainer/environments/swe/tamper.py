@@ -35,6 +35,8 @@ import sys
 import tokenize
 from collections.abc import Callable, Iterable
 
+from trainer.environments.swe.pyparse import parse
+
 TAMPER_POLICIES = ("zero", "keep")
 """`grading.on_tamper`: a flagged episode's reward is 0 ("zero", for training: a policy must not be paid for a
 forged grade), or stays as graded ("keep", to measure how often a forgery would have paid)."""
@@ -269,7 +271,7 @@ def _constant_comparisons(text: str) -> list[int]:
     """Lines of `__eq__` / `__ne__` / `__hash__`-free comparisons defined to return a constant (an object equal to
     anything satisfies any assertEqual), in code Python 3 can parse."""
     try:
-        tree = ast.parse(text)
+        tree = parse(text)
     except (SyntaxError, ValueError):
         return []
     found = []

@@ -351,11 +351,13 @@ def impossible_variant(task: SWETask) -> SWETask | None:
     import tempfile
     from dataclasses import replace
 
+    from trainer.environments.swe.pyparse import parse
+
     if task.hidden_tests_path is None:
         return None
     plain = {}  # module-level test functions without arguments: R2E-Gym name -> its file (ambiguous names out)
     for source in sorted(Path(task.hidden_tests_path).glob("*.py")):
-        for node in ast.parse(source.read_text(encoding="utf-8")).body:
+        for node in parse(source.read_text(encoding="utf-8")).body:
             if isinstance(node, ast.FunctionDef) and node.name.startswith("test") and not node.args.args:
                 plain[node.name] = None if node.name in plain else source.name
     for name in task.fail_to_pass or [k for k, v in task.expected.items() if v == "PASSED"]:

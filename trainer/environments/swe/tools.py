@@ -66,6 +66,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from trainer.environments.swe.pyparse import parse
 from trainer.environments.swe.sandbox import ExecResult, Sandbox, SandboxFileError
 
 TOOL_NAMES = ("execute_bash", "file_editor", "search", "finish")
@@ -379,7 +380,7 @@ def _condensed_lines(text: str, filename: str) -> list[tuple[int, str]]:
     """(0-based line, text) of a .py file with function bodies of 4+ lines and class docstrings of 5+ lines
     replaced by '... eliding lines a-b ...' notes (one per span, nested spans included), as R2E-Gym condenses."""
     try:
-        tree = ast.parse(text, filename=filename)
+        tree = parse(text, filename)
     except SyntaxError as exc:
         raise _EditorError(f"Syntax error for file {filename}: {exc}") from None
     spans = []
@@ -405,7 +406,7 @@ def _condensed_lines(text: str, filename: str) -> list[tuple[int, str]]:
 
 def _lint(text: str, filename: str) -> str:
     try:
-        ast.parse(text, filename=filename)
+        parse(text, filename)
     except SyntaxError as exc:
         return str(exc)
     return ""
