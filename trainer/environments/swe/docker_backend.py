@@ -43,7 +43,6 @@ import io
 import os
 import posixpath
 import shutil
-import socket
 import tarfile
 import tempfile
 import threading
@@ -54,6 +53,7 @@ from pathlib import Path
 from typing import Literal
 
 from trainer.environments.swe.containers import cleanup_stale_containers, disown, docker_client, own, owner_labels
+from trainer.environments.swe.exec_stream import STDERR, STDOUT, ExecStream, run_short
 from trainer.environments.swe.grading import LAUNCHER_PATH
 from trainer.environments.swe.sandbox import (
     REPORT_MAX_BYTES,
@@ -362,8 +362,7 @@ class DockerBackend:
                             seed.seek(0)
                             seeds.append((seed, "/root" if path == "/r2e_tests" else posixpath.dirname(path)))
                 self.container.start()
-                main = self.container.exec_run(["cat", "/proc/1/task/1/children"], user="root").output.split()
-                self.main_pid = int(main[0]) if main and main[0].isdigit() else 0
+                self.main_pid = self._main_pid()
                 for seed, into in seeds:  # the hidden tests' mount shows in a created container's archive
                     self._feed(
                         ["tar", "--anchored", "--no-wildcards", "--exclude=testbed/r2e_tests", "-xf", "-", "-C", into],
@@ -407,8 +406,6 @@ class DockerBackend:
         """Run `argv` in the container with `data` (bytes, or a file read in chunks) on its standard input (the
         docker archive API cannot reach the tmpfs places); SandboxFileError with `what` and its error output unless
         it exits 0; SandboxError once `deadline` (time.monotonic) passes or if the engine fails."""
-        from docker.utils.socket import frames_iter
-
         with _engine_failures(f"{what}: the Docker engine failed"):
             api = self.client.api
             exec_id = api.exec_create(
@@ -421,18 +418,17 @@ class DockerBackend:
                 workdir="/",
                 environment=self._env(user),
             )["Id"]
-            sock = api.exec_start(exec_id, socket=True)
-            raw = getattr(sock, "_sock", sock)
-            try:
-                stream = io.BytesIO(data) if isinstance(data, bytes) else data
-                for chunk in iter(lambda: stream.read(1024**2), b""):
+            source = io.BytesIO(data) if isinstance(data, bytes) else data
+
+            def chunks():
+                for chunk in iter(lambda: source.read(1024**2), b""):
                     if deadline is not None and time.monotonic() > deadline:
                         raise SandboxError(f"{what}: grading passed its deadline (DockerConfig.grading_overhead_s)")
-                    raw.sendall(chunk)
-                raw.shutdown(socket.SHUT_WR)
-                err = b"".join(data for stream, data in frames_iter(sock, tty=False) if stream == 2)
-            finally:
-                sock.close()
+                    yield chunk
+
+            with ExecStream(api, exec_id) as stream:
+                stream.send(chunks())
+                err = b"".join(data for kind, data in stream.frames() if kind == STDERR)
             code = api.exec_inspect(exec_id).get("ExitCode")
         if code != 0:
             raise SandboxFileError(f"{what}: {(err or b'').decode(errors='replace').strip() or f'exit {code}'}")
@@ -494,16 +490,14 @@ class DockerBackend:
 
         def pump() -> None:
             try:  # keep draining after an overflow: an unread stream can stall the engine's other execs
-                for chunk_out, chunk_err in api.exec_start(exec_id, stream=True, demux=True):
-                    if state["overflow"]:
-                        continue
-                    if chunk_out:
-                        out.add(chunk_out)
-                    if chunk_err:
-                        err.add(chunk_err)
-                    if out.total + err.total > self.config.max_output_bytes:
-                        state["overflow"] = True
-                        attention.set()
+                with ExecStream(api, exec_id) as stream:
+                    for kind, data in stream.frames():
+                        if state["overflow"]:
+                            continue
+                        (out if kind == STDOUT else err).add(data)
+                        if out.total + err.total > self.config.max_output_bytes:
+                            state["overflow"] = True
+                            attention.set()
             except Exception as exc:  # the stream breaks when the container is restarted
                 state["error"] = exc
             attention.set()
@@ -545,19 +539,23 @@ class DockerBackend:
         restart the container if that is impossible."""
         try:
             argv = ["sh", "-c", "kill -9 -1"] if user != "root" else ["sh", "-c", _KILL_ALL, "_", str(self.main_pid)]
-            result = self.container.exec_run(argv, user=user, workdir="/")
-            if result.exit_code in (0, 1) and b"OCI runtime" not in (result.output or b""):
+            code, output = run_short(self.client.api, self.container.id, argv, user)
+            if code in (0, 1) and b"OCI runtime" not in output:
                 return
         except Exception:
             pass
         self._restart()
 
+    def _main_pid(self) -> int:
+        """The container's main process (`sleep infinity`, the child of Docker's init), 0 if it cannot be read."""
+        main = run_short(self.client.api, self.container.id, ["cat", "/proc/1/task/1/children"], "root")[1].split()
+        return int(main[0]) if main and main[0].isdigit() else 0
+
     def _restart(self) -> None:
         """Kill all processes in the container and start it again. Its image layer's files stay; the scratch
         places are emptied with it, so a scratch container's episode cannot go on (SandboxError)."""
         self.container.restart(timeout=0)
-        main = self.container.exec_run(["cat", "/proc/1/task/1/children"], user="root").output.split()
-        self.main_pid = int(main[0]) if main and main[0].isdigit() else 0
+        self.main_pid = self._main_pid()
         if self.config.scratch:
             raise SandboxError(
                 "the container's processes could not be stopped (its pids limit is full?), and restarting it emptied "
@@ -668,17 +666,19 @@ class DockerBackend:
         )["Id"]
         err = OutputCapture(64 * 1024)
         kept = 0
-        for chunk_out, chunk_err in api.exec_start(exec_id, stream=True, demux=True):
-            if chunk_out and (limit is None or kept < limit):
-                chunk_out = chunk_out if limit is None else chunk_out[: limit - kept]
-                out.write(chunk_out)
-                kept += len(chunk_out)
-            if chunk_err:
-                err.add(chunk_err)
-            if time.monotonic() > deadline:
-                raise SandboxError(
-                    f"grading passed its deadline while {what} ({kept} bytes so far; DockerConfig.grading_overhead_s)"
-                )
+        with ExecStream(api, exec_id) as stream:
+            for kind, data in stream.frames():
+                if kind == STDOUT and (limit is None or kept < limit):
+                    data = data if limit is None else data[: limit - kept]
+                    out.write(data)
+                    kept += len(data)
+                elif kind == STDERR:
+                    err.add(data)
+                if time.monotonic() > deadline:
+                    raise SandboxError(
+                        f"grading passed its deadline while {what} ({kept} bytes so far; "
+                        "DockerConfig.grading_overhead_s)"
+                    )
         if api.exec_inspect(exec_id).get("ExitCode") != 0:
             raise SandboxError(f"{what} failed: {err.value().decode(errors='replace').strip()}")
 
