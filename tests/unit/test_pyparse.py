@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import gc
+import os
 import sys
 import threading
 from pathlib import Path
@@ -61,7 +62,10 @@ def _errors_under_threads(parse, seconds: float) -> list[str]:
 def test_parse_is_safe_where_ast_parse_races():
     raced = next((errors for _ in range(6) if (errors := _errors_under_threads(ast.parse, 0.5))), [])
     if not raced:
-        pytest.skip(f"ast.parse did not race here in 3 s (Python {sys.version.split()[0]}): nothing to compare with")
+        why = f"ast.parse did not race here in 3 s (Python {sys.version.split()[0]}): nothing to compare with"
+        if os.environ.get("CI", "").lower() == "true" and sys.version_info[:2] == (3, 11):
+            pytest.fail(f"CI=true on Python 3.11, where the race shows within a second: {why}")
+        pytest.skip(why)  # another Python, where the counter may be per call (nothing to guard)
     assert "recursion depth mismatch" in raced[0]
     assert _errors_under_threads(pyparse.parse, seconds=2.0) == []
 
