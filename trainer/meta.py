@@ -49,7 +49,10 @@ measured at full precision, which two different runs do not share."""
 def base_keys(study: StudyConfig, provenance: dict, folder: Path) -> dict[str, str]:
     """Model -> the identity of the base policy its cells start from (see the module docstring)."""
     features = provenance.get("machine", {}).get("cpu_features")
+    caps = provenance.get("machine", {}).get("kernel_caps")
     machine = json.dumps(sorted(features)) if features else f"unrecorded machine of {folder}"
+    if caps:  # capped kernels are another machine's (see trainer.logs.provenance.KERNEL_CAPS)
+        machine += " capped " + json.dumps(caps, sort_keys=True)
     keys = {}
     for name in study.models:
         model = study.models[study.policy_model(name)]

@@ -39,6 +39,7 @@ from trainer.analysis.kinds import STUDY_KINDS
 from trainer.analysis.statistics import holm
 from trainer.atomic import atomic_path
 from trainer.logs.parquet_log import PROVENANCE_KEY
+from trainer.logs.provenance import kernel_kind
 from trainer.rollout.config import RolloutConfig
 from trainer.study import StudyConfig, check_study, resolve_base
 
@@ -122,7 +123,16 @@ def study_provenance(results: Path, study_file: Path, repo: Path, wall_time_s: f
         "n_cells": len(paths),
         "machine": {
             k: first["hardware"].get(k)
-            for k in ("processor", "cpu_features", "machine", "logical_cores", "cuda_devices")
+            for k in (
+                "processor",
+                "cpu_features",
+                "kernel_caps",
+                "cpu_capability",
+                "machine",
+                "logical_cores",
+                "cuda_devices",
+            )
+            if k in first["hardware"]
         },
         "machines": [{**json.loads(kind), "cells": int(count)} for kind, count in kinds.items()],
         "versions": first["versions"],
@@ -132,9 +142,9 @@ def study_provenance(results: Path, study_file: Path, repo: Path, wall_time_s: f
 
 
 def _machine(prov: dict) -> str:
-    """A cell's CPU kind as a JSON key: processor and the features that change floating-point results."""
+    """A cell's CPU kind as a JSON key: processor and what picks its kernels (features, caps)."""
     hardware = prov.get("hardware", {})
-    return json.dumps({"processor": hardware.get("processor"), "cpu_features": hardware.get("cpu_features")})
+    return json.dumps({"processor": hardware.get("processor"), **kernel_kind(hardware)})
 
 
 def curves(results: Path) -> pd.DataFrame:
@@ -327,6 +337,13 @@ def why_not_identical(published: dict, rerun: list[dict]) -> list[str]:
         reasons.append(
             f"another CPU kind: published {machine.get('processor')!r} with {', '.join(old)}; this rerun "
             f"{hardware.get('processor')!r} with {', '.join(new)} (matrix kernels differ, so every number may)"
+            + _cap_hint(old, new, machine.get("kernel_caps"))
+        )
+    caps_old, caps_new = machine.get("kernel_caps") or {}, hardware.get("kernel_caps") or {}
+    if caps_old != caps_new:
+        reasons.append(
+            f"other kernel caps: published {_caps(caps_old)}; this rerun {_caps(caps_new)} (set the published ones "
+            "in the environment to run its kernels)"
         )
     for package, version in sorted((published.get("versions") or {}).items()):
         mine = (first.get("versions") or {}).get(package)
@@ -336,6 +353,21 @@ def why_not_identical(published: dict, rerun: list[dict]) -> list[str]:
     if len(machines) > 1:
         reasons.append(f"the rerun's own cells ran on {len(machines)} CPU kinds")
     return reasons
+
+
+def _caps(caps: dict) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(caps.items())) or "none"
+
+
+def _cap_hint(old: list[str], new: list[str], published_caps: dict | None) -> str:
+    """How to run the published kernels here: a CPU with every feature of the published one, AVX2 but no AVX-512
+    there, can cap its kernels at AVX2."""
+    if published_caps or not set(old) <= set(new) or "avx2" not in old or "avx512f" in old:
+        return ""
+    return (
+        "; this CPU can run the published AVX2 kernels: rerun with ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 "
+        "MKL_ENABLE_INSTRUCTIONS=AVX2 in the environment"
+    )
 
 
 def rerun_tables(path: Path, published: dict, repo: Path) -> tuple[pd.DataFrame, list[dict]]:

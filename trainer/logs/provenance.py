@@ -154,9 +154,23 @@ bit-identical only where these match (two EPYC machines gave different warm star
 packages)."""
 
 
+KERNEL_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR")
+"""Environment variables that cap the instruction set of torch's own kernels, oneDNN's and MKL's. Capped, a newer
+CPU runs an older kind's kernels (a Zen 4 EPYC capped at AVX2 makes the AVX2 EPYC's warm start bit for bit), so a
+run's kernels are its CPU features and these together."""
+
+
+def kernel_kind(hardware: dict) -> dict:
+    """The part of a cell's hardware that decides its kernels: CPU features, and the caps where any was set."""
+    kind = {"cpu_features": hardware.get("cpu_features")}
+    if hardware.get("kernel_caps"):
+        kind["kernel_caps"] = dict(sorted(hardware["kernel_caps"].items()))
+    return kind
+
+
 def hardware() -> dict:
-    """Platform, CPU model and kernel-relevant features, logical cores, torch threads and CUDA device names (empty
-    list without CUDA)."""
+    """Platform, CPU model, kernel-relevant features and caps, torch's kernel level, logical cores, torch threads and
+    CUDA device names (empty list without CUDA)."""
     cpu = _cpuinfo()
     model = next((cpu[k] for k in ("model name", "Model", "Hardware", "cpu model") if cpu.get(k)), None)
     flags = (cpu.get("flags") or cpu.get("Features") or "").split()
@@ -165,6 +179,8 @@ def hardware() -> dict:
         "machine": platform.machine(),
         "processor": model or platform.processor() or UNKNOWN,
         "cpu_features": [flag for flag in KERNEL_FLAGS if flag in flags],
+        "kernel_caps": {name: os.environ[name] for name in KERNEL_CAPS if os.environ.get(name)},
+        "cpu_capability": None,
         "logical_cores": os.cpu_count(),
         "torch_threads": None,
         "cuda_devices": [],
@@ -173,6 +189,7 @@ def hardware() -> dict:
         import torch
 
         info["torch_threads"] = torch.get_num_threads()
+        info["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
         if torch.cuda.is_available():
             info["cuda_devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     except Exception as exc:  # provenance never stops a run; say what went wrong instead
