@@ -39,7 +39,7 @@ from trainer.analysis.kinds import STUDY_KINDS
 from trainer.analysis.statistics import holm
 from trainer.atomic import atomic_path
 from trainer.logs.parquet_log import PROVENANCE_KEY
-from trainer.logs.provenance import kernel_kind
+from trainer.logs.provenance import kernel_kind, kernel_level
 from trainer.rollout.config import RolloutConfig
 from trainer.study import StudyConfig, check_study, resolve_base
 
@@ -333,41 +333,47 @@ def why_not_identical(published: dict, rerun: list[dict]) -> list[str]:
             f"this CPU ({hardware.get('processor')!r}, {', '.join(new or []) or 'no features recorded'}) is of the "
             "same kind is unknown"
         )
-    elif new is not None and sorted(old) != sorted(new):
-        reasons.append(
-            f"another CPU kind: published {machine.get('processor')!r} with {', '.join(old)}; this rerun "
-            f"{hardware.get('processor')!r} with {', '.join(new)} (matrix kernels differ, so every number may)"
-            + _cap_hint(old, new, machine.get("kernel_caps"))
+    elif new is not None and kernel_kind(machine) != kernel_kind(hardware):
+        where = (
+            f"published {machine.get('processor')!r} ({_kernels(machine)}); this rerun {hardware.get('processor')!r} "
+            f"({_kernels(hardware)})"
         )
-    caps_old, caps_new = machine.get("kernel_caps") or {}, hardware.get("kernel_caps") or {}
-    if caps_old != caps_new:
-        reasons.append(
-            f"other kernel caps: published {_caps(caps_old)}; this rerun {_caps(caps_new)} (set the published ones "
-            "in the environment to run its kernels)"
-        )
+        level = kernel_level(machine)
+        if level == kernel_level(hardware):
+            reasons.append(
+                f"another CPU kind, both at {level} kernels: {where}; identical only where every library's kernels "
+                "match"
+            )
+        else:
+            reasons.append(f"other kernels: {where} (every number may differ){_cap_hint(machine, hardware)}")
     for package, version in sorted((published.get("versions") or {}).items()):
         mine = (first.get("versions") or {}).get(package)
         if mine is not None and mine != version:
             reasons.append(f"{package} {mine} vs published {version}")
-    machines = {json.dumps(p.get("hardware", {}).get("cpu_features")) for p in rerun}
+    machines = {json.dumps(kernel_kind(p.get("hardware", {}))) for p in rerun}
     if len(machines) > 1:
         reasons.append(f"the rerun's own cells ran on {len(machines)} CPU kinds")
     return reasons
 
 
-def _caps(caps: dict) -> str:
-    return " ".join(f"{k}={v}" for k, v in sorted(caps.items())) or "none"
+def _kernels(hardware: dict) -> str:
+    caps = " ".join(f"{k}={v}" for k, v in sorted((hardware.get("kernel_caps") or {}).items()))
+    return ", ".join(hardware.get("cpu_features") or []) + (f"; capped {caps}" if caps else "")
 
 
-def _cap_hint(old: list[str], new: list[str], published_caps: dict | None) -> str:
-    """How to run the published kernels here: a CPU with every feature of the published one, AVX2 but no AVX-512
-    there, can cap its kernels at AVX2."""
-    if published_caps or not set(old) <= set(new) or "avx2" not in old or "avx512f" in old:
+AVX2_CAPS = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+"""The caps that make an AVX-512 CPU run an AVX2 CPU's kernels."""
+
+
+def _cap_hint(published: dict, rerun: dict) -> str:
+    """How to run the published kernels on this AVX-512 CPU: the published caps, or AVX2 caps for an AVX2
+    machine's cells."""
+    caps = published.get("kernel_caps")
+    if not caps and kernel_level(published) == "avx2" and kernel_level(rerun) == "avx512":
+        caps = AVX2_CAPS
+    if not caps or kernel_level(rerun) != "avx512":  # the caps this project knows of bring AVX-512 down
         return ""
-    return (
-        "; this CPU can run the published AVX2 kernels: rerun with ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 "
-        "MKL_ENABLE_INSTRUCTIONS=AVX2 in the environment"
-    )
+    return "; to run the published kernels here, rerun with " + " ".join(f"{k}={v}" for k, v in caps.items())
 
 
 def rerun_tables(path: Path, published: dict, repo: Path) -> tuple[pd.DataFrame, list[dict]]:

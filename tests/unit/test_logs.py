@@ -42,6 +42,7 @@ from trainer.checkpoints import (
 )
 from trainer.logs import EPISODE_COLUMNS, METRIC_COLUMNS, MetricsLog, collect_provenance, read_log
 from trainer.logs.parquet_log import CONFIG_KEY
+from trainer.logs.provenance import KERNEL_CAPS
 
 torch.set_num_threads(1)
 
@@ -106,9 +107,25 @@ def test_provenance_has_every_field_and_is_json():
     )
     for flag in ("avx2", "avx512f", "avx512_bf16", "amx_tile"):  # the features that pick torch's CPU kernels
         assert (flag in hw["cpu_features"]) == (flag in flags), (flag, hw["cpu_features"])
+    assert hw["kernel_caps"] == {k: os.environ[k] for k in KERNEL_CAPS if os.environ.get(k)}
+    assert hw["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert p["argv"] == sys.argv and isinstance(p["hostname"], str)
     stamp = datetime.fromisoformat(p["timestamp_utc"])
     assert stamp.utcoffset() == timedelta(0) and abs(datetime.now(UTC) - stamp) < timedelta(minutes=1)
+
+
+@pytest.mark.skipif("avx2" not in Path("/proc/cpuinfo").read_text(), reason="caps to AVX2 need an AVX2 CPU")
+def test_provenance_records_kernel_caps_and_the_level_torch_runs_at():
+    """ATEN_CPU_CAPABILITY is torch's documented cap on its kernels' instruction set: set, torch reports it as its
+    level and provenance records it with the other libraries' caps."""
+    code = "import json, trainer.logs.provenance as p; h = p.hardware(); print(json.dumps([h['kernel_caps'], h['cpu_capability']]))"
+    caps = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+    env = {k: v for k, v in os.environ.items() if k not in KERNEL_CAPS}
+    out = subprocess.run([sys.executable, "-c", code], env={**env, **caps}, capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout) == [caps, "AVX2"]
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    recorded, level = json.loads(out.stdout)
+    assert recorded == {} and level in ("AVX2", "AVX512")
 
 
 def test_provenance_git_revision_matches_git_itself():

@@ -73,6 +73,18 @@ def test_bases_on_another_cpu_kind_are_other_bases(studies, tmp_path):
     assert est.n == 3
 
 
+def test_bases_made_under_kernel_caps_are_other_bases(studies):
+    """The same CPU capped at AVX2 runs another kernel set, so its warm start is another base policy."""
+    prov = json.loads((studies[1] / "provenance.json").read_text())
+    prov["machine"]["kernel_caps"] = {"ATEN_CPU_CAPABILITY": "avx2"}
+    (studies[1] / "provenance.json").write_text(json.dumps(prov))
+    runs = pd.read_csv(studies[1] / "runs.csv")
+    runs.loc[0, "window_success"] = 0.55
+    runs.to_csv(studies[1] / "runs.csv", index=False)
+    table, est = pooled_contrast(load_runs(studies), "m:spo_muon", "a:spo_adam", "window_success")
+    assert est.n == 3
+
+
 def test_the_command_prints_the_pooled_interval(studies, capsys):
     assert main([*map(str, studies), "--first", "m", "--second", "a"]) == 0
     assert "+27.5 points over 2 base policies" in capsys.readouterr().out

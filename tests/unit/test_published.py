@@ -280,7 +280,10 @@ def test_why_a_rerun_is_not_identical_names_the_cpu_kind_and_the_packages():
     }
     reasons = why_not_identical(published, [rerun])
     assert len(reasons) == 2
-    assert reasons[0].startswith("another CPU kind: published 'AMD EPYC' with avx2, fma; this rerun 'Intel Xeon'")
+    assert reasons[0].startswith("other kernels: published 'AMD EPYC' (avx2, fma); this rerun 'Intel Xeon'")
+    assert reasons[0].endswith(  # an AVX2 machine's kernels, run here by capping
+        "rerun with ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2"
+    )
     assert reasons[1] == "numpy 2.5.0 vs published 2.4.6"
     assert (
         why_not_identical(
@@ -291,6 +294,27 @@ def test_why_a_rerun_is_not_identical_names_the_cpu_kind_and_the_packages():
     )
     unknown = why_not_identical({**published, "machine": {"processor": "AMD EPYC"}}, [rerun])
     assert "records no CPU features" in unknown[0]
+
+
+def test_capped_kernels_are_told_apart_from_the_cpu_they_ran_on():
+    """Cells of an AVX-512 CPU capped at AVX2 ran another kernel set than the same CPU uncapped, and the same level
+    as an AVX2 CPU's: compare says which, and how to cap a rerun like them."""
+    from trainer.published import why_not_identical
+
+    caps = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+    zen4 = {"processor": "AMD EPYC", "cpu_features": ["avx2", "fma", "avx512f", "avx512_bf16"]}
+    published = {"trainer_version": "6", "machine": {**zen4, "kernel_caps": caps}, "versions": {}}
+    same = why_not_identical(published, [{"trainer_version": "6", "hardware": {**zen4, "kernel_caps": dict(caps)}}])
+    assert same == []
+    uncapped = why_not_identical(published, [{"trainer_version": "6", "hardware": zen4}])
+    assert len(uncapped) == 1 and uncapped[0].startswith("other kernels: published 'AMD EPYC' (avx2, fma, avx512f")
+    assert "capped ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2)" in uncapped[0]
+    assert uncapped[0].endswith("ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2")
+    zen3 = {"processor": "AMD EPYC 7B13", "cpu_features": ["avx2", "fma"]}
+    level = why_not_identical(published, [{"trainer_version": "6", "hardware": zen3}])
+    assert len(level) == 1 and level[0].startswith("another CPU kind, both at avx2 kernels")
+    two = [{"hardware": {**zen4, "kernel_caps": caps}}, {"hardware": zen4}]
+    assert why_not_identical(published, two)[-1] == "the rerun's own cells ran on 2 CPU kinds"
 
 
 def test_curves_are_every_cells_success_per_update_with_its_keys(tmp_path):

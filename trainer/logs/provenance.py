@@ -162,10 +162,23 @@ run's kernels are its CPU features and these together."""
 
 def kernel_kind(hardware: dict) -> dict:
     """The part of a cell's hardware that decides its kernels: CPU features, and the caps where any was set."""
-    kind = {"cpu_features": hardware.get("cpu_features")}
+    features = hardware.get("cpu_features")
+    kind = {"cpu_features": None if features is None else sorted(features)}
     if hardware.get("kernel_caps"):
         kind["kernel_caps"] = dict(sorted(hardware["kernel_caps"].items()))
     return kind
+
+
+def kernel_level(hardware: dict) -> str | None:
+    """The instruction set torch's kernels run at: the cap where one is set, else the best the CPU has (None where
+    no features were recorded)."""
+    cap = (hardware.get("kernel_caps") or {}).get("ATEN_CPU_CAPABILITY")
+    features = hardware.get("cpu_features")
+    if cap:
+        return cap.lower()
+    if features is None:
+        return None
+    return "avx512" if "avx512f" in features else "avx2" if "avx2" in features else "default"
 
 
 def hardware() -> dict:
