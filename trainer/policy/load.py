@@ -134,6 +134,10 @@ def load_policy(
     if meta.get("format") == "tiny":
         from tokenizers import Tokenizer
 
+        # The pad id save_policy writes is for generate() and vLLM; from_pretrained also makes it the embedding's
+        # padding_idx, which zeroes that row's gradient and so changes training. A tiny policy trains as it did
+        # before its config named a pad id (the published version-6 studies but four).
+        model.get_input_embeddings().padding_idx = None
         return model, TinyFormat(Tokenizer.from_str((path / TOKENIZER_FILE).read_text()))
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=trust_remote_code)
     if chat_template is not None:
