@@ -314,9 +314,26 @@ def _sd(values: np.ndarray) -> str:
     return f"{values.std(ddof=1):.3g}" if len(values) > 1 else "n/a"
 
 
-def why_not_identical(published: dict, rerun: list[dict]) -> list[str]:
-    """What differs between how the published cells and the rerun's were made: trainer version, CPU (processor and
-    the features that change floating-point results), packages. A rerun is bit-identical only where none differs."""
+PAD_ROW_FROZEN = ("165660f00c1d92516d1420d6f80032c09e965c50", "57d74530ef9d797193ff96c796a5839fafbe7cc7")
+"""Commits from the first up to (not including) the second trained a tiny policy with its pad row's gradient zeroed
+(a saved policy's pad id became the embedding's padding_idx): their cells differ from the rest of version 6's."""
+
+
+def pad_row_frozen(commit: str, repo: Path) -> bool | None:
+    """Whether `commit` trained tiny policies with the pad row frozen (None where git cannot say)."""
+
+    def descends(ancestor: str) -> int:
+        run = subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", ancestor, commit])
+        return run.returncode
+
+    since, fixed = descends(PAD_ROW_FROZEN[0]), descends(PAD_ROW_FROZEN[1])
+    return None if {since, fixed} - {0, 1} else (since == 0 and fixed == 1)
+
+
+def why_not_identical(published: dict, rerun: list[dict], repo: Path | None = None) -> list[str]:
+    """What differs between how the published cells and the rerun's were made: trainer version, the code's numerics
+    within it (`PAD_ROW_FROZEN`, where `repo` can tell), CPU (processor and the features that change floating-point
+    results), packages. A rerun is bit-identical only where none differs."""
     if not rerun:
         return []
     first = rerun[0]
@@ -324,6 +341,17 @@ def why_not_identical(published: dict, rerun: list[dict]) -> list[str]:
     version = first.get("trainer_version")
     if version is not None and version != published.get("trainer_version"):
         reasons.append(f"trainer version {version} vs published {published.get('trainer_version')}")
+    commit = (first.get("git") or {}).get("commit")
+    if repo is not None and commit and published.get("commits"):
+        old = {pad_row_frozen(c, repo) for c in published["commits"]}
+        new = pad_row_frozen(commit, repo)
+        if None not in old | {new} and old != {new}:
+            when = "with" if True in old else "without"
+            reasons.append(
+                f"the published cells were trained {when} a tiny policy's pad row frozen (commits "
+                f"{PAD_ROW_FROZEN[0][:7]} to {PAD_ROW_FROZEN[1][:7]}), this rerun {'with' if new else 'without'}: "
+                "every run that trains that row differs"
+            )
     machine = published.get("machine", {})
     hardware = first.get("hardware", {})
     old, new = machine.get("cpu_features"), hardware.get("cpu_features")
@@ -460,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    reasons = why_not_identical(prov, provs)
+    reasons = why_not_identical(prov, provs, REPO)
     counts = table["status"].value_counts()
     print(", ".join(f"{counts.get(s, 0)} {s}" for s in STATUSES))
     differing = table[table["status"] != "identical"]

@@ -338,3 +338,32 @@ def test_curves_are_every_cells_success_per_update_with_its_keys(tmp_path):
     ]
     assert len(table) == 60 and table.groupby("seed")["update"].max().tolist() == [29, 29]
     assert table["eval_success"].notna().sum() < 60  # held-out only where evaluated
+
+
+def test_compare_says_when_the_published_cells_trained_with_the_pad_row_frozen(tmp_path, monkeypatch):
+    """Cells of commits from PAD_ROW_FROZEN's first up to its second differ from the rest of the version's; told by
+    git ancestry (here a repository of four commits: before, the change, between, the fix, after)."""
+    import subprocess
+
+    import trainer.published as published_module
+    from trainer.published import pad_row_frozen, why_not_identical
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True, text=True, check=True).stdout
+
+    git("init", "-q")
+    commits = []
+    for name in ("before", "change", "between", "fix", "after"):
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", name)
+        commits.append(git("rev-parse", "HEAD").strip())
+    before, change, between, fix, after = commits
+    monkeypatch.setattr(published_module, "PAD_ROW_FROZEN", (change, fix))
+    assert [pad_row_frozen(c, tmp_path) for c in commits] == [False, True, True, False, False]
+    assert pad_row_frozen("0" * 40, tmp_path) is None
+    machine = {"cpu_features": ["avx2"]}
+    published = {"trainer_version": "6", "commits": [change, between], "machine": machine, "versions": {}}
+    rerun = [{"trainer_version": "6", "git": {"commit": after}, "hardware": machine}]
+    reasons = why_not_identical(published, rerun, tmp_path)
+    assert len(reasons) == 1 and reasons[0].startswith("the published cells were trained with a tiny policy's pad row")
+    assert why_not_identical({**published, "commits": [before]}, rerun, tmp_path) == []
+    assert why_not_identical(published, rerun) == []  # no repository: nothing said

@@ -46,3 +46,25 @@ def test_a_saved_tiny_policy_loads_in_transformers_with_its_template_and_stop_to
         again, fmt_again = load_policy(path)
         assert fmt_again.tokenizer.to_str() == fmt.tokenizer.to_str()
         assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), model.state_dict().values()))
+
+
+def test_a_loaded_tiny_policy_trains_its_pad_row_as_a_fresh_one_does(tmp_path):
+    """The pad id in a saved policy's config is for generate() and vLLM; from_pretrained also makes it the embedding's
+    padding_idx, whose gradient torch zeroes. The harness's policy trains as one built fresh (no padding_idx): the
+    same gradient on every row, the pad row's included, whether or not the config names a pad id."""
+    for preset in ("qwen-tiny", "minicpm-tiny"):
+        model, fmt = new_tiny_policy(preset, TEXTS, vocab_size=300)
+        save_policy(model, fmt, tmp_path / preset)
+        loaded, _ = load_policy(tmp_path / preset)
+        assert loaded.config.pad_token_id == fmt.pad_id  # still there for the engines
+        hf = AutoModelForCausalLM.from_pretrained(tmp_path / preset)
+        assert hf.get_input_embeddings().padding_idx == fmt.pad_id  # what from_pretrained alone would train with
+        ids = torch.tensor([fmt.prompt_ids(TEXTS[3]) + [fmt.pad_id] * 3 + fmt.action_ids(TEXTS[4])])
+        grads = []
+        for m in (model, loaded, hf):
+            m.zero_grad()
+            m(input_ids=ids).logits.logsumexp(-1).sum().backward()
+            grads.append(m.get_input_embeddings().weight.grad.clone())
+        fresh, harness, plain = grads
+        assert torch.equal(harness, fresh)
+        assert fresh[fmt.pad_id].abs().sum() > 0 and not torch.equal(plain[fmt.pad_id], fresh[fmt.pad_id])
