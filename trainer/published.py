@@ -323,7 +323,9 @@ def pad_row_frozen(commit: str, repo: Path) -> bool | None:
     """Whether `commit` trained tiny policies with the pad row frozen (None where git cannot say)."""
 
     def descends(ancestor: str) -> int:
-        run = subprocess.run(["git", "-C", str(repo), "merge-base", "--is-ancestor", ancestor, commit])
+        run = subprocess.run(
+            ["git", "-C", str(repo), "merge-base", "--is-ancestor", ancestor, commit], capture_output=True
+        )
         return run.returncode
 
     since, fixed = descends(PAD_ROW_FROZEN[0]), descends(PAD_ROW_FROZEN[1])
@@ -343,14 +345,13 @@ def why_not_identical(published: dict, rerun: list[dict], repo: Path | None = No
         reasons.append(f"trainer version {version} vs published {published.get('trainer_version')}")
     commit = (first.get("git") or {}).get("commit")
     if repo is not None and commit and published.get("commits"):
-        old = {pad_row_frozen(c, repo) for c in published["commits"]}
-        new = pad_row_frozen(commit, repo)
-        if None not in old | {new} and old != {new}:
-            when = "with" if True in old else "without"
+        frozen = {pad_row_frozen(c, repo) for c in published["commits"]}
+        frozen_here = pad_row_frozen(commit, repo)
+        if None not in frozen | {frozen_here} and frozen != {frozen_here}:
             reasons.append(
-                f"the published cells were trained {when} a tiny policy's pad row frozen (commits "
-                f"{PAD_ROW_FROZEN[0][:7]} to {PAD_ROW_FROZEN[1][:7]}), this rerun {'with' if new else 'without'}: "
-                "every run that trains that row differs"
+                f"the published cells were trained {'with' if True in frozen else 'without'} a tiny policy's pad row "
+                f"frozen (commits {PAD_ROW_FROZEN[0][:7]} up to {PAD_ROW_FROZEN[1][:7]}), this rerun "
+                f"{'with' if frozen_here else 'without'}: the runs that train that row differ"
             )
     machine = published.get("machine", {})
     hardware = first.get("hardware", {})
