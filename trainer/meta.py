@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from trainer.analysis.statistics import Estimate, mean_estimate, run_fingerprint, welch_difference
+from trainer.logs.provenance import kernel_kind
 from trainer.published import published_study, read_published
 from trainer.study import StudyConfig, deep_merge
 
@@ -48,11 +49,8 @@ measured at full precision, which two different runs do not share."""
 
 def base_keys(study: StudyConfig, provenance: dict, folder: Path) -> dict[str, str]:
     """Model -> the identity of the base policy its cells start from (see the module docstring)."""
-    features = provenance.get("machine", {}).get("cpu_features")
-    caps = provenance.get("machine", {}).get("kernel_caps")
-    machine = json.dumps(sorted(features)) if features else f"unrecorded machine of {folder}"
-    if caps:  # capped kernels are another machine's (see trainer.logs.provenance.KERNEL_CAPS)
-        machine += " capped " + json.dumps(caps, sort_keys=True)
+    recorded = provenance.get("machine", {})
+    machine = json.dumps(kernel_kind(recorded)) if recorded.get("cpu_features") else f"unrecorded machine of {folder}"
     keys = {}
     for name in study.models:
         model = study.models[study.policy_model(name)]
