@@ -139,6 +139,7 @@ def _wait(what: str, until, proc: subprocess.Popen, log: Path, timeout: float):
 
 
 @pytest.mark.slow
+@pytest.mark.slurm
 def test_a_two_node_cell_trains_on_both_is_killed_on_one_and_resumes_identically(tmp_path):
     """The users' cluster command, twice: uninterrupted, then killed on the second node and resubmitted by the
     profile's `retries: 1` (about 2.5 minutes on two cores)."""

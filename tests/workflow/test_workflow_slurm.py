@@ -21,6 +21,8 @@ import pytest
 import yaml
 from workflow_runner import copy_repo
 
+pytestmark = pytest.mark.slurm  # one shared cluster: CI runs these serially, after the parallel rest
+
 SLURM_GRID = {
     "grid": [{"name": "slurm_test", "models": ["minicpm-tiny"], "recipes": ["spo_adam", "full"], "seeds": [0]}]
 }
